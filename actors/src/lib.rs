@@ -1,0 +1,29 @@
+//! The actor system of one served model: a supervisor spawns the scheduler and the
+//! rank actors (each computing on its own OS thread); the scheduler batches requests
+//! continuously and broadcasts one plan per step.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use dcpserve_actors::{ModelSupervisor, SupervisorArgs, SupervisorMsg};
+//! let files = Arc::new(dcpserve_model::ModelFiles::open("models/SmolLM2-135M-Instruct.Q4_1.gguf")?);
+//! let args = SupervisorArgs { name: "smollm2".into(), files, engine: Default::default(), precision: Default::default() };
+//! let (sup, _) = ractor::Actor::spawn(None, ModelSupervisor, args).await?;
+//! let info = ractor::call!(sup, SupervisorMsg::Info)?;
+//! println!("{} KV tokens", info.kv_tokens_total);
+//! # Ok(()) }
+//! ```
+
+pub mod block_manager;
+pub mod placement;
+pub mod plan;
+pub mod rank;
+pub mod request;
+pub mod scheduler;
+pub mod supervisor;
+
+pub use block_manager::KvBlockManager;
+pub use placement::Placement;
+pub use request::{FinishReason, GenerationParams, GenerationRequest, RequestEvent, TokenOutput};
+pub use scheduler::{Scheduler, SchedulerConfig, SchedulerMsg, SchedulerStats};
+pub use supervisor::{ModelInfo, ModelSupervisor, SupervisorArgs, SupervisorMsg};

@@ -1,0 +1,196 @@
+//! A rank actor: owns one compute thread with its weight shard and KV shard.
+//!
+//! The actor is the mailbox; compute runs on a dedicated OS thread (kernels block for
+//! milliseconds) that answers the scheduler directly, so a step costs one message hop
+//! in and one out, never one per layer.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use dcpserve_kernels::ThreadPool;
+use dcpserve_model::arch::{DecoderModel, WeightPrecision};
+use dcpserve_model::ModelFiles;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::oneshot;
+
+use crate::placement::Placement;
+use crate::plan::{LocalBatch, SharedPlan, StepOutput};
+use crate::scheduler::SchedulerMsg;
+
+/// Messages a rank actor understands.
+pub enum RankMsg {
+    /// Run one step.
+    Execute(SharedPlan),
+    /// The compute thread died; the actor fails so its supervisor restarts the group.
+    ComputeFailed(String),
+    /// Test hook: make the compute thread panic on its next step.
+    InjectFault,
+}
+
+/// Everything a rank needs to come up.
+pub struct RankArgs {
+    pub rank: usize,
+    pub files: Arc<ModelFiles>,
+    pub precision: WeightPrecision,
+    pub placement: Placement,
+    pub num_blocks: usize,
+    pub threads: usize,
+    pub scheduler: ActorRef<SchedulerMsg>,
+}
+
+pub struct RankActor;
+
+pub struct RankState {
+    jobs: Option<flume::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    rank: usize,
+}
+
+enum Job {
+    Step(SharedPlan),
+    Fault,
+}
+
+impl Actor for RankActor {
+    type Msg = RankMsg;
+    type State = RankState;
+    type Arguments = RankArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RankMsg>,
+        args: RankArgs,
+    ) -> Result<RankState, ActorProcessingErr> {
+        let (jobs_tx, jobs_rx) = flume::unbounded::<Job>();
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<(), String>>();
+        let rank = args.rank;
+        let thread = std::thread::Builder::new()
+            .name(format!("dcpserve-rank-{rank}"))
+            .spawn(move || compute_thread(args, jobs_rx, ready_tx, myself))?;
+        match ready_rx.await {
+            Ok(Ok(())) => Ok(RankState {
+                jobs: Some(jobs_tx),
+                thread: Some(thread),
+                rank,
+            }),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(format!("rank {rank}: compute thread exited while loading").into()),
+        }
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<RankMsg>,
+        msg: RankMsg,
+        state: &mut RankState,
+    ) -> Result<(), ActorProcessingErr> {
+        let jobs = state.jobs.as_ref().ok_or("rank is shutting down")?;
+        match msg {
+            RankMsg::Execute(plan) => jobs
+                .send(Job::Step(plan))
+                .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
+            RankMsg::InjectFault => jobs
+                .send(Job::Fault)
+                .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
+            RankMsg::ComputeFailed(e) => return Err(format!("rank {}: {e}", state.rank).into()),
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<RankMsg>,
+        state: &mut RankState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Closing the job channel ends the thread after its current step.
+        state.jobs.take();
+        if let Some(t) = state.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        Ok(())
+    }
+}
+
+fn compute_thread(
+    args: RankArgs,
+    jobs: flume::Receiver<Job>,
+    ready: oneshot::Sender<Result<(), String>>,
+    myself: ActorRef<RankMsg>,
+) {
+    let loaded = catch_unwind(AssertUnwindSafe(|| {
+        DecoderModel::load(
+            args.files.config.clone(),
+            args.files.tensors.as_ref(),
+            args.precision,
+        )
+    }));
+    let model = match loaded {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => {
+            let _ = ready.send(Err(format!("rank {}: {e}", args.rank)));
+            return;
+        }
+        Err(p) => {
+            let _ = ready.send(Err(format!(
+                "rank {}: panic while loading: {}",
+                args.rank,
+                panic_text(&p)
+            )));
+            return;
+        }
+    };
+    let pool = ThreadPool::new(args.threads.max(1));
+    let mut cache = model.new_kv_cache(args.num_blocks, args.placement.block_size);
+    let _ = ready.send(Ok(()));
+    while let Ok(job) = jobs.recv() {
+        let plan = match job {
+            Job::Step(plan) => plan,
+            Job::Fault => {
+                let err = "injected fault".to_string();
+                let _ = args
+                    .scheduler
+                    .send_message(SchedulerMsg::StepFailed { error: err.clone() });
+                let _ = myself.send_message(RankMsg::ComputeFailed(err));
+                return;
+            }
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let local = LocalBatch::new(&plan, &args.placement);
+            let tables: Vec<&[u32]> = plan.block_tables.iter().map(|t| t.as_slice()).collect();
+            model.forward(&pool, &local.input(&plan, &tables), &mut cache)
+        }));
+        let error = match result {
+            Ok(Ok(out)) => {
+                if args.rank == 0 {
+                    let _ =
+                        args.scheduler
+                            .send_message(SchedulerMsg::StepDone(Box::new(StepOutput {
+                                step_id: plan.step_id,
+                                logits: out.logits,
+                                vocab_size: out.vocab_size,
+                            })));
+                }
+                continue;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(p) => format!("panic in step {}: {}", plan.step_id, panic_text(&p)),
+        };
+        tracing::error!(rank = args.rank, "{error}");
+        let _ = args.scheduler.send_message(SchedulerMsg::StepFailed {
+            error: error.clone(),
+        });
+        let _ = myself.send_message(RankMsg::ComputeFailed(error));
+        return;
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}

@@ -1,0 +1,93 @@
+//! Engine-wide settings: memory, batching limits, weight precision.
+
+use serde::{Deserialize, Serialize};
+
+use crate::parallel::{ConfigError, ParallelConfig};
+
+/// Precision in which weights are kept on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// bf16 for floating-point checkpoints; quantized checkpoints stay quantized.
+    #[default]
+    Auto,
+    /// Everything dequantized to f32 (the reference precision).
+    Float32,
+    /// Everything converted to bf16.
+    Bfloat16,
+}
+
+impl std::str::FromStr for DType {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "auto" => Ok(DType::Auto),
+            "float32" | "f32" | "float" => Ok(DType::Float32),
+            "bfloat16" | "bf16" => Ok(DType::Bfloat16),
+            other => Err(ConfigError(format!(
+                "Unknown dtype `{other}`: expected one of auto, float32, bfloat16."
+            ))),
+        }
+    }
+}
+
+/// Everything one served model's engine needs besides the weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    pub parallel: ParallelConfig,
+    pub dtype: DType,
+    /// Tokens per KV block on one rank (B); a virtual block holds B × dcp tokens.
+    pub block_size: usize,
+    /// KV-cache bytes per rank; `None` derives it from free memory.
+    pub kv_cache_memory_bytes: Option<u64>,
+    /// Longest prompt + output; `None` uses the model's context length.
+    pub max_model_len: Option<usize>,
+    /// Most sequences in one step.
+    pub max_num_seqs: usize,
+    /// Most tokens (prefill + decode) in one step.
+    pub max_num_batched_tokens: usize,
+    pub enable_prefix_caching: bool,
+    /// Compute threads for the whole model; split evenly over its ranks. `None` = all cores.
+    pub num_threads: Option<usize>,
+    /// Default seed for requests that set none.
+    pub seed: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            parallel: ParallelConfig::default(),
+            dtype: DType::Auto,
+            block_size: 16,
+            kv_cache_memory_bytes: None,
+            max_model_len: None,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            enable_prefix_caching: true,
+            num_threads: None,
+            seed: 0,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks the settings that do not depend on the model.
+    pub fn validate_limits(&self) -> Result<(), ConfigError> {
+        if self.block_size == 0 {
+            return Err(ConfigError("block_size must be at least 1.".into()));
+        }
+        if self.max_num_seqs == 0 {
+            return Err(ConfigError("max_num_seqs must be at least 1.".into()));
+        }
+        if self.max_num_batched_tokens == 0 {
+            return Err(ConfigError(
+                "max_num_batched_tokens must be at least 1.".into(),
+            ));
+        }
+        if self.num_threads == Some(0) {
+            return Err(ConfigError("num_threads must be at least 1.".into()));
+        }
+        Ok(())
+    }
+}

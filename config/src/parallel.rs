@@ -1,0 +1,228 @@
+//! Tensor-parallel and decode-context-parallel layout, with vLLM's constraints.
+
+use serde::{Deserialize, Serialize};
+
+/// A layout or engine setting that cannot work, with a message meant for the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// The attention shape that decides which layouts are possible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// Multi-head, grouped-query or multi-query attention.
+    Gqa {
+        num_attention_heads: usize,
+        num_key_value_heads: usize,
+    },
+    /// Multi-head latent attention: one latent KV "head" shared by all query heads.
+    Mla { num_attention_heads: usize },
+}
+
+/// How the ranks of one model are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelConfig {
+    /// Number of ranks (world size); query heads are split across them.
+    #[serde(default = "one")]
+    pub tensor_parallel_size: usize,
+    /// Ranks (inside the TP group) that shard the KV cache by sequence position.
+    #[serde(default = "one")]
+    pub decode_context_parallel_size: usize,
+    /// Consecutive tokens placed on one DCP rank before moving to the next.
+    #[serde(default = "one")]
+    pub cp_kv_cache_interleave_size: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        Self {
+            tensor_parallel_size: 1,
+            decode_context_parallel_size: 1,
+            cp_kv_cache_interleave_size: 1,
+        }
+    }
+}
+
+/// Where one rank sits in the layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankLayout {
+    pub tp_rank: usize,
+    pub tp_size: usize,
+    pub dcp_rank: usize,
+    pub dcp_size: usize,
+}
+
+impl ParallelConfig {
+    /// Checks the layout against the model's attention and the KV block size.
+    /// Returns the first violated constraint with vLLM's message.
+    pub fn validate(&self, attention: AttentionKind, block_size: usize) -> Result<(), ConfigError> {
+        let tp = self.tensor_parallel_size;
+        let dcp = self.decode_context_parallel_size;
+        let interleave = self.cp_kv_cache_interleave_size;
+        if tp == 0 || dcp == 0 || interleave == 0 {
+            return Err(ConfigError(
+                "tensor_parallel_size, decode_context_parallel_size and cp_kv_cache_interleave_size must be at least 1.".into(),
+            ));
+        }
+        if tp % dcp != 0 {
+            return Err(ConfigError(format!(
+                "tp_size={tp} must be divisible by dcp_size={dcp}."
+            )));
+        }
+        match attention {
+            AttentionKind::Gqa {
+                num_attention_heads: q,
+                num_key_value_heads: kv,
+            } => {
+                if q % tp != 0 {
+                    return Err(ConfigError(format!(
+                        "Total number of attention heads ({q}) must be divisible by tensor parallel size ({tp})."
+                    )));
+                }
+                if dcp > 1 {
+                    if tp <= kv {
+                        return Err(ConfigError(format!(
+                            "Decode context parallelism for GQA/MQA requires `--tensor-parallel-size` ({tp}) to be greater than the model's total number of KV heads ({kv}). Increase `--tensor-parallel-size` or set `--decode-context-parallel-size 1`."
+                        )));
+                    }
+                    let max = tp / kv;
+                    if dcp > max {
+                        return Err(ConfigError(format!(
+                            "`--decode-context-parallel-size` ({dcp}) exceeds the maximum supported value ({max}) for `--tensor-parallel-size` ({tp}) and {kv} model KV heads."
+                        )));
+                    }
+                    let n = q / kv;
+                    if n % dcp != 0 {
+                        return Err(ConfigError(format!(
+                            "The model's number of query heads per KV head ({n}) must be divisible by `--decode-context-parallel-size` ({dcp}) for GQA/MQA."
+                        )));
+                    }
+                    if max % dcp != 0 {
+                        return Err(ConfigError(format!(
+                            "`--tensor-parallel-size` ({tp}) // KV heads ({kv}) = {max} must be divisible by `--decode-context-parallel-size` ({dcp}) so that a DCP group never spans two KV heads."
+                        )));
+                    }
+                }
+            }
+            AttentionKind::Mla {
+                num_attention_heads: q,
+            } => {
+                if q % tp != 0 {
+                    return Err(ConfigError(format!(
+                        "Total number of attention heads ({q}) must be divisible by tensor parallel size ({tp})."
+                    )));
+                }
+            }
+        }
+        if block_size < interleave || block_size % interleave != 0 {
+            return Err(ConfigError(format!(
+                "Block_size({block_size}) should be greater than or equal to and divisible by cp_kv_cache_interleave_size ({interleave})."
+            )));
+        }
+        Ok(())
+    }
+
+    /// The layout of TP rank `tp_rank`: DCP groups are contiguous blocks of `dcp` ranks.
+    pub fn rank_layout(&self, tp_rank: usize) -> RankLayout {
+        RankLayout {
+            tp_rank,
+            tp_size: self.tensor_parallel_size,
+            dcp_rank: tp_rank % self.decode_context_parallel_size,
+            dcp_size: self.decode_context_parallel_size,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gqa(q: usize, kv: usize) -> AttentionKind {
+        AttentionKind::Gqa {
+            num_attention_heads: q,
+            num_key_value_heads: kv,
+        }
+    }
+
+    fn layout(tp: usize, dcp: usize, i: usize) -> ParallelConfig {
+        ParallelConfig {
+            tensor_parallel_size: tp,
+            decode_context_parallel_size: dcp,
+            cp_kv_cache_interleave_size: i,
+        }
+    }
+
+    #[test]
+    fn tp_not_divisible_by_dcp() {
+        let e = layout(4, 3, 1).validate(gqa(12, 1), 16).unwrap_err();
+        assert_eq!(e.0, "tp_size=4 must be divisible by dcp_size=3.");
+    }
+
+    #[test]
+    fn gqa_needs_tp_above_kv_heads() {
+        let e = layout(2, 2, 1).validate(gqa(8, 2), 16).unwrap_err();
+        assert_eq!(
+            e.0,
+            "Decode context parallelism for GQA/MQA requires `--tensor-parallel-size` (2) to be greater than the model's total number of KV heads (2). Increase `--tensor-parallel-size` or set `--decode-context-parallel-size 1`."
+        );
+    }
+
+    #[test]
+    fn gqa_dcp_above_maximum() {
+        let e = layout(4, 4, 1).validate(gqa(8, 2), 16).unwrap_err();
+        assert_eq!(
+            e.0,
+            "`--decode-context-parallel-size` (4) exceeds the maximum supported value (2) for `--tensor-parallel-size` (4) and 2 model KV heads."
+        );
+    }
+
+    #[test]
+    fn gqa_query_heads_per_kv_head() {
+        // 24 query heads / 8 KV heads = 3 per KV head; tp=24 allows dcp up to 3, but 3 % 2 != 0.
+        let e = layout(24, 2, 1).validate(gqa(24, 8), 16).unwrap_err();
+        assert_eq!(
+            e.0,
+            "The model's number of query heads per KV head (3) must be divisible by `--decode-context-parallel-size` (2) for GQA/MQA."
+        );
+    }
+
+    #[test]
+    fn interleave_must_divide_block_size() {
+        let e = layout(1, 1, 3).validate(gqa(8, 2), 16).unwrap_err();
+        assert_eq!(
+            e.0,
+            "Block_size(16) should be greater than or equal to and divisible by cp_kv_cache_interleave_size (3)."
+        );
+        let e = layout(1, 1, 32).validate(gqa(8, 2), 16).unwrap_err();
+        assert!(e.0.starts_with("Block_size(16)"));
+    }
+
+    #[test]
+    fn allowed_layouts() {
+        for (tp, dcp) in [(1, 1), (2, 1), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4)] {
+            layout(tp, dcp, 1).validate(gqa(8, 2), 16).unwrap();
+        }
+        layout(9, 3, 1).validate(gqa(9, 3), 16).unwrap();
+        layout(9, 1, 1).validate(gqa(9, 3), 16).unwrap();
+        layout(8, 8, 16)
+            .validate(
+                AttentionKind::Mla {
+                    num_attention_heads: 16,
+                },
+                16,
+            )
+            .unwrap();
+    }
+
+    #[test]
+    fn dcp_rank_is_tp_rank_mod_dcp() {
+        let p = layout(8, 4, 1);
+        let ranks: Vec<usize> = (0..8).map(|r| p.rank_layout(r).dcp_rank).collect();
+        assert_eq!(ranks, vec![0, 1, 2, 3, 0, 1, 2, 3]);
+    }
+}

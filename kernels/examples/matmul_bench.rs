@@ -1,0 +1,83 @@
+//! Matmul throughput on SmolLM2-135M shapes.
+//!
+//! `cargo run -p dcpserve-kernels --release --example matmul_bench [threads] [formats]`
+//! e.g. `... matmul_bench 2 f32,bf16,q4_1`; set `FAST=1` for `Precision::Fast`.
+
+use dcpserve_kernels::{matmul_with_precision, Precision, ThreadPool, WeightFormat, WeightMatrix};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let formats: Vec<WeightFormat> = args
+        .get(2)
+        .map(|s| s.as_str())
+        .unwrap_or("f32,bf16,f16,q8_0,q4_0,q4_1")
+        .split(',')
+        .filter_map(|f| match f {
+            "f32" => Some(WeightFormat::F32),
+            "f16" => Some(WeightFormat::F16),
+            "bf16" => Some(WeightFormat::BF16),
+            "q8_0" => Some(WeightFormat::Q8_0),
+            "q4_0" => Some(WeightFormat::Q4_0),
+            "q4_1" => Some(WeightFormat::Q4_1),
+            _ => None,
+        })
+        .collect();
+    let pool = ThreadPool::new(threads);
+    let precision = if std::env::var("FAST").is_ok_and(|v| v == "1") {
+        Precision::Fast
+    } else {
+        Precision::Exact
+    };
+    let matmul = |x: &[f32], m, w: &WeightMatrix, out: &mut [f32]| {
+        matmul_with_precision(&pool, x, m, w, out, precision)
+    };
+    // (name, N = out features, K = in features)
+    let shapes = [
+        ("q/o 576x576", 576, 576),
+        ("kv 192x576", 192, 576),
+        ("gate/up 1536x576", 1536, 576),
+        ("down 576x1536", 576, 1536),
+        ("lm_head 49152x576", 49152, 576),
+    ];
+    println!(
+        "threads={threads} avx512={} precision={precision:?}",
+        dcpserve_kernels::cpu::use_avx512()
+    );
+    for &(name, n, k) in &shapes {
+        let wf: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 1e-3)
+            .collect();
+        let w32 = WeightMatrix::from_f32(n, k, wf).expect("shape");
+        for &f in &formats {
+            let w = w32.to_format(f).expect("convert");
+            let mut line = format!("{name:<20} {f:>5?}:");
+            for m in [1usize, 32, 512] {
+                let x: Vec<f32> = (0..m * k)
+                    .map(|i| ((i * 31 % 97) as f32 - 48.0) * 1e-2)
+                    .collect();
+                let mut out = vec![0.0f32; m * n];
+                matmul(&x, m, &w, &mut out).expect("matmul");
+                let start = Instant::now();
+                let mut iters = 0u32;
+                while start.elapsed() < Duration::from_millis(150) || iters < 3 {
+                    matmul(&x, m, &w, &mut out).expect("matmul");
+                    iters += 1;
+                }
+                let secs = start.elapsed().as_secs_f64() / iters as f64;
+                let gflops = 2.0 * (m * n * k) as f64 / secs / 1e9;
+                if m == 1 {
+                    let gbs = (n * f.bytes_for(k)) as f64 / secs / 1e9;
+                    line += &format!(
+                        "  m=1 {gflops:6.1} GF/s ({gbs:5.1} GB/s, {:7.1} us)",
+                        secs * 1e6
+                    );
+                } else {
+                    line += &format!("  m={m} {gflops:6.1} GF/s");
+                }
+            }
+            println!("{line}");
+        }
+    }
+}

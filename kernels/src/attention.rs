@@ -1,0 +1,1112 @@
+//! Paged attention over a block-table KV cache, returning output and log-sum-exp.
+//!
+//! The LSE lets decode context parallelism merge partial results computed on
+//! different KV shards ([`merge_partials`]). Inside one call, a long sequence with few
+//! query tokens is also split along the KV axis so every thread has work, and the
+//! splits are merged the same way.
+
+use crate::error::{check_len, KernelError};
+use crate::pool::ThreadPool;
+use std::cell::RefCell;
+
+/// Keys processed per online-softmax step.
+const CH: usize = 32;
+/// Minimum keys per split when splitting one sequence across threads.
+const SPLIT_MIN: usize = 256;
+
+/// Stores the K/V rows of new tokens into the paged cache.
+///
+/// Caches are `[num_blocks, block_size, n_kv_heads, head_dim]`, i.e. one
+/// `n_kv_heads * head_dim` row per slot; `k`/`v` are `[slots.len(), n_kv_heads, head_dim]`.
+/// A slot of `usize::MAX` skips that token (e.g. tokens another DCP rank stores).
+pub fn write_kv(
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    n_kv_heads: usize,
+    head_dim: usize,
+    slots: &[usize],
+    k: &[f32],
+    v: &[f32],
+) -> Result<(), KernelError> {
+    let row = n_kv_heads * head_dim;
+    check_len("write_kv k", slots.len() * row, k.len())?;
+    check_len("write_kv v", slots.len() * row, v.len())?;
+    check_len("write_kv v_cache", k_cache.len(), v_cache.len())?;
+    if row == 0 {
+        return Ok(());
+    }
+    let n_slots = k_cache.len() / row;
+    for (t, &s) in slots.iter().enumerate() {
+        if s == usize::MAX {
+            continue;
+        }
+        if s >= n_slots {
+            return Err(KernelError::OutOfRange {
+                what: "kv slot",
+                value: s,
+                limit: n_slots,
+            });
+        }
+        k_cache[s * row..(s + 1) * row].copy_from_slice(&k[t * row..(t + 1) * row]);
+        v_cache[s * row..(s + 1) * row].copy_from_slice(&v[t * row..(t + 1) * row]);
+    }
+    Ok(())
+}
+
+/// One batch of query tokens for [`paged_attention`].
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionBatch<'a> {
+    /// Queries, `[n_tokens, n_q_heads, head_dim]`.
+    pub q: &'a [f32],
+    /// Query heads.
+    pub n_q_heads: usize,
+    /// KV heads (query head `h` uses KV head `h / (n_q_heads / n_kv_heads)`).
+    pub n_kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Tokens per cache block.
+    pub block_size: usize,
+    /// Score scale, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+    /// Sequence index (into `block_tables`) of each token.
+    pub token_seq: &'a [u32],
+    /// Cached tokens (local indices `0..kv_len`) each token attends to; the caller
+    /// has already applied the causal mask.
+    pub token_kv_len: &'a [u32],
+    /// Per sequence: local token `j` lives in slot
+    /// `block_tables[s][j / block_size] * block_size + j % block_size`.
+    pub block_tables: &'a [&'a [u32]],
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: work items write disjoint rows.
+unsafe impl Sync for SyncPtr {}
+unsafe impl Send for SyncPtr {}
+
+/// Paged attention: `out[t, h] = softmax(scale · q·Kᵀ) · V` and
+/// `lse[t, h] = ln Σ exp(scale · q·k)` over the token's cached keys.
+/// Tokens with `kv_len == 0` get zeros and `lse = -inf`.
+///
+/// ```
+/// use dcpserve_kernels::{paged_attention, AttentionBatch, ThreadPool};
+/// let pool = ThreadPool::new(1);
+/// let (k, v) = (vec![1.0, 0.0], vec![3.0, 4.0]); // one block of one slot, 1 head, dim 2
+/// let bt: &[u32] = &[0];
+/// let b = AttentionBatch { q: &[1.0, 0.0], n_q_heads: 1, n_kv_heads: 1, head_dim: 2,
+///     block_size: 1, scale: 1.0, token_seq: &[0], token_kv_len: &[1], block_tables: &[bt] };
+/// let (mut out, mut lse) = (vec![0.0; 2], vec![0.0; 1]);
+/// paged_attention(&pool, &b, &k, &v, &mut out, &mut lse).unwrap();
+/// assert_eq!(out, [3.0, 4.0]);
+/// assert_eq!(lse, [1.0]);
+/// ```
+pub fn paged_attention(
+    pool: &ThreadPool,
+    b: &AttentionBatch,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<(), KernelError> {
+    paged_attention_impl(
+        pool,
+        b,
+        k_cache,
+        v_cache,
+        out,
+        lse,
+        crate::cpu::use_avx512(),
+    )
+}
+
+/// [`paged_attention`] with an explicit kernel choice (`simd` = AVX-512).
+pub(crate) fn paged_attention_impl(
+    pool: &ThreadPool,
+    b: &AttentionBatch,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: &mut [f32],
+    lse: &mut [f32],
+    simd: bool,
+) -> Result<(), KernelError> {
+    validate(b, k_cache, v_cache, out, lse)?;
+    let n_tokens = b.token_seq.len();
+    let (nq, nkv, hd) = (b.n_q_heads, b.n_kv_heads, b.head_dim);
+    // One work item = all heads of one token (so each cached K/V row is streamed
+    // contiguously once), optionally split along the KV axis.
+    let n_items = n_tokens;
+    if n_items == 0 || hd == 0 || nkv == 0 {
+        lse.fill(f32::NEG_INFINITY);
+        return Ok(());
+    }
+    let threads = pool.n_threads();
+    let max_kv = b.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
+    let n_splits = if n_items < 2 * threads && max_kv >= 2 * SPLIT_MIN {
+        (4 * threads)
+            .div_ceil(n_items)
+            .min(max_kv / SPLIT_MIN)
+            .max(2)
+    } else {
+        1
+    };
+    if n_splits == 1 {
+        let (op, lp) = (SyncPtr(out.as_mut_ptr()), SyncPtr(lse.as_mut_ptr()));
+        pool.run(n_items, |t| {
+            let kv_len = b.token_kv_len[t] as usize;
+            // SAFETY: item t owns the rows of token t.
+            unsafe { attend_item(b, k_cache, v_cache, t, 0, kv_len, op, lp, t * nq, simd) };
+        });
+        return Ok(());
+    }
+    // Split each token's KV range; partials go to scratch, then merge.
+    let rows = n_tokens * nq;
+    let mut pout = vec![0.0f32; n_splits * rows * hd];
+    let mut plse = vec![f32::NEG_INFINITY; n_splits * rows];
+    let (op, lp) = (SyncPtr(pout.as_mut_ptr()), SyncPtr(plse.as_mut_ptr()));
+    pool.run(n_items * n_splits, |it| {
+        let (t, s) = (it / n_splits, it % n_splits);
+        let kv_len = b.token_kv_len[t] as usize;
+        let chunk = kv_len.div_ceil(n_splits).next_multiple_of(CH);
+        let start = (s * chunk).min(kv_len);
+        let end = ((s + 1) * chunk).min(kv_len);
+        // SAFETY: split s of token t owns its rows in partial buffer s.
+        unsafe {
+            attend_item(
+                b,
+                k_cache,
+                v_cache,
+                t,
+                start,
+                end,
+                op,
+                lp,
+                s * rows + t * nq,
+                simd,
+            )
+        };
+    });
+    merge_rows(
+        n_splits,
+        |i| &pout[i * rows * hd..(i + 1) * rows * hd],
+        |i| &plse[i * rows..(i + 1) * rows],
+        rows,
+        hd,
+        out,
+        lse,
+    );
+    Ok(())
+}
+
+fn validate(
+    b: &AttentionBatch,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: &[f32],
+    lse: &[f32],
+) -> Result<(), KernelError> {
+    let n_tokens = b.token_seq.len();
+    let (nq, nkv, hd) = (b.n_q_heads, b.n_kv_heads, b.head_dim);
+    if nkv == 0 || nq % nkv != 0 || b.block_size == 0 {
+        return Err(KernelError::Shape(format!(
+            "n_q_heads={nq} must be a multiple of n_kv_heads={nkv} > 0, block_size={} > 0",
+            b.block_size
+        )));
+    }
+    check_len("attention token_kv_len", n_tokens, b.token_kv_len.len())?;
+    check_len("attention q", n_tokens * nq * hd, b.q.len())?;
+    check_len("attention out", n_tokens * nq * hd, out.len())?;
+    check_len("attention lse", n_tokens * nq, lse.len())?;
+    check_len("attention v_cache", k_cache.len(), v_cache.len())?;
+    let row = nkv * hd;
+    let n_blocks = if row == 0 {
+        0
+    } else {
+        k_cache.len() / (row * b.block_size)
+    };
+    // Check each sequence's table once, up to the longest kv_len any token uses.
+    let mut need = vec![0usize; b.block_tables.len()];
+    for (&s, &l) in b.token_seq.iter().zip(b.token_kv_len) {
+        let slot = need.get_mut(s as usize).ok_or(KernelError::OutOfRange {
+            what: "token_seq",
+            value: s as usize,
+            limit: b.block_tables.len(),
+        })?;
+        *slot = (*slot).max((l as usize).div_ceil(b.block_size));
+    }
+    for (bt, &nb) in b.block_tables.iter().zip(&need) {
+        if nb > bt.len() {
+            return Err(KernelError::OutOfRange {
+                what: "kv_len blocks",
+                value: nb,
+                limit: bt.len() + 1,
+            });
+        }
+        if let Some(&bad) = bt[..nb].iter().find(|&&id| id as usize >= n_blocks) {
+            return Err(KernelError::OutOfRange {
+                what: "block id",
+                value: bad as usize,
+                limit: n_blocks,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Attends all query heads of token `t` to keys `start..end`, writing rows
+/// `row0..row0 + n_q_heads` of `out` / `lse`.
+///
+/// # Safety
+/// `out`/`lse` must be valid for those rows and no other thread may write them.
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_item(
+    b: &AttentionBatch,
+    kc: &[f32],
+    vc: &[f32],
+    t: usize,
+    start: usize,
+    end: usize,
+    out: SyncPtr,
+    lse: SyncPtr,
+    row0: usize,
+    simd: bool,
+) {
+    let (nq, nkv, hd) = (b.n_q_heads, b.n_kv_heads, b.head_dim);
+    let r = nq / nkv;
+    let o = std::slice::from_raw_parts_mut(out.0.add(row0 * hd), nq * hd);
+    let l = std::slice::from_raw_parts_mut(lse.0.add(row0), nq);
+    let q = &b.q[t * nq * hd..(t + 1) * nq * hd];
+    let it = Item {
+        q,
+        nq,
+        r,
+        hd,
+        scale: b.scale,
+        kc,
+        vc,
+        nkv,
+        bt: b.block_tables[b.token_seq[t] as usize],
+        bs: b.block_size,
+        start,
+        end,
+    };
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        let need = nq * (CH + 2);
+        if s.len() < need {
+            s.resize(need, 0.0);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            attend_avx512(&it, o, l, &mut s);
+            return;
+        }
+        let _ = simd;
+        attend_body::<Scalar>(&it, o, l, &mut s);
+    });
+}
+
+struct Item<'a> {
+    q: &'a [f32],
+    nq: usize,
+    r: usize,
+    hd: usize,
+    scale: f32,
+    kc: &'a [f32],
+    vc: &'a [f32],
+    nkv: usize,
+    bt: &'a [u32],
+    bs: usize,
+    start: usize,
+    end: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn attend_avx512(it: &Item, out: &mut [f32], lse: &mut [f32], scratch: &mut [f32]) {
+    attend_body::<avx::Avx>(it, out, lse, scratch)
+}
+
+/// Vector primitives of the attention loop (scalar or AVX-512).
+trait Math {
+    /// `Σ a[i]·b[i]` over `a.len()` elements (`b` at least as long).
+    fn dot(a: &[f32], b: &[f32]) -> f32;
+    /// `y += alpha·x`.
+    fn axpy(alpha: f32, x: &[f32], y: &mut [f32]);
+    /// `y *= alpha`.
+    fn scale(alpha: f32, y: &mut [f32]);
+    /// `s[i] = exp(s[i] − mx)`, returning the sum.
+    fn exp_sum(s: &mut [f32], mx: f32) -> f32;
+    /// Hints that `x` will be read soon (no-op by default).
+    #[inline(always)]
+    fn prefetch(_x: &[f32]) {}
+    /// Scores of `q` against four keys.
+    #[inline(always)]
+    fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+        k.map(|k| Self::dot(q, k))
+    }
+    /// `acc += Σ_j p[j] · v[offs[j]..offs[j] + acc.len()]`.
+    #[inline(always)]
+    fn pv(p: &[f32], offs: &[usize], v: &[f32], acc: &mut [f32]) {
+        let hd = acc.len();
+        for (&pj, &off) in p.iter().zip(offs) {
+            Self::axpy(pj, &v[off..off + hd], acc);
+        }
+    }
+}
+
+struct Scalar;
+
+impl Math for Scalar {
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 8];
+        let ca = a.chunks_exact(8);
+        let cb = b[..a.len()].chunks_exact(8);
+        let (ra, rb) = (ca.remainder(), cb.remainder());
+        for (x, y) in ca.zip(cb) {
+            for i in 0..8 {
+                acc[i] += x[i] * y[i];
+            }
+        }
+        let mut s = 0.0;
+        for (x, y) in ra.iter().zip(rb) {
+            s += x * y;
+        }
+        acc.iter().sum::<f32>() + s
+    }
+    #[inline(always)]
+    fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+        for (a, v) in y.iter_mut().zip(x) {
+            *a += alpha * v;
+        }
+    }
+    #[inline(always)]
+    fn scale(alpha: f32, y: &mut [f32]) {
+        y.iter_mut().for_each(|v| *v *= alpha);
+    }
+    #[inline(always)]
+    fn exp_sum(s: &mut [f32], mx: f32) -> f32 {
+        let mut sum = 0.0;
+        for v in s.iter_mut() {
+            *v = (*v - mx).exp();
+            sum += *v;
+        }
+        sum
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    //! AVX-512 versions of the attention primitives; only called from
+    //! `attend_avx512`, i.e. after the CPU check.
+    use std::arch::x86_64::*;
+
+    pub(super) struct Avx;
+
+    #[inline]
+    fn mask(n: usize) -> __mmask16 {
+        ((1u32 << n) - 1) as u16
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
+        let mut acc0 = _mm512_setzero_ps();
+        let mut acc1 = _mm512_setzero_ps();
+        let mut i = 0;
+        while i + 32 <= n {
+            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), acc0);
+            acc1 = _mm512_fmadd_ps(
+                _mm512_loadu_ps(a.add(i + 16)),
+                _mm512_loadu_ps(b.add(i + 16)),
+                acc1,
+            );
+            i += 32;
+        }
+        while i < n {
+            let m = mask((n - i).min(16));
+            acc0 = _mm512_fmadd_ps(
+                _mm512_maskz_loadu_ps(m, a.add(i)),
+                _mm512_maskz_loadu_ps(m, b.add(i)),
+                acc0,
+            );
+            i += 16;
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn axpy(alpha: f32, x: *const f32, y: *mut f32, n: usize) {
+        let av = _mm512_set1_ps(alpha);
+        let mut i = 0;
+        while i < n {
+            let m = mask((n - i).min(16));
+            let yv = _mm512_maskz_loadu_ps(m, y.add(i));
+            let r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x.add(i)), yv);
+            _mm512_mask_storeu_ps(y.add(i), m, r);
+            i += 16;
+        }
+    }
+
+    /// Cephes-style `exp` (≈1 ulp) with `vscalefps` for the 2^n step.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(
+            _mm512_min_ps(x, _mm512_set1_ps(88.7)),
+            _mm512_set1_ps(-104.0),
+        );
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3f32,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let r2 = _mm512_mul_ps(r, r);
+        let y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
+        _mm512_scalef_ps(y, n)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn exp_sum(s: *mut f32, n: usize, mx: f32) -> f32 {
+        let mv = _mm512_set1_ps(mx);
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < n {
+            let m = mask((n - i).min(16));
+            let v = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s.add(i)), mv));
+            let v = _mm512_maskz_mov_ps(m, v);
+            _mm512_mask_storeu_ps(s.add(i), m, v);
+            acc = _mm512_add_ps(acc, v);
+            i += 16;
+        }
+        _mm512_reduce_add_ps(acc)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn hsum4(a: __m512, b: __m512, c: __m512, d: __m512) -> __m128 {
+        let h0 = _mm256_add_ps(
+            _mm512_castps512_ps256(a),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
+        );
+        let h1 = _mm256_add_ps(
+            _mm512_castps512_ps256(b),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(b))),
+        );
+        let h2 = _mm256_add_ps(
+            _mm512_castps512_ps256(c),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(c))),
+        );
+        let h3 = _mm256_add_ps(
+            _mm512_castps512_ps256(d),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(d))),
+        );
+        let abcd = _mm256_hadd_ps(_mm256_hadd_ps(h0, h1), _mm256_hadd_ps(h2, h3));
+        _mm_add_ps(
+            _mm256_castps256_ps128(abcd),
+            _mm256_extractf128_ps::<1>(abcd),
+        )
+    }
+
+    /// Scores of one query against four keys, written to `out[0..4]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dot4(
+        q: *const f32,
+        k0: *const f32,
+        k1: *const f32,
+        k2: *const f32,
+        k3: *const f32,
+        n: usize,
+        out: *mut f32,
+    ) {
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+        );
+        let mut i = 0;
+        while i < n {
+            let m = mask((n - i).min(16));
+            let qv = _mm512_maskz_loadu_ps(m, q.add(i));
+            a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0.add(i)), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k1.add(i)), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k2.add(i)), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k3.add(i)), a3);
+            i += 16;
+        }
+        _mm_storeu_ps(out, hsum4(a0, a1, a2, a3));
+    }
+
+    /// PV accumulation with the output row held in registers, 64 lanes at a time,
+    /// so consecutive keys don't serialize on store-to-load forwarding.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn pv(
+        p: *const f32,
+        offs: *const usize,
+        c: usize,
+        v: *const f32,
+        acc: *mut f32,
+        hd: usize,
+    ) {
+        let mut i = 0;
+        while i < hd {
+            let m0 = mask(hd.saturating_sub(i).min(16));
+            let m1 = mask(hd.saturating_sub(i + 16).min(16));
+            let m2 = mask(hd.saturating_sub(i + 32).min(16));
+            let m3 = mask(hd.saturating_sub(i + 48).min(16));
+            let y = acc.add(i);
+            let mut a0 = _mm512_maskz_loadu_ps(m0, y);
+            let mut a1 = _mm512_maskz_loadu_ps(m1, y.add(16));
+            let mut a2 = _mm512_maskz_loadu_ps(m2, y.add(32));
+            let mut a3 = _mm512_maskz_loadu_ps(m3, y.add(48));
+            for j in 0..c {
+                let pj = _mm512_set1_ps(*p.add(j));
+                let x = v.add(*offs.add(j) + i);
+                a0 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m0, x), a0);
+                a1 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m1, x.add(16)), a1);
+                a2 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m2, x.add(32)), a2);
+                a3 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m3, x.add(48)), a3);
+            }
+            _mm512_mask_storeu_ps(y, m0, a0);
+            _mm512_mask_storeu_ps(y.add(16), m1, a1);
+            _mm512_mask_storeu_ps(y.add(32), m2, a2);
+            _mm512_mask_storeu_ps(y.add(48), m3, a3);
+            i += 64;
+        }
+    }
+
+    impl super::Math for Avx {
+        #[inline(always)]
+        fn prefetch(x: &[f32]) {
+            let p = x.as_ptr() as *const i8;
+            let bytes = std::mem::size_of_val(x);
+            let mut o = 0;
+            while o < bytes {
+                // SAFETY: prefetching never faults; the address is inside `x`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(o)) };
+                o += 64;
+            }
+        }
+        #[inline(always)]
+        fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+            let n = q.len();
+            assert!(k[0].len() >= n && k[1].len() >= n && k[2].len() >= n && k[3].len() >= n);
+            let mut out = [0.0f32; 4];
+            // SAFETY: lengths checked; only reachable after the AVX-512 check.
+            unsafe {
+                dot4(
+                    q.as_ptr(),
+                    k[0].as_ptr(),
+                    k[1].as_ptr(),
+                    k[2].as_ptr(),
+                    k[3].as_ptr(),
+                    n,
+                    out.as_mut_ptr(),
+                )
+            };
+            out
+        }
+        #[inline(always)]
+        fn pv(p: &[f32], offs: &[usize], v: &[f32], acc: &mut [f32]) {
+            let hd = acc.len();
+            assert_eq!(p.len(), offs.len());
+            for &o in offs {
+                assert!(o + hd <= v.len());
+            }
+            // SAFETY: bounds checked above; AVX-512 checked by the caller.
+            unsafe {
+                pv(
+                    p.as_ptr(),
+                    offs.as_ptr(),
+                    p.len(),
+                    v.as_ptr(),
+                    acc.as_mut_ptr(),
+                    hd,
+                )
+            }
+        }
+        #[inline(always)]
+        fn dot(a: &[f32], b: &[f32]) -> f32 {
+            assert!(b.len() >= a.len());
+            // SAFETY: lengths checked; only reachable after the AVX-512 check.
+            unsafe { dot(a.as_ptr(), b.as_ptr(), a.len()) }
+        }
+        #[inline(always)]
+        fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+            assert!(x.len() >= y.len());
+            // SAFETY: as above.
+            unsafe { axpy(alpha, x.as_ptr(), y.as_mut_ptr(), y.len()) }
+        }
+        #[inline(always)]
+        fn scale(alpha: f32, y: &mut [f32]) {
+            y.iter_mut().for_each(|v| *v *= alpha);
+        }
+        #[inline(always)]
+        fn exp_sum(s: &mut [f32], mx: f32) -> f32 {
+            // SAFETY: as above.
+            unsafe { exp_sum(s.as_mut_ptr(), s.len(), mx) }
+        }
+    }
+}
+
+/// Chunked online softmax (flash-decoding style), f32 throughout.
+#[inline(always)]
+fn attend_body<M: Math>(it: &Item, out: &mut [f32], lse: &mut [f32], scratch: &mut [f32]) {
+    let (nq, hd) = (it.nq, it.hd);
+    let (scores, rest) = scratch.split_at_mut(nq * CH);
+    let (m, l) = rest.split_at_mut(nq);
+    let l = &mut l[..nq];
+    m.fill(f32::NEG_INFINITY);
+    l.fill(0.0);
+    out.fill(0.0);
+    let mut offs = [0usize; CH];
+    let mut j0 = it.start;
+    while j0 < it.end {
+        let c = CH.min(it.end - j0);
+        for (jj, off) in offs[..c].iter_mut().enumerate() {
+            let j = j0 + jj;
+            let slot = it.bt[j / it.bs] as usize * it.bs + j % it.bs;
+            *off = slot * it.nkv * hd;
+        }
+        // Prefetch the next chunk's K/V rows: a chunk's rows are scattered over blocks,
+        // so the hardware prefetcher alone leaves the loop waiting on DRAM.
+        let row = it.nkv * hd;
+        for j in (j0 + c)..(j0 + 2 * c).min(it.end) {
+            let slot = it.bt[j / it.bs] as usize * it.bs + j % it.bs;
+            M::prefetch(&it.kc[slot * row..(slot + 1) * row]);
+            M::prefetch(&it.vc[slot * row..(slot + 1) * row]);
+        }
+        for h in 0..nq {
+            // GQA: query head h reads KV head h / r, at offset g*hd inside each slot row.
+            let g = h / it.r;
+            let (kc, vc) = (&it.kc[g * hd..], &it.vc[g * hd..]);
+            let qh = &it.q[h * hd..(h + 1) * hd];
+            let s = &mut scores[h * CH..h * CH + c];
+            let mut mx = m[h];
+            let mut jj = 0;
+            while jj + 4 <= c {
+                let k = |x: usize| &kc[offs[jj + x]..offs[jj + x] + hd];
+                let d = M::dot4(qh, [k(0), k(1), k(2), k(3)]);
+                for x in 0..4 {
+                    s[jj + x] = d[x] * it.scale;
+                }
+                jj += 4;
+            }
+            for (sv, &off) in s[jj..].iter_mut().zip(&offs[jj..c]) {
+                *sv = M::dot(qh, &kc[off..off + hd]) * it.scale;
+            }
+            for &sv in s.iter() {
+                mx = mx.max(sv);
+            }
+            if mx == f32::NEG_INFINITY {
+                continue; // all scores -inf so far: nothing to accumulate
+            }
+            let alpha = if m[h] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (m[h] - mx).exp()
+            };
+            let sum = M::exp_sum(s, mx);
+            l[h] = l[h] * alpha + sum;
+            m[h] = mx;
+            let acc = &mut out[h * hd..(h + 1) * hd];
+            if alpha != 1.0 {
+                M::scale(alpha, acc);
+            }
+            M::pv(s, &offs[..c], vc, acc);
+        }
+        j0 += c;
+    }
+    for h in 0..nq {
+        let acc = &mut out[h * hd..(h + 1) * hd];
+        if l[h] > 0.0 {
+            M::scale(1.0 / l[h], acc);
+            lse[h] = m[h] + l[h].ln();
+        } else {
+            acc.fill(0.0);
+            lse[h] = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Merges attention partials computed over disjoint KV shards.
+///
+/// Row `i` of part `p` is `partial_out[p][i*head_dim..]` with `partial_lse[p][i]`.
+/// `lse = m + ln Σ exp(lse_p − m)` with `m = max_p lse_p`, and
+/// `out = Σ exp(lse_p − lse) · out_p`. Rows empty in every part give zeros and `-inf`.
+///
+/// ```
+/// use dcpserve_kernels::merge_partials;
+/// let (a, b) = ([1.0f32, 2.0], [3.0f32, 4.0]);
+/// let (la, lb) = ([0.0f32], [f32::NEG_INFINITY]); // second shard is empty
+/// let (mut out, mut lse) = ([0.0; 2], [0.0; 1]);
+/// merge_partials(&[&a, &b], &[&la, &lb], 1, 2, &mut out, &mut lse).unwrap();
+/// assert_eq!(out, [1.0, 2.0]);
+/// assert_eq!(lse, [0.0]);
+/// ```
+pub fn merge_partials(
+    partial_out: &[&[f32]],
+    partial_lse: &[&[f32]],
+    n_rows: usize,
+    head_dim: usize,
+    out: &mut [f32],
+    lse_out: &mut [f32],
+) -> Result<(), KernelError> {
+    check_len(
+        "merge_partials partial_lse count",
+        partial_out.len(),
+        partial_lse.len(),
+    )?;
+    for (o, l) in partial_out.iter().zip(partial_lse) {
+        check_len("merge_partials partial_out", n_rows * head_dim, o.len())?;
+        check_len("merge_partials partial_lse", n_rows, l.len())?;
+    }
+    check_len("merge_partials out", n_rows * head_dim, out.len())?;
+    check_len("merge_partials lse_out", n_rows, lse_out.len())?;
+    merge_rows(
+        partial_out.len(),
+        |i| partial_out[i],
+        |i| partial_lse[i],
+        n_rows,
+        head_dim,
+        out,
+        lse_out,
+    );
+    Ok(())
+}
+
+fn merge_rows<'a>(
+    n_parts: usize,
+    get_out: impl Fn(usize) -> &'a [f32],
+    get_lse: impl Fn(usize) -> &'a [f32],
+    n_rows: usize,
+    hd: usize,
+    out: &mut [f32],
+    lse_out: &mut [f32],
+) {
+    for row in 0..n_rows {
+        let m = (0..n_parts)
+            .map(|p| get_lse(p)[row])
+            .filter(|v| !v.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let o = &mut out[row * hd..(row + 1) * hd];
+        o.fill(0.0);
+        if m == f32::NEG_INFINITY {
+            lse_out[row] = f32::NEG_INFINITY;
+            continue;
+        }
+        let sum: f32 = (0..n_parts)
+            .map(|p| get_lse(p)[row])
+            .filter(|v| !v.is_nan())
+            .map(|v| (v - m).exp())
+            .sum();
+        let lse = m + sum.ln();
+        lse_out[row] = lse;
+        for p in 0..n_parts {
+            let lp = get_lse(p)[row];
+            if lp.is_nan() || lp == f32::NEG_INFINITY {
+                continue; // empty shard: weight 0, and its output must not leak NaN
+            }
+            let w = (lp - lse).exp();
+            for (a, v) in o.iter_mut().zip(&get_out(p)[row * hd..(row + 1) * hd]) {
+                *a += w * v;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Lcg(u64);
+    impl Lcg {
+        fn u(&mut self) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            self.0 >> 33
+        }
+        fn f(&mut self) -> f32 {
+            (self.u() % 20001) as f32 / 10000.0 - 1.0
+        }
+    }
+
+    /// A cache holding `lens[s]` tokens per sequence in shuffled blocks.
+    struct Setup {
+        k: Vec<f32>,
+        v: Vec<f32>,
+        tables: Vec<Vec<u32>>,
+        dense_k: Vec<Vec<f32>>, // per sequence [len, nkv, hd]
+        dense_v: Vec<Vec<f32>>,
+    }
+
+    fn setup(g: &mut Lcg, lens: &[usize], nkv: usize, hd: usize, bs: usize) -> Setup {
+        let row = nkv * hd;
+        let total_blocks: usize = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 3;
+        let mut ids: Vec<u32> = (0..total_blocks as u32).collect();
+        for i in (1..ids.len()).rev() {
+            let j = (g.u() as usize) % (i + 1);
+            ids.swap(i, j);
+        }
+        let mut k = vec![f32::NAN; total_blocks * bs * row]; // unused slots are NaN
+        let mut v = k.clone();
+        let mut tables = Vec::new();
+        let (mut dk, mut dv) = (Vec::new(), Vec::new());
+        let mut next = 0;
+        for &len in lens {
+            let nb = len.div_ceil(bs);
+            let t: Vec<u32> = ids[next..next + nb].to_vec();
+            next += nb;
+            let kk: Vec<f32> = (0..len * row).map(|_| g.f()).collect();
+            let vv: Vec<f32> = (0..len * row).map(|_| g.f()).collect();
+            let slots: Vec<usize> = (0..len).map(|j| t[j / bs] as usize * bs + j % bs).collect();
+            write_kv(&mut k, &mut v, nkv, hd, &slots, &kk, &vv).unwrap();
+            tables.push(t);
+            dk.push(kk);
+            dv.push(vv);
+        }
+        Setup {
+            k,
+            v,
+            tables,
+            dense_k: dk,
+            dense_v: dv,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        q: &[f32],
+        nq: usize,
+        nkv: usize,
+        hd: usize,
+        scale: f32,
+        dk: &[f32],
+        dv: &[f32],
+        kv_len: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let r = nq / nkv;
+        let mut o = vec![0.0; nq * hd];
+        let mut lse = vec![f64::NEG_INFINITY; nq];
+        for h in 0..nq {
+            let g = h / r;
+            let s: Vec<f64> = (0..kv_len)
+                .map(|j| {
+                    (0..hd)
+                        .map(|d| q[h * hd + d] as f64 * dk[(j * nkv + g) * hd + d] as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            if kv_len == 0 {
+                continue;
+            }
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            lse[h] = m + z.ln();
+            for j in 0..kv_len {
+                let p = (s[j] - m).exp() / z;
+                for d in 0..hd {
+                    o[h * hd + d] += p * dv[(j * nkv + g) * hd + d] as f64;
+                }
+            }
+        }
+        (o, lse)
+    }
+
+    fn run_case(
+        nq: usize,
+        nkv: usize,
+        hd: usize,
+        bs: usize,
+        lens: &[usize],
+        threads: usize,
+        seed: u64,
+    ) {
+        let mut g = Lcg(seed);
+        let su = setup(&mut g, lens, nkv, hd, bs);
+        // Tokens: for each sequence the last 3 positions (causal), plus kv_len 0 tokens.
+        let (mut tseq, mut tlen) = (Vec::new(), Vec::new());
+        for (s, &len) in lens.iter().enumerate() {
+            for back in 0..3usize {
+                tseq.push(s as u32);
+                tlen.push(len.saturating_sub(back) as u32);
+            }
+        }
+        let n = tseq.len();
+        let q: Vec<f32> = (0..n * nq * hd).map(|_| g.f() * 2.0).collect();
+        let tables: Vec<&[u32]> = su.tables.iter().map(|t| t.as_slice()).collect();
+        let b = AttentionBatch {
+            q: &q,
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            block_size: bs,
+            scale: 1.0 / (hd as f32).sqrt(),
+            token_seq: &tseq,
+            token_kv_len: &tlen,
+            block_tables: &tables,
+        };
+        let pool = ThreadPool::new(threads);
+        for simd in [false, crate::cpu::use_avx512()] {
+            let mut out = vec![f32::NAN; n * nq * hd];
+            let mut lse = vec![f32::NAN; n * nq];
+            paged_attention_impl(&pool, &b, &su.k, &su.v, &mut out, &mut lse, simd).unwrap();
+            for t in 0..n {
+                let s = tseq[t] as usize;
+                let (ro, rl) = reference(
+                    &q[t * nq * hd..(t + 1) * nq * hd],
+                    nq,
+                    nkv,
+                    hd,
+                    b.scale,
+                    &su.dense_k[s],
+                    &su.dense_v[s],
+                    tlen[t] as usize,
+                );
+                for h in 0..nq {
+                    let got = lse[t * nq + h];
+                    if rl[h] == f64::NEG_INFINITY {
+                        assert_eq!(got, f32::NEG_INFINITY);
+                    } else {
+                        assert!((got as f64 - rl[h]).abs() < 1e-4, "lse {got} vs {}", rl[h]);
+                    }
+                }
+                for (a, e) in out[t * nq * hd..(t + 1) * nq * hd].iter().zip(&ro) {
+                    assert!((*a as f64 - e).abs() < 1e-4, "out {a} vs {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matches_dense_reference() {
+        for &(nq, nkv) in &[(4, 4), (9, 3), (8, 2)] {
+            for &bs in &[1, 16] {
+                run_case(nq, nkv, 16, bs, &[0, 1, 37, 70], 2, (nq * 100 + bs) as u64);
+            }
+        }
+        run_case(9, 3, 64, 16, &[5, 130], 1, 7);
+    }
+
+    #[test]
+    fn long_sequence_split_matches() {
+        run_case(3, 1, 64, 16, &[3000], 2, 11);
+        run_case(4, 2, 32, 16, &[2100], 3, 12);
+    }
+
+    #[test]
+    fn sharded_kv_merge_equals_full() {
+        // DCP-style: position p lives on shard p % n_shards; attend each shard, merge.
+        let (nq, nkv, hd, bs, len) = (6, 2, 32, 4, 45usize);
+        for n_shards in [1usize, 2, 3, 8] {
+            let mut g = Lcg(99 + n_shards as u64);
+            let full = setup(&mut g, &[len], nkv, hd, bs);
+            let q: Vec<f32> = (0..nq * hd).map(|_| g.f()).collect();
+            let scale = 0.2;
+            let pool = ThreadPool::new(2);
+            let mut outs = vec![vec![0.0f32; nq * hd]; n_shards];
+            let mut lses = vec![vec![0.0f32; nq]; n_shards];
+            for sh in 0..n_shards {
+                let pos: Vec<usize> = (sh..len).step_by(n_shards).collect();
+                let row = nkv * hd;
+                let kk: Vec<f32> = pos
+                    .iter()
+                    .flat_map(|&p| full.dense_k[0][p * row..(p + 1) * row].to_vec())
+                    .collect();
+                let vv: Vec<f32> = pos
+                    .iter()
+                    .flat_map(|&p| full.dense_v[0][p * row..(p + 1) * row].to_vec())
+                    .collect();
+                let nb = pos.len().div_ceil(bs).max(1);
+                let table: Vec<u32> = (0..nb as u32).rev().collect();
+                let mut kc = vec![0.0; nb * bs * row];
+                let mut vc = kc.clone();
+                let slots: Vec<usize> = (0..pos.len())
+                    .map(|j| table[j / bs] as usize * bs + j % bs)
+                    .collect();
+                write_kv(&mut kc, &mut vc, nkv, hd, &slots, &kk, &vv).unwrap();
+                let tables: [&[u32]; 1] = [&table];
+                let b = AttentionBatch {
+                    q: &q,
+                    n_q_heads: nq,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    block_size: bs,
+                    scale,
+                    token_seq: &[0],
+                    token_kv_len: &[pos.len() as u32],
+                    block_tables: &tables,
+                };
+                paged_attention(&pool, &b, &kc, &vc, &mut outs[sh], &mut lses[sh]).unwrap();
+            }
+            let po: Vec<&[f32]> = outs.iter().map(|v| v.as_slice()).collect();
+            let pl: Vec<&[f32]> = lses.iter().map(|v| v.as_slice()).collect();
+            let mut out = vec![0.0; nq * hd];
+            let mut lse = vec![0.0; nq];
+            merge_partials(&po, &pl, nq, hd, &mut out, &mut lse).unwrap();
+            let (ro, rl) = reference(
+                &q,
+                nq,
+                nkv,
+                hd,
+                scale,
+                &full.dense_k[0],
+                &full.dense_v[0],
+                len,
+            );
+            for (a, e) in out.iter().zip(&ro) {
+                assert!((*a as f64 - e).abs() < 1e-5);
+            }
+            for (a, e) in lse.iter().zip(&rl) {
+                assert!((*a as f64 - e).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn merge_all_empty_and_errors() {
+        let nan = [f32::NAN; 2];
+        let (mut out, mut lse) = ([1.0; 2], [1.0; 1]);
+        merge_partials(&[&nan], &[&[f32::NEG_INFINITY]], 1, 2, &mut out, &mut lse).unwrap();
+        assert_eq!(out, [0.0, 0.0]);
+        assert_eq!(lse, [f32::NEG_INFINITY]);
+        assert!(merge_partials(&[&nan], &[&[0.0, 0.0]], 1, 2, &mut out, &mut lse).is_err());
+        let bt: [&[u32]; 1] = [&[5]];
+        let b = AttentionBatch {
+            q: &[0.0; 2],
+            n_q_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 2,
+            block_size: 1,
+            scale: 1.0,
+            token_seq: &[0],
+            token_kv_len: &[1],
+            block_tables: &bt,
+        };
+        let pool = ThreadPool::new(1);
+        assert!(paged_attention(&pool, &b, &[0.0; 4], &[0.0; 4], &mut out, &mut lse).is_err());
+    }
+}

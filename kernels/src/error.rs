@@ -1,0 +1,58 @@
+//! Error type shared by all kernels.
+
+use crate::WeightFormat;
+
+/// Errors reported by kernel entry points on malformed input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KernelError {
+    /// A buffer has the wrong number of elements or bytes.
+    #[error("length mismatch for {what}: expected {expected}, got {got}")]
+    Length {
+        /// Which argument was wrong.
+        what: &'static str,
+        /// The length the shapes require.
+        expected: usize,
+        /// The length that was passed.
+        got: usize,
+    },
+    /// Shapes or parameters are inconsistent with each other.
+    #[error("invalid shape: {0}")]
+    Shape(String),
+    /// A block-quantized format needs the row length to be a multiple of its block size.
+    #[error("{format:?} needs a row length that is a multiple of {block}, got {cols}")]
+    BlockAlignment {
+        /// The quantized format.
+        format: WeightFormat,
+        /// Its block size in elements.
+        block: usize,
+        /// The offending row length.
+        cols: usize,
+    },
+    /// An index or range lies outside the valid bounds.
+    #[error("{what} out of range: {value} (limit {limit})")]
+    OutOfRange {
+        /// What was being indexed.
+        what: &'static str,
+        /// The offending value.
+        value: usize,
+        /// The exclusive upper bound.
+        limit: usize,
+    },
+}
+
+/// Returns `Err(KernelError::Length)` unless `got == expected`.
+pub(crate) fn check_len(
+    what: &'static str,
+    expected: usize,
+    got: usize,
+) -> Result<(), KernelError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(KernelError::Length {
+            what,
+            expected,
+            got,
+        })
+    }
+}

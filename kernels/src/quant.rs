@@ -1,0 +1,424 @@
+//! Weight element formats (GGML block layouts) and (de)quantization of flat buffers.
+
+use crate::error::{check_len, KernelError};
+use half::{bf16, f16};
+
+/// Elements per block of the GGML quantized formats.
+pub const QK: usize = 32;
+
+/// Storage format of weight elements.
+///
+/// Quantized formats use GGML's block layouts along a row, 32 elements per block:
+/// * `Q8_0`: f16 `d` + 32 × i8 (34 bytes), value `q·d`.
+/// * `Q4_0`: f16 `d` + 16 bytes; element `j` (0..16) is the low nibble of byte `j`,
+///   element `j+16` the high nibble; value `(q−8)·d` (18 bytes).
+/// * `Q4_1`: f16 `d`, f16 `m` + 16 bytes of nibbles as `Q4_0`; value `q·d + m` (20 bytes).
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    /// IEEE single precision, little endian.
+    F32,
+    /// IEEE half precision, little endian.
+    F16,
+    /// bfloat16, little endian.
+    BF16,
+    /// GGML Q8_0.
+    Q8_0,
+    /// GGML Q4_0.
+    Q4_0,
+    /// GGML Q4_1.
+    Q4_1,
+}
+
+impl WeightFormat {
+    /// Elements per block (1 for the float formats).
+    pub const fn block_elems(self) -> usize {
+        match self {
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => 1,
+            _ => QK,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            WeightFormat::F32 => 4,
+            WeightFormat::F16 | WeightFormat::BF16 => 2,
+            WeightFormat::Q8_0 => 34,
+            WeightFormat::Q4_0 => 18,
+            WeightFormat::Q4_1 => 20,
+        }
+    }
+
+    /// True for the block-quantized formats.
+    pub const fn is_quantized(self) -> bool {
+        self.block_elems() > 1
+    }
+
+    /// Bytes needed for `n_elems` elements (whole blocks; quantized formats need
+    /// `n_elems % 32 == 0` to be meaningful, see [`check_elems`](Self::check_elems)).
+    pub const fn bytes_for(self, n_elems: usize) -> usize {
+        n_elems.div_ceil(self.block_elems()) * self.block_bytes()
+    }
+
+    /// Checks that `n_elems` is a whole number of blocks.
+    pub fn check_elems(self, n_elems: usize) -> Result<(), KernelError> {
+        if n_elems.is_multiple_of(self.block_elems()) {
+            Ok(())
+        } else {
+            Err(KernelError::BlockAlignment {
+                format: self,
+                block: self.block_elems(),
+                cols: n_elems,
+            })
+        }
+    }
+}
+
+/// Dequantizes `bytes` (in `format`) into `out`; `out.len()` elements are decoded.
+///
+/// ```
+/// use dcpserve_kernels::{dequantize, WeightFormat};
+/// let bytes: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+/// let mut out = [0.0f32; 2];
+/// dequantize(WeightFormat::F32, &bytes, &mut out).unwrap();
+/// assert_eq!(out, [1.5, -2.0]);
+/// ```
+pub fn dequantize(format: WeightFormat, bytes: &[u8], out: &mut [f32]) -> Result<(), KernelError> {
+    format.check_elems(out.len())?;
+    check_len("dequantize bytes", format.bytes_for(out.len()), bytes.len())?;
+    dequantize_unchecked(format, bytes, out, crate::cpu::use_avx512());
+    Ok(())
+}
+
+/// Like [`dequantize`] without validation; `simd` selects the AVX-512 path.
+pub(crate) fn dequantize_unchecked(
+    format: WeightFormat,
+    bytes: &[u8],
+    out: &mut [f32],
+    simd: bool,
+) {
+    debug_assert_eq!(bytes.len(), format.bytes_for(out.len()));
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is only true when the AVX-512 kernels are supported, and the
+        // lengths were checked by the caller.
+        unsafe { simd::dequant_row(format, bytes.as_ptr(), out.len(), out.as_mut_ptr()) };
+        return;
+    }
+    let _ = simd;
+    dequantize_scalar(format, bytes, out);
+}
+
+#[inline]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// Portable dequantization.
+pub(crate) fn dequantize_scalar(format: WeightFormat, bytes: &[u8], out: &mut [f32]) {
+    match format {
+        WeightFormat::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        WeightFormat::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+        WeightFormat::BF16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+        }
+        WeightFormat::Q8_0 => {
+            for (o, b) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(34)) {
+                let d = f16_at(b, 0);
+                for j in 0..QK {
+                    o[j] = (b[2 + j] as i8) as f32 * d;
+                }
+            }
+        }
+        WeightFormat::Q4_0 => {
+            for (o, b) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(18)) {
+                let d = f16_at(b, 0);
+                for j in 0..16 {
+                    let q = b[2 + j];
+                    o[j] = ((q & 0xF) as i32 - 8) as f32 * d;
+                    o[j + 16] = ((q >> 4) as i32 - 8) as f32 * d;
+                }
+            }
+        }
+        WeightFormat::Q4_1 => {
+            for (o, b) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(20)) {
+                let d = f16_at(b, 0);
+                let m = f16_at(b, 2);
+                for j in 0..16 {
+                    let q = b[4 + j];
+                    o[j] = ((q & 0xF) as f32).mul_add(d, m);
+                    o[j + 16] = ((q >> 4) as f32).mul_add(d, m);
+                }
+            }
+        }
+    }
+}
+
+/// Encodes `src` into `format`, appending to `out`. Quantized formats follow GGML's
+/// reference quantizers. `src.len()` must be a whole number of blocks.
+pub fn quantize(format: WeightFormat, src: &[f32], out: &mut Vec<u8>) -> Result<(), KernelError> {
+    format.check_elems(src.len())?;
+    out.reserve(format.bytes_for(src.len()));
+    match format {
+        WeightFormat::F32 => src
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        WeightFormat::F16 => src
+            .iter()
+            .for_each(|v| out.extend_from_slice(&f16::from_f32(*v).to_le_bytes())),
+        WeightFormat::BF16 => src
+            .iter()
+            .for_each(|v| out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes())),
+        WeightFormat::Q8_0 => {
+            for blk in src.chunks_exact(QK) {
+                let amax = blk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                out.extend(
+                    blk.iter()
+                        .map(|v| ((v * id).round() as i32).clamp(-128, 127) as i8 as u8),
+                );
+            }
+        }
+        WeightFormat::Q4_0 => {
+            for blk in src.chunks_exact(QK) {
+                let mut max = 0.0f32;
+                for &v in blk {
+                    if v.abs() > max.abs() {
+                        max = v;
+                    }
+                }
+                let d = max / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+                out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
+            }
+        }
+        WeightFormat::Q4_1 => {
+            for blk in src.chunks_exact(QK) {
+                let min = blk.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = blk.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (max - min) / 15.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
+                let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
+                out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod simd {
+    //! AVX-512 block decoders shared by dequantization and the matmul kernels.
+    use super::WeightFormat;
+    use std::arch::x86_64::*;
+
+    /// Broadcasts the little-endian f16 at `p`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(crate) unsafe fn bcast_f16(p: *const u8) -> __m512 {
+        let bits = (p as *const u16).read_unaligned();
+        _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))))
+    }
+
+    /// Decodes 16 f16 values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(crate) unsafe fn load16_f16(p: *const u8) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+
+    /// Decodes 16 bf16 values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(crate) unsafe fn load16_bf16(p: *const u8) -> __m512 {
+        let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v))
+    }
+
+    /// Decodes one 32-element quantized block at `b` into two vectors.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(crate) unsafe fn q8_0_block(b: *const u8) -> (__m512, __m512) {
+        let d = bcast_f16(b);
+        let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2) as *const __m128i));
+        let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(18) as *const __m128i));
+        (
+            _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d),
+            _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d),
+        )
+    }
+
+    /// Lane `i` holds `i as f32`: the 16 possible nibble values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    unsafe fn iota() -> __m512 {
+        _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        )
+    }
+
+    /// Looks the 32 nibbles at `p` up in a 16-entry table of decoded values.
+    /// `vpermps` only reads the low 4 bits of each index, so the low nibbles need no
+    /// masking; this replaces mask + int→float + FMA per vector with one permute.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    unsafe fn lookup_nibbles(p: *const u8, table: __m512) -> (__m512, __m512) {
+        let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+        (
+            _mm512_permutexvar_ps(v, table),
+            _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), table),
+        )
+    }
+
+    /// Decodes one Q4_0 block (table entry `q` = `(q − 8)·d`, exact like the scalar path).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(crate) unsafe fn q4_0_block(b: *const u8) -> (__m512, __m512) {
+        let d = bcast_f16(b);
+        let table = _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(8.0)), d);
+        lookup_nibbles(b.add(2), table)
+    }
+
+    /// Decodes one Q4_1 block (table entry `q` = `fma(q, d, m)`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(crate) unsafe fn q4_1_block(b: *const u8) -> (__m512, __m512) {
+        // d and m converted together from one 32-bit load.
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((b as *const i32).read_unaligned()));
+        let d = _mm512_broadcastss_ps(dm);
+        let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+        lookup_nibbles(b.add(4), _mm512_fmadd_ps(iota(), d, m))
+    }
+
+    /// Dequantizes `n` elements from `src` into `dst`.
+    ///
+    /// # Safety
+    /// AVX-512 kernels must be supported; `src` holds `format.bytes_for(n)` bytes and
+    /// `dst` has room for `n` floats; quantized formats need `n % 32 == 0`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(crate) unsafe fn dequant_row(
+        format: WeightFormat,
+        src: *const u8,
+        n: usize,
+        dst: *mut f32,
+    ) {
+        match format {
+            WeightFormat::F32 => std::ptr::copy_nonoverlapping(src as *const f32, dst, n),
+            WeightFormat::F16 | WeightFormat::BF16 => {
+                let mut i = 0;
+                while i + 16 <= n {
+                    let v = if format == WeightFormat::F16 {
+                        load16_f16(src.add(2 * i))
+                    } else {
+                        load16_bf16(src.add(2 * i))
+                    };
+                    _mm512_storeu_ps(dst.add(i), v);
+                    i += 16;
+                }
+                let s = std::slice::from_raw_parts(src.add(2 * i), 2 * (n - i));
+                let d = std::slice::from_raw_parts_mut(dst.add(i), n - i);
+                super::dequantize_scalar(format, s, d);
+            }
+            WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
+                let bb = format.block_bytes();
+                for blk in 0..n / 32 {
+                    let b = src.add(blk * bb);
+                    let (v0, v1) = match format {
+                        WeightFormat::Q8_0 => q8_0_block(b),
+                        WeightFormat::Q4_0 => q4_0_block(b),
+                        _ => q4_1_block(b),
+                    };
+                    _mm512_storeu_ps(dst.add(blk * 32), v0);
+                    _mm512_storeu_ps(dst.add(blk * 32 + 16), v1);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [WeightFormat; 6] = [
+        WeightFormat::F32,
+        WeightFormat::F16,
+        WeightFormat::BF16,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+    ];
+
+    fn data(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 % 113) as f32 - 56.0) / 17.0)
+            .collect()
+    }
+
+    #[test]
+    fn roundtrip_and_simd_matches_scalar() {
+        let src = data(96);
+        for f in ALL {
+            let mut bytes = Vec::new();
+            quantize(f, &src, &mut bytes).unwrap();
+            assert_eq!(bytes.len(), f.bytes_for(96));
+            let mut a = vec![0.0; 96];
+            let mut b = vec![0.0; 96];
+            dequantize_unchecked(f, &bytes, &mut a, false);
+            dequantize_unchecked(
+                f,
+                &bytes,
+                &mut b,
+                crate::cpu::features().has_avx512_kernels(),
+            );
+            assert_eq!(a, b, "{f:?}");
+            let tol = match f {
+                WeightFormat::F32 => 0.0,
+                WeightFormat::F16 | WeightFormat::BF16 => 0.02,
+                WeightFormat::Q8_0 => 0.03,
+                _ => 0.45,
+            };
+            for (x, y) in src.iter().zip(&a) {
+                assert!((x - y).abs() <= tol, "{f:?}: {x} vs {y}");
+            }
+        }
+    }
+
+    #[test]
+    fn q4_0_layout() {
+        // d = 1.0, byte j = low nibble j, high nibble 15-j.
+        let mut b = f16::from_f32(1.0).to_le_bytes().to_vec();
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let mut out = [0.0; 32];
+        dequantize(WeightFormat::Q4_0, &b, &mut out).unwrap();
+        for j in 0..16 {
+            assert_eq!(out[j], j as f32 - 8.0);
+            assert_eq!(out[j + 16], (15 - j) as f32 - 8.0);
+        }
+    }
+
+    #[test]
+    fn bad_lengths_are_errors() {
+        let mut out = [0.0; 31];
+        assert!(dequantize(WeightFormat::Q8_0, &[0; 34], &mut out).is_err());
+        let mut out = [0.0; 32];
+        assert!(dequantize(WeightFormat::Q8_0, &[0; 33], &mut out).is_err());
+    }
+}

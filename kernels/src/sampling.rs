@@ -1,0 +1,332 @@
+//! Token sampling: temperature, top-k, top-p (nucleus), min-p, with a seeded PRNG.
+
+use std::cmp::Ordering;
+
+/// Sampling knobs. `Default` is plain sampling at temperature 1 with no filtering.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; `< 1e-5` means greedy argmax.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (0 = off).
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose mass reaches `top_p` (1 = off).
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` × the top probability (0 = off).
+    pub min_p: f32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+        }
+    }
+}
+
+/// Small, fast, seedable PRNG (xoshiro256**, seeded through splitmix64).
+#[derive(Debug, Clone)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    /// Creates a generator; equal seeds give equal sequences.
+    pub fn new(seed: u64) -> Self {
+        let mut x = seed;
+        let mut next = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
+    }
+
+    /// Uniform in `[0, 1)` with 53 bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Index of the largest value (lowest index on ties; NaN never wins; 0 if empty).
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &v) in x.iter().enumerate() {
+        if v > bv {
+            bv = v;
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Descending by logit, ascending index on ties.
+fn desc(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
+    b.0.partial_cmp(&a.0)
+        .unwrap_or(Ordering::Equal)
+        .then(a.1.cmp(&b.1))
+}
+
+/// Samples a token id: temperature → top-k → top-p → min-p → renormalize → draw.
+///
+/// ```
+/// use dcpserve_kernels::{sample, Rng, SamplingParams};
+/// let mut rng = Rng::new(42);
+/// let greedy = SamplingParams { temperature: 0.0, ..Default::default() };
+/// assert_eq!(sample(&[0.1, 2.0, -1.0], &greedy, &mut rng), 1);
+/// ```
+pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
+    let t = params.temperature;
+    if logits.is_empty() || t.is_nan() || t < 1e-5 || params.top_k == 1 {
+        return argmax(logits);
+    }
+    let inv_t = 1.0 / t;
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY || max.is_nan() {
+        return argmax(logits);
+    }
+    let weight = |l: f32| ((l - max) * inv_t).exp();
+    let v = logits.len();
+    let top_k = if params.top_k == 0 {
+        v
+    } else {
+        params.top_k.min(v)
+    };
+    let top_p = if params.top_p.is_nan() {
+        1.0
+    } else {
+        params.top_p
+    };
+    if top_k == v && top_p >= 1.0 && params.min_p <= 0.0 {
+        // No filtering: draw directly, no sort.
+        let total: f64 = logits.iter().map(|&l| weight(l) as f64).sum();
+        let u = rng.next_f64() * total;
+        let mut acc = 0.0f64;
+        let mut last = argmax(logits);
+        for (i, &l) in logits.iter().enumerate() {
+            let w = weight(l) as f64;
+            if w > 0.0 {
+                acc += w;
+                last = i as u32;
+                if u < acc {
+                    return i as u32;
+                }
+            }
+        }
+        return last;
+    }
+    let mut cand: Vec<(f32, u32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| **l > f32::NEG_INFINITY)
+        .map(|(i, &l)| (l, i as u32))
+        .collect();
+    if top_k < cand.len() {
+        cand.select_nth_unstable_by(top_k - 1, desc);
+        cand.truncate(top_k);
+    }
+    if top_p < 1.0 {
+        let z: f64 = cand.iter().map(|c| weight(c.0) as f64).sum();
+        // Sort only as large a prefix as the nucleus needs.
+        let mut c = 64.min(cand.len());
+        loop {
+            if c < cand.len() {
+                cand.select_nth_unstable_by(c - 1, desc);
+            }
+            cand[..c].sort_unstable_by(desc);
+            let mut cum = 0.0f64;
+            let mut keep = None;
+            for (i, x) in cand[..c].iter().enumerate() {
+                if cum >= top_p as f64 * z && i > 0 {
+                    keep = Some(i);
+                    break;
+                }
+                cum += weight(x.0) as f64;
+            }
+            if keep.is_none() && cum >= top_p as f64 * z {
+                keep = Some(c);
+            }
+            match keep {
+                Some(n) => {
+                    cand.truncate(n);
+                    break;
+                }
+                None if c == cand.len() => break,
+                None => c = (c * 4).min(cand.len()),
+            }
+        }
+    }
+    if params.min_p > 0.0 {
+        // The top token has weight 1 (max logit), so the threshold is min_p itself.
+        let top = cand.iter().map(|c| weight(c.0)).fold(0.0f32, f32::max);
+        let thr = params.min_p * top;
+        cand.retain(|c| weight(c.0) >= thr);
+    }
+    let total: f64 = cand.iter().map(|c| weight(c.0) as f64).sum();
+    let u = rng.next_f64() * total;
+    let mut acc = 0.0f64;
+    for c in &cand {
+        acc += weight(c.0) as f64;
+        if u < acc {
+            return c.1;
+        }
+    }
+    cand.iter()
+        .min_by(|a, b| desc(a, b))
+        .map_or(argmax(logits), |c| c.1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn freqs(logits: &[f32], p: &SamplingParams, n: usize) -> Vec<f64> {
+        let mut rng = Rng::new(1234);
+        let mut f = vec![0.0; logits.len()];
+        for _ in 0..n {
+            f[sample(logits, p, &mut rng) as usize] += 1.0 / n as f64;
+        }
+        f
+    }
+
+    fn probs(logits: &[f32], t: f32) -> Vec<f64> {
+        let w: Vec<f64> = logits.iter().map(|l| ((l / t) as f64).exp()).collect();
+        let z: f64 = w.iter().sum();
+        w.iter().map(|x| x / z).collect()
+    }
+
+    fn assert_close(got: &[f64], want: &[f64], n: usize) {
+        for (g, w) in got.iter().zip(want) {
+            let sd = (w * (1.0 - w) / n as f64).sqrt();
+            assert!((g - w).abs() <= 5.0 * sd + 1e-9, "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn greedy_and_ties() {
+        let mut rng = Rng::new(0);
+        let g = SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        assert_eq!(sample(&[1.0, 3.0, 3.0, 2.0], &g, &mut rng), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0, 1.0]), 1);
+        let k1 = SamplingParams {
+            top_k: 1,
+            ..Default::default()
+        };
+        let logits: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.01).collect();
+        for _ in 0..50 {
+            assert_eq!(sample(&logits, &k1, &mut rng), argmax(&logits));
+        }
+    }
+
+    #[test]
+    fn same_seed_same_sequence() {
+        let logits: Vec<f32> = (0..49152)
+            .map(|i| ((i * 7919) % 1000) as f32 * 0.01)
+            .collect();
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            min_p: 0.05,
+        };
+        let (mut a, mut b) = (Rng::new(7), Rng::new(7));
+        let sa: Vec<u32> = (0..20).map(|_| sample(&logits, &p, &mut a)).collect();
+        let sb: Vec<u32> = (0..20).map(|_| sample(&logits, &p, &mut b)).collect();
+        assert_eq!(sa, sb);
+        assert!(sa.iter().any(|&x| x != sa[0]));
+    }
+
+    #[test]
+    fn empirical_frequencies() {
+        let logits = [2.0f32, 1.0, 0.5, 0.0, -1.0, -3.0];
+        let n = 200_000;
+        // Plain temperature sampling.
+        let p = SamplingParams {
+            temperature: 0.7,
+            ..Default::default()
+        };
+        assert_close(&freqs(&logits, &p, n), &probs(&logits, 0.7), n);
+        // top-k = 3: renormalized over the three largest.
+        let p = SamplingParams {
+            top_k: 3,
+            ..Default::default()
+        };
+        let mut want = probs(&logits[..3], 1.0);
+        want.extend([0.0; 3]);
+        assert_close(&freqs(&logits, &p, n), &want, n);
+    }
+
+    #[test]
+    fn top_p_and_min_p_filters() {
+        // probs 0.5, 0.25, 0.125, 0.0625, 0.0625
+        let pr = [0.5f64, 0.25, 0.125, 0.0625, 0.0625];
+        let logits: Vec<f32> = pr.iter().map(|p| p.ln() as f32).collect();
+        let n = 100_000;
+        // top_p = 0.7: 0.5 < 0.7, 0.75 >= 0.7 -> keep first two.
+        let p = SamplingParams {
+            top_p: 0.7,
+            ..Default::default()
+        };
+        assert_close(
+            &freqs(&logits, &p, n),
+            &[2.0 / 3.0, 1.0 / 3.0, 0.0, 0.0, 0.0],
+            n,
+        );
+        // top_p tiny keeps exactly one.
+        let p = SamplingParams {
+            top_p: 0.01,
+            ..Default::default()
+        };
+        assert_close(&freqs(&logits, &p, 1000), &[1.0, 0.0, 0.0, 0.0, 0.0], 1000);
+        // min_p = 0.2: threshold 0.1 -> keep 0.5, 0.25, 0.125.
+        let p = SamplingParams {
+            min_p: 0.2,
+            ..Default::default()
+        };
+        assert_close(
+            &freqs(&logits, &p, n),
+            &[4.0 / 7.0, 2.0 / 7.0, 1.0 / 7.0, 0.0, 0.0],
+            n,
+        );
+        // Large vocabulary nucleus (exercises the growing prefix sort).
+        let big: Vec<f32> = (0..5000).map(|i| -(i as f32) * 0.001).collect();
+        let p = SamplingParams {
+            top_p: 0.5,
+            ..Default::default()
+        };
+        let mut rng = Rng::new(3);
+        for _ in 0..200 {
+            // Index i has prob ∝ e^{-0.001 i}; the nucleus ends well before 5000.
+            assert!(sample(&big, &p, &mut rng) < 2600);
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! One forward step over a continuous batch of tokens.
+
+use dcpserve_kernels::{
+    add_bias, add_inplace, matmul, paged_attention, rms_norm, silu_mul, write_kv, AttentionBatch,
+    RopeScalingKind, RopeTable, ThreadPool,
+};
+
+use super::kv_cache::KvCache;
+use super::weights::{DecoderWeights, WeightPrecision};
+use crate::config::{ModelConfig, RopeScaling};
+use crate::error::ModelError;
+use crate::tensors::TensorSource;
+
+/// The tokens of one step, flattened over all scheduled sequences.
+pub struct BatchInput<'a> {
+    /// Token ids.
+    pub tokens: &'a [u32],
+    /// Absolute position of each token in its sequence.
+    pub positions: &'a [usize],
+    /// Index into `block_tables` of each token's sequence.
+    pub token_seq: &'a [u32],
+    /// KV-cache slot each token's K/V is written to (`usize::MAX`: not stored on this rank).
+    pub slots: &'a [usize],
+    /// Number of cached tokens each token attends to, itself included (the causal mask).
+    pub kv_lens: &'a [u32],
+    /// Block table of each sequence.
+    pub block_tables: &'a [&'a [u32]],
+    /// Tokens whose next-token logits are wanted, in output order.
+    pub logits_for: &'a [usize],
+}
+
+/// Logits of the requested tokens, row-major `[logits_for.len(), vocab]`.
+pub struct ForwardOutput {
+    pub logits: Vec<f32>,
+    pub vocab_size: usize,
+}
+
+/// A loaded decoder with its RoPE table.
+pub struct DecoderModel {
+    pub config: ModelConfig,
+    pub weights: DecoderWeights,
+    rope: RopeTable,
+}
+
+fn rope_kind(s: &Option<RopeScaling>) -> RopeScalingKind {
+    match s {
+        None => RopeScalingKind::None,
+        Some(RopeScaling::Linear { factor }) => RopeScalingKind::Linear { factor: *factor },
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) => RopeScalingKind::Llama3 {
+            factor: *factor,
+            low_freq_factor: *low_freq_factor,
+            high_freq_factor: *high_freq_factor,
+            original_max_position_embeddings: *original_max_position_embeddings,
+        },
+    }
+}
+
+impl DecoderModel {
+    /// Loads the weights of `config` from `tensors`.
+    pub fn load(
+        config: ModelConfig,
+        tensors: &dyn TensorSource,
+        precision: WeightPrecision,
+    ) -> Result<Self, ModelError> {
+        let weights = DecoderWeights::load(&config, tensors, precision)?;
+        let rope = RopeTable::new(
+            config.head_dim,
+            config.rope_theta,
+            rope_kind(&config.rope_scaling),
+            config.max_position_embeddings.clamp(1, 1 << 16),
+        );
+        Ok(Self {
+            config,
+            weights,
+            rope,
+        })
+    }
+
+    /// A KV cache shaped for this model with `num_blocks` blocks of `block_size` tokens.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
+        KvCache::new(
+            self.config.num_hidden_layers,
+            num_blocks,
+            block_size,
+            self.config.num_key_value_heads,
+            self.config.head_dim,
+        )
+    }
+
+    /// Runs all layers for the batch, writing K/V into `cache`, and returns the logits
+    /// of the tokens listed in `input.logits_for`.
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        input: &BatchInput,
+        cache: &mut KvCache,
+    ) -> Result<ForwardOutput, ModelError> {
+        let cfg = &self.config;
+        let n = input.tokens.len();
+        let lens = [
+            input.positions.len(),
+            input.token_seq.len(),
+            input.slots.len(),
+            input.kv_lens.len(),
+        ];
+        if lens.iter().any(|&l| l != n) {
+            return Err(ModelError::Invalid(format!(
+                "batch arrays disagree in length: {n} tokens but {lens:?}"
+            )));
+        }
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let q_dim = nq * hd;
+        let kv_dim = nkv * hd;
+        let w = &self.weights;
+
+        let mut x = vec![0.0f32; n * h];
+        for (i, &t) in input.tokens.iter().enumerate() {
+            if t as usize >= cfg.vocab_size {
+                return Err(ModelError::Invalid(format!(
+                    "token id {t} is outside the vocabulary ({})",
+                    cfg.vocab_size
+                )));
+            }
+            w.embed_tokens
+                .dequantize_row(t as usize, &mut x[i * h..(i + 1) * h])?;
+        }
+
+        let mut normed = vec![0.0f32; n * h];
+        let mut q = vec![0.0f32; n * q_dim];
+        let mut k = vec![0.0f32; n * kv_dim];
+        let mut v = vec![0.0f32; n * kv_dim];
+        let mut attn = vec![0.0f32; n * q_dim];
+        let mut lse = vec![0.0f32; n * nq];
+        let mut proj = vec![0.0f32; n * h];
+        let inter = cfg.intermediate_size;
+        let mut gate = vec![0.0f32; n * inter];
+        let mut up = vec![0.0f32; n * inter];
+        let mut act = vec![0.0f32; n * inter];
+        let scale = 1.0 / (hd as f32).sqrt();
+
+        for (li, lw) in w.layers.iter().enumerate() {
+            rms_norm(&x, &lw.input_norm, cfg.rms_norm_eps, &mut normed)?;
+            matmul(pool, &normed, n, &lw.q_proj, &mut q)?;
+            matmul(pool, &normed, n, &lw.k_proj, &mut k)?;
+            matmul(pool, &normed, n, &lw.v_proj, &mut v)?;
+            if let (Some(qb), Some(kb), Some(vb)) = (&lw.q_bias, &lw.k_bias, &lw.v_bias) {
+                add_bias(&mut q, qb)?;
+                add_bias(&mut k, kb)?;
+                add_bias(&mut v, vb)?;
+            }
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                rms_norm_heads(&mut q, qn, cfg.rms_norm_eps)?;
+                rms_norm_heads(&mut k, kn, cfg.rms_norm_eps)?;
+            }
+            for (i, &pos) in input.positions.iter().enumerate() {
+                self.rope.apply(
+                    &mut q[i * q_dim..(i + 1) * q_dim],
+                    nq,
+                    pos,
+                    cfg.rope_interleaved,
+                )?;
+                self.rope.apply(
+                    &mut k[i * kv_dim..(i + 1) * kv_dim],
+                    nkv,
+                    pos,
+                    cfg.rope_interleaved,
+                )?;
+            }
+            let (kc, vc) = cache.layer_mut(li);
+            write_kv(kc, vc, nkv, hd, input.slots, &k, &v)?;
+            let (kc, vc) = cache.layer(li);
+            let batch = AttentionBatch {
+                q: &q,
+                n_q_heads: nq,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                block_size: cache.block_size,
+                scale,
+                token_seq: input.token_seq,
+                token_kv_len: input.kv_lens,
+                block_tables: input.block_tables,
+            };
+            paged_attention(pool, &batch, kc, vc, &mut attn, &mut lse)?;
+            matmul(pool, &attn, n, &lw.o_proj, &mut proj)?;
+            add_inplace(&mut x, &proj)?;
+
+            rms_norm(&x, &lw.post_attention_norm, cfg.rms_norm_eps, &mut normed)?;
+            matmul(pool, &normed, n, &lw.gate_proj, &mut gate)?;
+            matmul(pool, &normed, n, &lw.up_proj, &mut up)?;
+            silu_mul(&gate, &up, &mut act)?;
+            matmul(pool, &act, n, &lw.down_proj, &mut proj)?;
+            add_inplace(&mut x, &proj)?;
+        }
+
+        let m = input.logits_for.len();
+        let mut last = vec![0.0f32; m * h];
+        for (j, &t) in input.logits_for.iter().enumerate() {
+            if t >= n {
+                return Err(ModelError::Invalid(format!(
+                    "logits requested for token {t} of a {n}-token batch"
+                )));
+            }
+            last[j * h..(j + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+        }
+        let mut last_normed = vec![0.0f32; m * h];
+        rms_norm(&last, &w.norm, cfg.rms_norm_eps, &mut last_normed)?;
+        let head = w.output_head();
+        let mut logits = vec![0.0f32; m * head.rows()];
+        if m > 0 {
+            matmul(pool, &last_normed, m, head, &mut logits)?;
+        }
+        Ok(ForwardOutput {
+            logits,
+            vocab_size: head.rows(),
+        })
+    }
+}
+
+/// RMSNorm applied to every head vector (Qwen3's q/k norm).
+fn rms_norm_heads(x: &mut [f32], weight: &[f32], eps: f32) -> Result<(), ModelError> {
+    dcpserve_kernels::rms_norm_inplace(x, weight, eps)?;
+    Ok(())
+}

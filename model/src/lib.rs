@@ -1,0 +1,27 @@
+//! Model loading for dcpserve: weights (GGUF, safetensors), model configuration, tokenizer
+//! and chat templates. [`ModelFiles::open`] is the one-call entry point.
+
+pub mod arch;
+pub mod chat_template;
+pub mod config;
+pub mod error;
+pub mod gguf;
+pub mod gguf_config;
+pub mod gguf_tokenizer;
+pub mod hf_config;
+pub mod safetensors_source;
+pub mod source;
+pub mod tensors;
+pub mod tokenizer;
+
+pub use chat_template::{ChatMessage, ChatTemplate};
+pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use error::ModelError;
+pub use gguf::{GgufFile, GgufTensorSource};
+pub use safetensors_source::SafetensorsSource;
+pub use source::ModelFiles;
+pub use tensors::{RawTensor, TensorDType, TensorSource};
+pub use tokenizer::{IncrementalDecoder, Tokenizer};
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -1,0 +1,224 @@
+//! Weights of a Hugging Face folder: `model.safetensors`, or shards listed in
+//! `model.safetensors.index.json`, each memory-mapped.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::ModelError;
+use crate::hf_config::read_json;
+use crate::tensors::{RawTensor, TensorBytes, TensorDType, TensorSource};
+
+/// Where one tensor lives.
+#[derive(Debug, Clone)]
+struct Entry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Absolute offset in the shard file.
+    offset: usize,
+    len: usize,
+}
+
+struct Shard {
+    path: PathBuf,
+    data: TensorBytes,
+}
+
+/// Memory-mapped safetensors weights under their own (Hugging Face) names.
+pub struct SafetensorsSource {
+    shards: Vec<Shard>,
+    entries: HashMap<String, Entry>,
+}
+
+impl std::fmt::Debug for SafetensorsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafetensorsSource")
+            .field(
+                "shards",
+                &self.shards.iter().map(|s| &s.path).collect::<Vec<_>>(),
+            )
+            .field("tensors", &self.entries.len())
+            .finish()
+    }
+}
+
+fn map_file(path: &Path) -> Result<TensorBytes, ModelError> {
+    let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+    // SAFETY: read-only map; the file must not be truncated while open (as for any mmap loader).
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+    Ok(Arc::new(mmap))
+}
+
+fn dtype_of(dtype: Dtype) -> Option<TensorDType> {
+    match dtype {
+        Dtype::F32 => Some(TensorDType::F32),
+        Dtype::F16 => Some(TensorDType::F16),
+        Dtype::BF16 => Some(TensorDType::BF16),
+        _ => None,
+    }
+}
+
+impl SafetensorsSource {
+    /// Opens the weights of the folder `dir`: `model.safetensors.index.json` when present,
+    /// else `model.safetensors`.
+    pub fn open_dir(dir: &Path) -> Result<Self, ModelError> {
+        let index = dir.join("model.safetensors.index.json");
+        if index.is_file() {
+            return Self::open_index(&index);
+        }
+        let single = dir.join("model.safetensors");
+        if single.is_file() {
+            return Self::open_files(&[single]);
+        }
+        Err(ModelError::MissingFile {
+            path: single,
+            what: "no model.safetensors or model.safetensors.index.json in the model folder".into(),
+        })
+    }
+
+    /// Opens the shards named by a `model.safetensors.index.json`, checking that every tensor
+    /// its `weight_map` lists is in the shard it names.
+    pub fn open_index(index: &Path) -> Result<Self, ModelError> {
+        let json = read_json(index)?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| ModelError::corrupt(index, "no \"weight_map\" object"))?;
+        let dir = index.parent().unwrap_or(Path::new("."));
+        let mut files = BTreeSet::new();
+        for (name, file) in map {
+            let file = file.as_str().ok_or_else(|| {
+                ModelError::corrupt(
+                    index,
+                    format!("weight_map entry {name:?} is not a file name"),
+                )
+            })?;
+            // Shards live next to the index; refuse paths that would leave the folder.
+            if file.contains('/') || file.contains('\\') || file == ".." {
+                return Err(ModelError::corrupt(
+                    index,
+                    format!("shard name {file:?} is not a plain file name"),
+                ));
+            }
+            files.insert(file.to_string());
+        }
+        let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
+        let source = Self::open_files(&paths)?;
+        for (name, file) in map {
+            let found = source
+                .entries
+                .get(name)
+                .map(|e| &source.shards[e.shard].path);
+            if found != Some(&dir.join(file.as_str().unwrap_or_default())) {
+                return Err(ModelError::MissingTensor {
+                    path: dir.join(file.as_str().unwrap_or_default()),
+                    tensor: name.clone(),
+                });
+            }
+        }
+        Ok(source)
+    }
+
+    /// Opens the given safetensors files as one set of tensors.
+    pub fn open_files(paths: &[PathBuf]) -> Result<Self, ModelError> {
+        let mut shards = Vec::new();
+        let mut entries: HashMap<String, Entry> = HashMap::new();
+        for path in paths {
+            let data = map_file(path)?;
+            let buf = (*data).as_ref();
+            let (header_len, metadata) = SafeTensors::read_metadata(buf)
+                .map_err(|e| ModelError::corrupt(path, format!("invalid safetensors file: {e}")))?;
+            // read_metadata validated the offsets against the buffer; the arithmetic is checked
+            // again here so that a bug there cannot turn into an out-of-bounds window.
+            let base = header_len
+                .checked_add(8)
+                .ok_or_else(|| ModelError::corrupt(path, "header length overflows"))?;
+            let shard = shards.len();
+            for (name, info) in metadata.tensors() {
+                let (start, end) = info.data_offsets;
+                let offset = base.checked_add(start);
+                let len = end.checked_sub(start);
+                let (Some(offset), Some(len)) = (offset, len) else {
+                    return Err(ModelError::corrupt(
+                        path,
+                        format!("tensor {name:?} has invalid offsets"),
+                    ));
+                };
+                if offset.checked_add(len).is_none_or(|e| e > buf.len()) {
+                    return Err(ModelError::Truncated {
+                        path: path.clone(),
+                        reason: format!("tensor {name:?} runs past the end of the file"),
+                    });
+                }
+                let entry = Entry {
+                    shard,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    offset,
+                    len,
+                };
+                if let Some(prev) = entries.insert(name.clone(), entry) {
+                    return Err(ModelError::corrupt(
+                        path,
+                        format!(
+                            "tensor {name:?} is also in {}",
+                            shards
+                                .get(prev.shard)
+                                .map_or(path, |s: &Shard| &s.path)
+                                .display()
+                        ),
+                    ));
+                }
+            }
+            shards.push(Shard {
+                path: path.clone(),
+                data,
+            });
+        }
+        Ok(SafetensorsSource { shards, entries })
+    }
+}
+
+impl TensorSource for SafetensorsSource {
+    fn get(&self, name: &str) -> Result<RawTensor, ModelError> {
+        let entry = self
+            .entries
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                path: self
+                    .shards
+                    .first()
+                    .map(|s| s.path.clone())
+                    .unwrap_or_default(),
+                tensor: name.to_string(),
+            })?;
+        let shard = &self.shards[entry.shard];
+        let dtype = dtype_of(entry.dtype).ok_or_else(|| ModelError::UnsupportedTensorType {
+            path: shard.path.clone(),
+            tensor: name.to_string(),
+            dtype: format!("{:?}", entry.dtype),
+        })?;
+        Ok(RawTensor {
+            name: name.to_string(),
+            dtype,
+            shape: entry.shape.clone(),
+            data: shard.data.clone(),
+            offset: entry.offset,
+            len: entry.len,
+        })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.entries.keys().cloned().collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The project's test command: formatting, lints, and every test (unit, integration,
+# doc), after fetching the default model the tests compare against.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/fetch-default-model.sh >/dev/null
+command -v cargo >/dev/null || { echo "cargo is required (rustup)"; exit 1; }
+rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy >/dev/null 2>&1 || true
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --release -- -D warnings
+cargo test --workspace --release

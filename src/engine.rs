@@ -1,0 +1,367 @@
+//! The embedded engine: one served model behind an async API.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use dcpserve_actors::{
+    FinishReason, GenerationParams, GenerationRequest, ModelInfo, ModelSupervisor, RequestEvent,
+    SchedulerMsg, SupervisorArgs, SupervisorMsg, TokenOutput,
+};
+use dcpserve_config::{AttentionKind, DType, EngineConfig};
+use dcpserve_model::arch::WeightPrecision;
+use dcpserve_model::{ChatMessage, IncrementalDecoder, ModelFiles, Tokenizer};
+use futures::Stream;
+use ractor::ActorRef;
+use tokio::sync::mpsc;
+
+/// What to generate from.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Raw text, tokenized with the model's special-token rules (BOS when the model adds one).
+    Text(String),
+    /// Token ids as they are.
+    Tokens(Vec<u32>),
+    /// A conversation rendered through the model's chat template with a generation prompt.
+    Chat(Vec<ChatMessage>),
+}
+
+/// One step of a generation stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerationEvent {
+    /// A new token and the text it completes (may be empty while a UTF-8 character is
+    /// still incomplete).
+    Token { token: TokenOutput, text: String },
+    /// The end, with token counts.
+    Finished {
+        reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+}
+
+/// A finished generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+}
+
+/// An LLM served by an actor system (supervisor, scheduler, rank actors).
+///
+/// ```no_run
+/// # async fn demo() -> anyhow::Result<()> {
+/// use dcpserve::{Engine, Prompt};
+/// use dcpserve_actors::GenerationParams;
+/// let engine = Engine::from_path(dcpserve::default_model_path(), Default::default()).await?;
+/// let mut params = GenerationParams::default();
+/// params.max_tokens = 16;
+/// params.sampling.temperature = 0.0;
+/// let done = engine.complete(Prompt::Text("The capital of France is".into()), params).await?;
+/// println!("{}", done.text);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    files: Arc<ModelFiles>,
+    info: ModelInfo,
+    supervisor: ActorRef<SupervisorMsg>,
+    next_id: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.supervisor.stop(Some("engine dropped".into()));
+    }
+}
+
+fn precision(d: DType) -> WeightPrecision {
+    match d {
+        DType::Auto => WeightPrecision::Auto,
+        DType::Float32 => WeightPrecision::F32,
+        DType::Bfloat16 => WeightPrecision::BF16,
+    }
+}
+
+impl Engine {
+    /// Opens the model at `path` (a GGUF file or a Hugging Face folder), checks the
+    /// layout in `config` before reading any weight, and brings the actors up.
+    pub async fn from_path(
+        path: impl AsRef<std::path::Path>,
+        config: EngineConfig,
+    ) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        Self::from_path_named(name, path, config).await
+    }
+
+    /// Like [`Engine::from_path`], serving the model under `name`.
+    pub async fn from_path_named(
+        name: String,
+        path: std::path::PathBuf,
+        config: EngineConfig,
+    ) -> Result<Self> {
+        config.validate_limits()?;
+        let files = tokio::task::spawn_blocking(move || ModelFiles::open(&path))
+            .await?
+            .map_err(|e| anyhow!("{e}"))?;
+        let mc = &files.config;
+        config.parallel.validate(
+            AttentionKind::Gqa {
+                num_attention_heads: mc.num_attention_heads,
+                num_key_value_heads: mc.num_key_value_heads,
+            },
+            config.block_size,
+        )?;
+        let files = Arc::new(files);
+        let args = SupervisorArgs {
+            name: name.clone(),
+            files: files.clone(),
+            precision: precision(config.dtype),
+            engine: config,
+        };
+        let (supervisor, _) = ractor::Actor::spawn(None, ModelSupervisor, args)
+            .await
+            .map_err(|e| anyhow!("{}", spawn_error_text(e)))?;
+        let info = ractor::call!(supervisor, SupervisorMsg::Info).context("model supervisor")?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                name,
+                files,
+                info,
+                supervisor,
+                next_id: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    /// The served model's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.files.tokenizer
+    }
+
+    /// The loaded model's files (config, tokenizer, chat template).
+    pub fn files(&self) -> &ModelFiles {
+        &self.inner.files
+    }
+
+    /// Longest prompt + output the engine accepts.
+    pub fn max_model_len(&self) -> usize {
+        self.inner.info.max_model_len
+    }
+
+    /// KV-cache capacity in tokens, per rank and in total.
+    pub fn kv_capacity(&self) -> (usize, usize) {
+        (
+            self.inner.info.kv_tokens_per_rank,
+            self.inner.info.kv_tokens_total,
+        )
+    }
+
+    /// Renders a conversation with the model's chat template.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        let t = self
+            .inner
+            .files
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| anyhow!("This model has no chat template."))?;
+        t.render(messages, true).map_err(|e| anyhow!("{e}"))
+    }
+
+    /// Token ids of a prompt.
+    pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let tok = self.tokenizer();
+        match prompt {
+            Prompt::Tokens(t) => Ok(t.clone()),
+            Prompt::Text(s) => tok.encode(s, true).map_err(|e| anyhow!("{e}")),
+            // The template already writes the special tokens it wants.
+            Prompt::Chat(m) => tok
+                .encode(&self.render_chat(m)?, false)
+                .map_err(|e| anyhow!("{e}")),
+        }
+    }
+
+    /// Starts a generation; dropping the stream aborts it and frees its KV blocks.
+    pub fn generate(&self, prompt: Prompt, params: GenerationParams) -> Result<GenerationStream> {
+        let ids = self.encode_prompt(&prompt)?;
+        self.generate_ids(ids, params)
+    }
+
+    /// Starts a generation from token ids.
+    pub fn generate_ids(
+        &self,
+        prompt_ids: Vec<u32>,
+        params: GenerationParams,
+    ) -> Result<GenerationStream> {
+        if prompt_ids.is_empty() {
+            bail!("The prompt is empty.");
+        }
+        let vocab = self.inner.files.config.vocab_size as u32;
+        if let Some(bad) = prompt_ids.iter().find(|&&t| t >= vocab) {
+            bail!("Token id {bad} is out of vocabulary (size {vocab}).");
+        }
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.inner
+            .info
+            .scheduler
+            .send_message(SchedulerMsg::Submit {
+                request: GenerationRequest {
+                    id,
+                    prompt_ids: prompt_ids.clone(),
+                    params,
+                },
+                events: tx,
+            })
+            .map_err(|_| anyhow!("The model `{}` is not running.", self.inner.name))?;
+        Ok(GenerationStream {
+            id,
+            rx,
+            scheduler: self.inner.info.scheduler.clone(),
+            decoder: IncrementalDecoder::with_prompt(&prompt_ids, true),
+            files: self.inner.files.clone(),
+            done: false,
+        })
+    }
+
+    /// Generates to the end and returns the whole output.
+    pub async fn complete(&self, prompt: Prompt, params: GenerationParams) -> Result<Completion> {
+        use futures::StreamExt;
+        let mut stream = self.generate(prompt, params)?;
+        let mut text = String::new();
+        let mut token_ids = Vec::new();
+        while let Some(ev) = stream.next().await {
+            match ev? {
+                GenerationEvent::Token { token, text: t } => {
+                    token_ids.push(token.token_id);
+                    text.push_str(&t);
+                }
+                GenerationEvent::Finished {
+                    reason,
+                    prompt_tokens,
+                    ..
+                } => {
+                    return Ok(Completion {
+                        text,
+                        token_ids,
+                        finish_reason: reason,
+                        prompt_tokens,
+                    })
+                }
+            }
+        }
+        bail!("The generation ended without finishing.")
+    }
+
+    /// Scheduler counters (running, waiting, free blocks, preemptions).
+    pub async fn stats(&self) -> Result<dcpserve_actors::SchedulerStats> {
+        Ok(ractor::call!(
+            self.inner.info.scheduler,
+            SchedulerMsg::Stats
+        )?)
+    }
+
+    /// Test hook: makes rank `n` fail on its next step (the supervisor restarts the group).
+    #[doc(hidden)]
+    pub fn inject_rank_fault(&self, n: usize) -> Result<()> {
+        self.inner
+            .supervisor
+            .send_message(SupervisorMsg::InjectFault(n))?;
+        Ok(())
+    }
+}
+
+fn spawn_error_text(e: ractor::SpawnErr) -> String {
+    match e {
+        ractor::SpawnErr::StartupFailed(inner) => inner.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Tokens of one generation as they are produced. Dropping it aborts the request.
+pub struct GenerationStream {
+    id: u64,
+    rx: mpsc::UnboundedReceiver<RequestEvent>,
+    scheduler: ActorRef<SchedulerMsg>,
+    decoder: IncrementalDecoder,
+    files: Arc<ModelFiles>,
+    done: bool,
+}
+
+impl GenerationStream {
+    /// The request id the scheduler knows this generation by.
+    pub fn request_id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Stream for GenerationStream {
+    type Item = Result<GenerationEvent>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(Some(Err(anyhow!(
+                    "The model stopped before finishing this request."
+                ))))
+            }
+            Poll::Ready(Some(ev)) => Poll::Ready(Some(match ev {
+                RequestEvent::Token(token) => {
+                    let this = &mut *self;
+                    let text = this
+                        .decoder
+                        .push(&this.files.tokenizer, &[token.token_id])
+                        .unwrap_or_default();
+                    Ok(GenerationEvent::Token { token, text })
+                }
+                RequestEvent::Finished {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                } => {
+                    self.done = true;
+                    Ok(GenerationEvent::Finished {
+                        reason,
+                        prompt_tokens,
+                        completion_tokens,
+                    })
+                }
+                RequestEvent::Error(e) => {
+                    self.done = true;
+                    Err(anyhow!(e))
+                }
+            })),
+        }
+    }
+}
+
+impl Drop for GenerationStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.scheduler.send_message(SchedulerMsg::Abort(self.id));
+        }
+    }
+}

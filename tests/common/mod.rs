@@ -1,0 +1,66 @@
+//! Helpers shared by the integration tests: fixture paths and reference files.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixture(rel: &str) -> PathBuf {
+    repo_root().join("fixtures").join(rel)
+}
+
+pub fn read_json(path: PathBuf) -> Value {
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read fixture {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON in {}: {e}", path.display()))
+}
+
+/// The default model; a missing file fails the test with the command that fetches it.
+pub fn default_model() -> PathBuf {
+    let p = dcpserve::default_model_path();
+    assert!(
+        p.exists(),
+        "default model missing at {}: run scripts/fetch-default-model.sh",
+        p.display()
+    );
+    p
+}
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+pub fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("array of numbers")
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
+pub fn greedy(max_tokens: usize) -> dcpserve::GenerationParams {
+    let mut p = dcpserve::GenerationParams {
+        max_tokens,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    p.sampling.temperature = 0.0;
+    p
+}
+
+pub fn f32_config() -> dcpserve::EngineConfig {
+    dcpserve::EngineConfig {
+        dtype: dcpserve::DType::Float32,
+        kv_cache_memory_bytes: Some(64 << 20),
+        num_threads: Some(2),
+        ..Default::default()
+    }
+}

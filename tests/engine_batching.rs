@@ -1,0 +1,180 @@
+//! The actor path under load: continuous batching, chunked prefill, preemption,
+//! abort, rejection and rank-failure recovery, on a tiny model in float32.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use dcpserve::{Engine, EngineConfig, GenerationEvent, Prompt};
+use futures::StreamExt;
+
+fn prompts() -> Vec<Vec<u32>> {
+    (0..6)
+        .map(|i| {
+            (0..(5 + i * 9))
+                .map(|j| ((j * 31 + i * 17) % 300 + 3) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+async fn run_all(engine: &Engine, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    let futs = prompts
+        .iter()
+        .map(|p| engine.complete(Prompt::Tokens(p.clone()), greedy(n)));
+    futures::future::join_all(futs)
+        .await
+        .into_iter()
+        .map(|r| r.expect("completion").token_ids)
+        .collect()
+}
+
+async fn solo(prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    let engine = Engine::from_path(fixture("tiny-llama"), f32_config())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for p in prompts {
+        out.push(run_all(&engine, std::slice::from_ref(p), n).await.remove(0));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_chunked_and_preempted_outputs_equal_solo_runs() {
+    let prompts = prompts();
+    let want = solo(&prompts, 24).await;
+
+    // Small token budget: prompts are prefilled in chunks, mixed with decodes.
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 16,
+        ..f32_config()
+    };
+    let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+    assert_eq!(
+        run_all(&engine, &prompts, 24).await,
+        want,
+        "chunked prefill + batching"
+    );
+
+    // KV for about half the sequences: some must be preempted and recomputed.
+    let per_block = 2 * 2 * 2 * 8 * 4 * 16; // K+V, layers, kv heads, head dim, f32, block
+    let cfg = EngineConfig {
+        kv_cache_memory_bytes: Some(per_block * 12),
+        ..f32_config()
+    };
+    let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+    assert_eq!(
+        run_all(&engine, &prompts, 24).await,
+        want,
+        "with preemption"
+    );
+    let stats = engine.stats().await.unwrap();
+    assert!(stats.preemptions > 0, "expected preemptions, got {stats:?}");
+    assert_eq!(stats.free_blocks, stats.total_blocks, "all blocks freed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_stream_aborts_and_frees_blocks() {
+    let engine = Engine::from_path(fixture("tiny-llama"), f32_config())
+        .await
+        .unwrap();
+    let mut s = engine
+        .generate(Prompt::Tokens(prompts()[3].clone()), greedy(3000))
+        .unwrap();
+    for _ in 0..3 {
+        s.next().await.unwrap().unwrap();
+    }
+    assert!(engine.stats().await.unwrap().free_blocks < engine.stats().await.unwrap().total_blocks);
+    drop(s);
+    let mut freed = false;
+    for _ in 0..100 {
+        let st = engine.stats().await.unwrap();
+        if st.free_blocks == st.total_blocks && st.running == 0 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(freed, "blocks still held after abort");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_requests_are_rejected_clearly() {
+    let cfg = EngineConfig {
+        max_model_len: Some(32),
+        ..f32_config()
+    };
+    let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+    let long: Vec<u32> = (0..40).map(|i| i + 3).collect();
+    let err = engine
+        .complete(Prompt::Tokens(long), greedy(4))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("maximum model length of 32"),
+        "{err}"
+    );
+    let err = engine
+        .complete(Prompt::Tokens(vec![]), greedy(4))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("empty"), "{err}");
+    let err = engine
+        .complete(Prompt::Tokens(vec![1_000_000]), greedy(4))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("out of vocabulary"), "{err}");
+    // The engine still serves after the rejections; output stops at max_model_len.
+    let out = engine
+        .complete(Prompt::Tokens(vec![5, 6, 7]), greedy(100))
+        .await
+        .unwrap();
+    assert_eq!(out.token_ids.len(), 32 - 3);
+    assert_eq!(out.finish_reason, dcpserve::FinishReason::Length);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rank_ends_its_requests_and_the_group_comes_back() {
+    let engine = Engine::from_path(fixture("tiny-llama"), f32_config())
+        .await
+        .unwrap();
+    let want = engine
+        .complete(Prompt::Tokens(prompts()[1].clone()), greedy(8))
+        .await
+        .unwrap()
+        .token_ids;
+    let mut s = engine
+        .generate(Prompt::Tokens(prompts()[2].clone()), greedy(100_000))
+        .unwrap();
+    assert!(matches!(
+        s.next().await,
+        Some(Ok(GenerationEvent::Token { .. }))
+    ));
+    engine.inject_rank_fault(0).unwrap();
+    let mut failed = false;
+    while let Some(ev) = s.next().await {
+        if let Err(e) = ev {
+            assert!(e.to_string().contains("rank group failed"), "{e}");
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "the in-flight request must end with an error");
+    // New requests succeed once the group is back, with the same output as before.
+    let mut got = None;
+    for _ in 0..50 {
+        match engine
+            .complete(Prompt::Tokens(prompts()[1].clone()), greedy(8))
+            .await
+        {
+            Ok(c) => {
+                got = Some(c.token_ids);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert_eq!(got, Some(want));
+}
