@@ -29,7 +29,12 @@ pub trait Communicator: Send + Sync {
     /// Copies `root`'s `data` to every rank.
     fn broadcast(&self, data: &mut [f32], root: usize) -> Result<(), KernelError>;
     /// Uneven all-gather: rank `r` contributes `counts[r]` values; `out` is their concatenation.
-    fn all_gather_varying(&self, input: &[f32], counts: &[usize], out: &mut [f32]) -> Result<(), KernelError>;
+    fn all_gather_varying(
+        &self,
+        input: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), KernelError>;
     /// Seconds this rank has spent inside collectives (waiting included).
     fn seconds_in_collectives(&self) -> f64;
 }
@@ -127,8 +132,13 @@ impl InProcessComm {
             } else if start.elapsed() < Duration::from_micros(50) {
                 std::thread::yield_now();
             } else {
-                let g = s.lock.lock().map_err(|_| KernelError::Comm("lock poisoned".into()))?;
-                if s.generation.load(Ordering::Acquire) == gen && !s.poisoned.load(Ordering::Acquire) {
+                let g = s
+                    .lock
+                    .lock()
+                    .map_err(|_| KernelError::Comm("lock poisoned".into()))?;
+                if s.generation.load(Ordering::Acquire) == gen
+                    && !s.poisoned.load(Ordering::Acquire)
+                {
                     let _ = s.wake.wait_timeout(g, Duration::from_millis(5));
                 }
             }
@@ -188,10 +198,17 @@ impl Communicator for InProcessComm {
         self.all_gather_varying(input, &counts, out)
     }
 
-    fn all_gather_varying(&self, input: &[f32], counts: &[usize], out: &mut [f32]) -> Result<(), KernelError> {
+    fn all_gather_varying(
+        &self,
+        input: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
         let n = self.size();
         if counts.len() != n || counts[self.rank] != input.len() {
-            return Err(KernelError::Shape("all_gather_varying: counts disagree with input".into()));
+            return Err(KernelError::Shape(
+                "all_gather_varying: counts disagree with input".into(),
+            ));
         }
         let total: usize = counts.iter().sum();
         if out.len() != total {
@@ -238,7 +255,11 @@ impl Communicator for InProcessComm {
     fn reduce_scatter_sum(&self, input: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
         let n = self.size();
         if input.len() != n * out.len() {
-            return Err(len_error("reduce_scatter input", n * out.len(), input.len()));
+            return Err(len_error(
+                "reduce_scatter input",
+                n * out.len(),
+                input.len(),
+            ));
         }
         self.timed(|| {
             self.publish(input);
@@ -256,7 +277,9 @@ impl Communicator for InProcessComm {
 
     fn broadcast(&self, data: &mut [f32], root: usize) -> Result<(), KernelError> {
         if root >= self.size() {
-            return Err(KernelError::Shape(format!("broadcast root {root} out of range")));
+            return Err(KernelError::Shape(format!(
+                "broadcast root {root} out of range"
+            )));
         }
         self.timed(|| {
             if self.rank == root {
@@ -299,7 +322,8 @@ mod tests {
             run(n, |c| {
                 let r = c.rank() as f32;
                 for round in 0..50 {
-                    let input: Vec<f32> = (0..4).map(|i| r * 10.0 + i as f32 + round as f32).collect();
+                    let input: Vec<f32> =
+                        (0..4).map(|i| r * 10.0 + i as f32 + round as f32).collect();
                     let mut out = vec![0.0; 4 * n];
                     c.all_gather(&input, &mut out).unwrap();
                     for q in 0..n {

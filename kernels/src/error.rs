@@ -5,6 +5,9 @@ use crate::WeightFormat;
 /// Errors reported by kernel entry points on malformed input.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum KernelError {
+    /// A collective could not complete (a rank of the group failed, or buffers disagree).
+    #[error("collective: {0}")]
+    Comm(String),
     /// A buffer has the wrong number of elements or bytes.
     #[error("length mismatch for {what}: expected {expected}, got {got}")]
     Length {

@@ -6,6 +6,7 @@
 //! attention returning log-sum-exp for decode context parallelism, and sampling.
 
 pub mod attention;
+pub mod comm;
 pub mod cpu;
 pub mod error;
 pub mod matmul;
@@ -16,6 +17,7 @@ pub mod sampling;
 pub mod weights;
 
 pub use attention::{merge_partials, paged_attention, write_kv, AttentionBatch};
+pub use comm::{Communicator, InProcessComm};
 pub use cpu::{features, force_scalar, CpuFeatures};
 pub use error::KernelError;
 pub use matmul::{matmul, matmul_fast, matmul_with_precision, Precision};

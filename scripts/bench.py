@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark: dcpserve vs llama.cpp on the default model, same machine, same run.
+
+Measures prefill tok/s (512-token prompt), one-sequence decode tok/s and 32-sequence
+aggregate decode tok/s, with 2 threads each, and prints the ratios dcpserve / llama.cpp.
+Each engine is measured `--repeats` times, alternating, and medians are reported.
+
+usage: python3 scripts/bench.py [--repeats 3] [--threads 2] [--decode-tokens 128] [--batch 32]
+llama.cpp is installed on first use with ../shared/peers/install-llama-cpp.sh (15-20 min).
+Only the standard library is used.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
+
+
+def llama_bin_dir():
+    for cand in [ROOT.parent / "shared" / "peers" / "install-llama-cpp.sh",
+                 ROOT / ".." / "shared" / "peers" / "install-llama-cpp.sh"]:
+        if cand.exists():
+            out = run(["bash", str(cand)])
+            return Path(out.strip().splitlines()[-1])
+    sys.exit("install-llama-cpp.sh not found next to the repository (../shared/peers)")
+
+
+def llama_cpp(bin_dir, threads, prompt, decode, batch):
+    env = dict(os.environ, LD_LIBRARY_PATH=str(bin_dir))
+    bench = json.loads(run([str(bin_dir / "llama-bench"), "-m", str(MODEL), "-t", str(threads),
+                            "-p", str(prompt), "-n", str(decode), "-r", "3", "-o", "json"], env=env))
+    pp = next(r["avg_ts"] for r in bench if r["n_prompt"] == prompt and r["n_gen"] == 0)
+    tg = next(r["avg_ts"] for r in bench if r["n_gen"] == decode and r["n_prompt"] == 0)
+    out = run([str(bin_dir / "llama-batched-bench"), "-m", str(MODEL), "-t", str(threads),
+               "-c", str(batch * (16 + decode) + 64), "-b", "2048", "-ub", "512",
+               "-npp", "16", "-ntg", str(decode), "-npl", str(batch),
+               "--output-format", "jsonl"], env=env)
+    rows = [json.loads(l) for l in out.splitlines() if l.strip().startswith("{")]
+    s_tg = next(r["speed_tg"] for r in rows if r.get("pl") == batch)
+    return {"prefill_tok_s": pp, "decode_1_tok_s": tg, "decode_batch_tok_s": s_tg}
+
+
+def dcpserve(threads, prompt, decode, batch):
+    exe = ROOT / "target" / "release" / "dcpserve"
+    out = run([str(exe), "bench", "--threads", str(threads), "--prompt-tokens", str(prompt),
+               "--decode-tokens", str(decode), "--batch", str(batch), "--repeats", "1"],
+              env=dict(os.environ, RUST_LOG="warn"))
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=32)
+    a = ap.parse_args()
+    run(["bash", str(ROOT / "scripts" / "fetch-default-model.sh")])
+    subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
+    bin_dir = llama_bin_dir()
+    keys = ["prefill_tok_s", "decode_1_tok_s", "decode_batch_tok_s"]
+    ours, peer = {k: [] for k in keys}, {k: [] for k in keys}
+    for i in range(a.repeats):
+        o = dcpserve(a.threads, a.prompt_tokens, a.decode_tokens, a.batch)
+        p = llama_cpp(bin_dir, a.threads, a.prompt_tokens, a.decode_tokens, a.batch)
+        for k in keys:
+            ours[k].append(o[k])
+            peer[k].append(p[k])
+        print(f"run {i + 1}: dcpserve {o}  llama.cpp {p}", file=sys.stderr)
+    names = {"prefill_tok_s": f"prefill ({a.prompt_tokens}-token prompt)",
+             "decode_1_tok_s": "decode, 1 sequence",
+             "decode_batch_tok_s": f"decode, {a.batch} sequences (aggregate)"}
+    print(f"{'measure':40} {'dcpserve':>10} {'llama.cpp':>10} {'ratio':>7}   (tok/s, medians of {a.repeats}, {a.threads} threads)")
+    for k in keys:
+        o, p = statistics.median(ours[k]), statistics.median(peer[k])
+        print(f"{names[k]:40} {o:10.1f} {p:10.1f} {o / p:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
