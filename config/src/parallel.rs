@@ -69,7 +69,7 @@ impl ParallelConfig {
                 "tensor_parallel_size, decode_context_parallel_size and cp_kv_cache_interleave_size must be at least 1.".into(),
             ));
         }
-        if tp % dcp != 0 {
+        if !tp.is_multiple_of(dcp) {
             return Err(ConfigError(format!(
                 "tp_size={tp} must be divisible by dcp_size={dcp}."
             )));
@@ -102,7 +102,7 @@ impl ParallelConfig {
                             "The model's number of query heads per KV head ({n}) must be divisible by `--decode-context-parallel-size` ({dcp}) for GQA/MQA."
                         )));
                     }
-                    if max % dcp != 0 {
+                    if !max.is_multiple_of(dcp) {
                         return Err(ConfigError(format!(
                             "`--tensor-parallel-size` ({tp}) // KV heads ({kv}) = {max} must be divisible by `--decode-context-parallel-size` ({dcp}) so that a DCP group never spans two KV heads."
                         )));
@@ -119,7 +119,7 @@ impl ParallelConfig {
                 }
             }
         }
-        if block_size < interleave || block_size % interleave != 0 {
+        if block_size < interleave || !block_size.is_multiple_of(interleave) {
             return Err(ConfigError(format!(
                 "Block_size({block_size}) should be greater than or equal to and divisible by cp_kv_cache_interleave_size ({interleave})."
             )));
