@@ -15,6 +15,8 @@
 //! ```
 
 pub mod block_manager;
+pub mod collective;
+pub mod kv_manager_actor;
 pub mod placement;
 pub mod plan;
 pub mod rank;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use dcpserve_kernels::ThreadPool;
-use dcpserve_model::arch::{DecoderModel, WeightPrecision};
+use dcpserve_model::arch::{DecoderModel, RankComms, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
@@ -31,6 +31,8 @@ pub enum RankMsg {
 /// Everything a rank needs to come up.
 pub struct RankArgs {
     pub rank: usize,
+    pub tp_size: usize,
+    pub comms: RankComms,
     pub files: Arc<ModelFiles>,
     pub precision: WeightPrecision,
     pub placement: Placement,
@@ -119,10 +121,14 @@ fn compute_thread(
     myself: ActorRef<RankMsg>,
 ) {
     let loaded = catch_unwind(AssertUnwindSafe(|| {
-        DecoderModel::load(
+        DecoderModel::load_shard(
             args.files.config.clone(),
             args.files.tensors.as_ref(),
             args.precision,
+            TpShard {
+                rank: args.rank,
+                size: args.tp_size,
+            },
         )
     }));
     let model = match loaded {
@@ -158,7 +164,7 @@ fn compute_thread(
         let result = catch_unwind(AssertUnwindSafe(|| {
             let local = LocalBatch::new(&plan, &args.placement);
             let tables: Vec<&[u32]> = plan.block_tables.iter().map(|t| t.as_slice()).collect();
-            model.forward(&pool, &local.input(&plan, &tables), &mut cache)
+            model.forward_rank(&pool, &args.comms, &local.input(&plan, &tables), &mut cache)
         }));
         let error = match result {
             Ok(Ok(out)) => {

@@ -40,6 +40,16 @@ pub struct GenerationParams {
     pub min_tokens: usize,
     /// Return the log-probabilities of the sampled token and this many top alternatives.
     pub logprobs: Option<usize>,
+    /// Return the log-probability of every prompt token after the first (given the tokens
+    /// before it) with this many top alternatives, on the first [`TokenOutput`].
+    pub prompt_logprobs: Option<usize>,
+    /// Subtracted from the logit of every token already generated (OpenAI's `presence_penalty`).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated (`frequency_penalty`).
+    pub frequency_penalty: f32,
+    /// Divides positive (multiplies negative) logits of tokens in the prompt or output;
+    /// 1 is off (vLLM's and Hugging Face's `repetition_penalty`).
+    pub repetition_penalty: f32,
 }
 
 impl Default for GenerationParams {
@@ -52,6 +62,10 @@ impl Default for GenerationParams {
             stop_token_ids: Vec::new(),
             min_tokens: 0,
             logprobs: None,
+            prompt_logprobs: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
         }
     }
 }
@@ -72,6 +86,9 @@ pub struct TokenOutput {
     pub logprob: Option<f32>,
     /// Most likely alternatives with their log-probabilities, when asked.
     pub top_logprobs: Vec<(u32, f32)>,
+    /// On the first token of a request that set `prompt_logprobs`: entry `i` scores prompt
+    /// token `i + 1` given the tokens before it (the first prompt token has no score).
+    pub prompt_logprobs: Option<Vec<TokenOutput>>,
 }
 
 /// What the scheduler streams back for a request.

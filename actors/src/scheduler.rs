@@ -7,11 +7,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use dcpserve_kernels::sampling::apply_penalties;
 use dcpserve_kernels::{log_softmax, sample, Rng};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::block_manager::KvBlockManager;
+use crate::block_manager::{KvBlockManager, PrefixHit, SeqBlocks};
 use crate::plan::{StepOutput, StepPlan};
 use crate::rank::RankMsg;
 use crate::request::{FinishReason, GenerationRequest, RequestEvent, TokenOutput};
@@ -27,6 +28,7 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     pub eos_token_ids: Vec<u32>,
     pub seed: u64,
+    pub enable_prefix_caching: bool,
 }
 
 /// Counters others may read.
@@ -38,6 +40,9 @@ pub struct SchedulerStats {
     pub total_blocks: usize,
     pub preemptions: u64,
     pub steps: u64,
+    /// Prompt tokens looked up in the prefix cache, and how many were found.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
 }
 
 /// Messages the scheduler understands.
@@ -62,10 +67,13 @@ struct Sequence {
     prompt_len: usize,
     tokens: Vec<u32>,
     num_computed: usize,
-    block_table: Vec<u32>,
+    blocks: SeqBlocks,
     request: GenerationRequest,
     rng: Rng,
     events: UnboundedSender<RequestEvent>,
+    /// Scores of prompt tokens gathered so far, while the request wants them and its first
+    /// token has not been sent (entry `i` scores prompt token `i + 1`).
+    prompt_logprobs: Option<Vec<TokenOutput>>,
 }
 
 impl Sequence {
@@ -80,6 +88,9 @@ struct Scheduled {
     n_tokens: usize,
     /// Row in the step's logits, when this chunk completes the sequence's known tokens.
     logits_row: Option<usize>,
+    /// Prompt logprobs: (first logits row, position of that row, rows), one row per chunk
+    /// position that predicts a prompt token.
+    prompt_rows: Option<(usize, usize, usize)>,
 }
 
 pub struct Scheduler;
@@ -107,7 +118,11 @@ impl Actor for Scheduler {
         cfg: SchedulerConfig,
     ) -> Result<SchedulerState, ActorProcessingErr> {
         Ok(SchedulerState {
-            blocks: KvBlockManager::new(cfg.num_blocks),
+            blocks: KvBlockManager::new(
+                cfg.num_blocks,
+                cfg.tokens_per_block,
+                cfg.enable_prefix_caching,
+            ),
             cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -145,6 +160,9 @@ impl Actor for Scheduler {
                 s.waiting = st.waiting.len();
                 s.free_blocks = st.blocks.num_free();
                 s.total_blocks = st.blocks.num_blocks();
+                let pc = st.blocks.prefix_cache_stats();
+                s.prefix_cache_queries = pc.queries;
+                s.prefix_cache_hits = pc.hits;
                 let _ = port.send(s);
             }
         }
@@ -195,8 +213,9 @@ impl SchedulerState {
                 prompt_len: len,
                 tokens: request.prompt_ids.clone(),
                 num_computed: 0,
-                block_table: Vec::new(),
+                blocks: SeqBlocks::new(),
                 rng: Rng::new(seed),
+                prompt_logprobs: request.params.prompt_logprobs.map(|_| Vec::new()),
                 request,
                 events,
             },
@@ -209,7 +228,7 @@ impl SchedulerState {
         let Some(mut seq) = self.seqs.remove(&id) else {
             return;
         };
-        self.blocks.release(&mut seq.block_table);
+        self.blocks.release(&mut seq.blocks);
         self.running.retain(|&r| r != id);
         self.waiting.retain(|&w| w != id);
         let _ = seq.events.send(RequestEvent::Finished {
@@ -223,7 +242,7 @@ impl SchedulerState {
         self.in_flight = None;
         for id in std::mem::take(&mut self.running) {
             if let Some(mut seq) = self.seqs.remove(&id) {
-                self.blocks.release(&mut seq.block_table);
+                self.blocks.release(&mut seq.blocks);
                 let _ = seq.events.send(RequestEvent::Error(format!(
                     "The model's rank group failed while serving this request: {error}"
                 )));
@@ -232,10 +251,13 @@ impl SchedulerState {
         // Waiting requests that had started a prefill lost their KV state too: restart them.
         for id in &self.waiting {
             if let Some(seq) = self.seqs.get_mut(id) {
-                self.blocks.release(&mut seq.block_table);
+                self.blocks.release(&mut seq.blocks);
                 seq.num_computed = 0;
             }
         }
+        // The new rank group starts with empty KV memory: cached hashes would lie.
+        let reset = self.blocks.reset_prefix_cache();
+        debug_assert!(reset, "every block was released above");
     }
 
     /// Evicts the most recently admitted running sequence; it will be recomputed.
@@ -244,7 +266,7 @@ impl SchedulerState {
             return false;
         };
         if let Some(seq) = self.seqs.get_mut(&id) {
-            self.blocks.release(&mut seq.block_table);
+            self.blocks.release(&mut seq.blocks);
             seq.num_computed = 0;
         }
         self.waiting.push_front(id);
@@ -254,7 +276,6 @@ impl SchedulerState {
 
     /// Builds the next step, or `None` when there is nothing to do.
     fn schedule(&mut self) -> Option<StepPlan> {
-        let tpb = self.cfg.tokens_per_block;
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut chosen: Vec<(u64, usize)> = Vec::new();
 
@@ -270,7 +291,7 @@ impl SchedulerState {
             }
             if self
                 .blocks
-                .ensure(&mut seq.block_table, seq.num_computed + n, tpb)
+                .allocate(&mut seq.blocks, &PrefixHit::none(), seq.num_computed + n)
             {
                 chosen.push((id, n));
                 budget -= n;
@@ -291,13 +312,21 @@ impl SchedulerState {
                 break;
             };
             let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
-            let n = (seq.tokens.len() - seq.num_computed).min(budget);
+            // num_computed is 0 here: waiting sequences hold no blocks.
+            // Prompt log-probabilities need every prompt position computed: no cache hit.
+            let hit = if seq.prompt_logprobs.is_some() && seq.prompt_len > seq.num_computed {
+                PrefixHit::none()
+            } else {
+                self.blocks.find_cached_prefix(&mut seq.blocks, &seq.tokens)
+            };
+            let n = (seq.tokens.len() - hit.num_tokens).min(budget);
             if !self
                 .blocks
-                .ensure(&mut seq.block_table, seq.num_computed + n, tpb)
+                .allocate(&mut seq.blocks, &hit, hit.num_tokens + n)
             {
                 break;
             }
+            seq.num_computed = hit.num_tokens;
             self.waiting.pop_front();
             self.running.push(id);
             chosen.push((id, n));
@@ -317,12 +346,25 @@ impl SchedulerState {
         for (s_idx, &(id, n)) in chosen.iter().enumerate() {
             let seq = &self.seqs[&id];
             let start = seq.num_computed;
+            // Prompt logprobs need the logits of every position that predicts a prompt token.
+            let first_prompt_row = plan.logits_for.len();
+            let wants_prompt = seq.prompt_logprobs.is_some();
             for p in start..start + n {
                 plan.tokens.push(seq.tokens[p]);
                 plan.positions.push(p);
                 plan.token_seq.push(s_idx as u32);
+                if wants_prompt && p + 1 < seq.prompt_len {
+                    plan.logits_for.push(plan.tokens.len() - 1);
+                }
             }
-            plan.block_tables.push(seq.block_table.clone());
+            let prompt_rows = (plan.logits_for.len() > first_prompt_row).then(|| {
+                (
+                    first_prompt_row,
+                    start,
+                    plan.logits_for.len() - first_prompt_row,
+                )
+            });
+            plan.block_tables.push(seq.blocks.table().to_vec());
             let logits_row = if start + n == seq.tokens.len() {
                 plan.logits_for.push(plan.tokens.len() - 1);
                 Some(plan.logits_for.len() - 1)
@@ -333,6 +375,7 @@ impl SchedulerState {
                 id,
                 n_tokens: n,
                 logits_row,
+                prompt_rows,
             });
         }
         self.in_flight = Some((step_id, scheduled));
@@ -359,6 +402,20 @@ impl SchedulerState {
                 continue;
             }; // aborted meanwhile
             seq.num_computed += s.n_tokens;
+            self.blocks
+                .commit_full_blocks(&mut seq.blocks, &seq.tokens, seq.num_computed);
+            if let (Some((row0, pos0, rows)), Some(acc)) =
+                (s.prompt_rows, seq.prompt_logprobs.as_mut())
+            {
+                let k = seq.request.params.prompt_logprobs.unwrap_or(0);
+                for i in 0..rows {
+                    // A preempted prefill is recomputed: keep the scores already gathered.
+                    if pos0 + i == acc.len() {
+                        let l = &out.logits[(row0 + i) * vocab..(row0 + i + 1) * vocab];
+                        acc.push(logprobs_of(l, seq.tokens[pos0 + i + 1], k));
+                    }
+                }
+            }
             let Some(row) = s.logits_row else { continue };
             let logits = &out.logits[row * vocab..(row + 1) * vocab];
             let (token, reason) = sample_next(seq, logits, &self.cfg);
@@ -366,9 +423,8 @@ impl SchedulerState {
                 seq.tokens.push(t);
             }
             let alive = token.is_none_or(|t| {
-                seq.events
-                    .send(RequestEvent::Token(token_output(seq, logits, t)))
-                    .is_ok()
+                let output = token_output(seq, logits, t);
+                seq.events.send(RequestEvent::Token(output)).is_ok()
             });
             match (alive, reason) {
                 (false, _) => self.finish(s.id, FinishReason::Abort),
@@ -388,11 +444,27 @@ fn sample_next(
     let p = &seq.request.params;
     let is_stop =
         |t: u32| (!p.ignore_eos && cfg.eos_token_ids.contains(&t)) || p.stop_token_ids.contains(&t);
-    let token = if seq.output_len() < p.min_tokens {
+    let penalized =
+        p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0;
+    let mask_stops = seq.output_len() < p.min_tokens;
+    let token = if penalized || mask_stops {
         let mut masked = logits.to_vec();
-        for (t, l) in masked.iter_mut().enumerate() {
-            if is_stop(t as u32) {
-                *l = f32::NEG_INFINITY;
+        if penalized {
+            let (prompt, output) = seq.tokens.split_at(seq.prompt_len);
+            apply_penalties(
+                &mut masked,
+                prompt,
+                output,
+                p.presence_penalty,
+                p.frequency_penalty,
+                p.repetition_penalty,
+            );
+        }
+        if mask_stops {
+            for (t, l) in masked.iter_mut().enumerate() {
+                if is_stop(t as u32) {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
         sample(&masked, &p.sampling, &mut seq.rng)
@@ -410,14 +482,25 @@ fn sample_next(
     (Some(token), reason)
 }
 
-fn token_output(seq: &Sequence, logits: &[f32], token: u32) -> TokenOutput {
+fn token_output(seq: &mut Sequence, logits: &[f32], token: u32) -> TokenOutput {
+    // Prompt scores travel once, with the first token.
+    let prompt_logprobs = seq.prompt_logprobs.take();
     let Some(k) = seq.request.params.logprobs else {
         return TokenOutput {
             token_id: token,
             logprob: None,
             top_logprobs: Vec::new(),
+            prompt_logprobs,
         };
     };
+    TokenOutput {
+        prompt_logprobs,
+        ..logprobs_of(logits, token, k)
+    }
+}
+
+/// The log-probability of `token` under `logits` and the `k` most likely alternatives.
+fn logprobs_of(logits: &[f32], token: u32, k: usize) -> TokenOutput {
     let lp = log_softmax(logits);
     let mut top: Vec<(u32, f32)> = Vec::new();
     if k > 0 {
@@ -430,7 +513,8 @@ fn token_output(seq: &Sequence, logits: &[f32], token: u32) -> TokenOutput {
     }
     TokenOutput {
         token_id: token,
-        logprob: Some(lp[token as usize]),
+        logprob: lp.get(token as usize).copied(),
         top_logprobs: top,
+        prompt_logprobs: None,
     }
 }

@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use dcpserve_config::EngineConfig;
-use dcpserve_model::arch::{KvCache, WeightPrecision};
+use dcpserve_model::arch::{HeadLayout, KvCache, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
+use crate::collective::{CollectiveActor, CollectiveMsg};
 use crate::placement::Placement;
 use crate::rank::{RankActor, RankArgs, RankMsg};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerMsg};
@@ -34,6 +35,8 @@ pub struct ModelInfo {
 /// Messages the supervisor understands.
 pub enum SupervisorMsg {
     Info(RpcReplyPort<ModelInfo>),
+    /// Seconds each rank of the current group has spent in collectives.
+    SecondsInCollectives(RpcReplyPort<Vec<f64>>),
     /// Test hook: make rank `n` fail on its next step.
     InjectFault(usize),
 }
@@ -45,6 +48,7 @@ pub struct SupervisorState {
     info: ModelInfo,
     sched_cfg: SchedulerConfig,
     ranks: Vec<ActorRef<RankMsg>>,
+    collective: Option<ActorRef<CollectiveMsg>>,
     threads_per_rank: usize,
 }
 
@@ -76,15 +80,10 @@ impl Actor for ModelSupervisor {
         let cfg = &args.files.config;
         let e = &args.engine;
         let tp = e.parallel.tensor_parallel_size;
-        if tp != 1 {
-            return Err(format!(
-                "tensor_parallel_size={tp} is not implemented yet in this build: only single-rank serving (tp=1, dcp=1) is available."
-            )
-            .into());
-        }
+        let heads = HeadLayout::new(cfg, TpShard { rank: 0, size: tp });
         let max_model_len = e.max_model_len.unwrap_or(cfg.max_position_embeddings);
         let per_token =
-            KvCache::bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim);
+            KvCache::bytes_per_token(cfg.num_hidden_layers, heads.kv_heads, cfg.head_dim);
         let budget = e
             .kv_cache_memory_bytes
             .unwrap_or_else(|| default_kv_bytes(tp));
@@ -106,6 +105,7 @@ impl Actor for ModelSupervisor {
             max_model_len,
             eos_token_ids: cfg.eos_token_ids.clone(),
             seed: e.seed,
+            enable_prefix_caching: e.enable_prefix_caching,
         };
         let (scheduler, _) =
             Actor::spawn_linked(None, Scheduler, sched_cfg.clone(), myself.get_cell()).await?;
@@ -123,6 +123,7 @@ impl Actor for ModelSupervisor {
             threads_per_rank: (threads / tp).max(1),
             sched_cfg,
             ranks: Vec::new(),
+            collective: None,
             args,
         };
         state.start_ranks(myself.get_cell()).await?;
@@ -138,6 +139,15 @@ impl Actor for ModelSupervisor {
         match msg {
             SupervisorMsg::Info(port) => {
                 let _ = port.send(state.info.clone());
+            }
+            SupervisorMsg::SecondsInCollectives(port) => {
+                let secs = match &state.collective {
+                    Some(c) => {
+                        ractor::call!(c, CollectiveMsg::SecondsInCollectives).unwrap_or_default()
+                    }
+                    None => Vec::new(),
+                };
+                let _ = port.send(secs);
             }
             SupervisorMsg::InjectFault(n) => {
                 if let Some(r) = state.ranks.get(n) {
@@ -167,14 +177,24 @@ impl Actor for ModelSupervisor {
             myself.stop(Some(format!("scheduler ended: {why}")));
             return Ok(());
         }
-        if !state.ranks.iter().any(|r| r.get_id() == who.get_id()) {
-            return Ok(()); // a rank of a group already replaced
+        let is_rank = state.ranks.iter().any(|r| r.get_id() == who.get_id());
+        let is_collective = state
+            .collective
+            .as_ref()
+            .is_some_and(|c| c.get_id() == who.get_id());
+        if !is_rank && !is_collective {
+            return Ok(()); // a member of a group already replaced
         }
         tracing::error!(model = %state.args.name, "rank failed: {why}; restarting the rank group");
         state
             .info
             .scheduler
             .send_message(SchedulerMsg::RanksLost(why))?;
+        // Survivors blocked in a collective with the dead rank must fail, not wait.
+        if let Some(c) = state.collective.take() {
+            let _ = c.send_message(CollectiveMsg::Poison);
+            c.stop(Some("rank group restart".into()));
+        }
         for r in state.ranks.drain(..) {
             r.stop(Some("rank group restart".into()));
         }
@@ -185,14 +205,21 @@ impl Actor for ModelSupervisor {
 }
 
 impl SupervisorState {
+    /// Brings up a collective actor and `tp` rank actors (loading their shards in parallel).
     async fn start_ranks(&mut self, supervisor: ActorCell) -> Result<(), ActorProcessingErr> {
         let e = &self.args.engine;
         let tp = e.parallel.tensor_parallel_size;
-        let mut ranks = Vec::with_capacity(tp);
+        let dcp = e.parallel.decode_context_parallel_size;
+        let (collective, _) =
+            Actor::spawn_linked(None, CollectiveActor, (tp, dcp), supervisor.clone()).await?;
+        let mut spawns = Vec::with_capacity(tp);
         for rank in 0..tp {
             let layout = e.parallel.rank_layout(rank);
+            let comms = ractor::call!(collective, CollectiveMsg::Comms, rank)?;
             let args = RankArgs {
                 rank,
+                tp_size: tp,
+                comms,
                 files: self.args.files.clone(),
                 precision: self.args.precision,
                 placement: Placement {
@@ -205,10 +232,30 @@ impl SupervisorState {
                 threads: self.threads_per_rank,
                 scheduler: self.info.scheduler.clone(),
             };
-            let (r, _) = Actor::spawn_linked(None, RankActor, args, supervisor.clone()).await?;
-            ranks.push(r);
+            spawns.push(Actor::spawn_linked(
+                None,
+                RankActor,
+                args,
+                supervisor.clone(),
+            ));
+        }
+        let mut ranks = Vec::with_capacity(tp);
+        let mut failure = None;
+        for r in futures::future::join_all(spawns).await {
+            match r {
+                Ok((r, _)) => ranks.push(r),
+                Err(err) => failure = Some(err),
+            }
+        }
+        if let Some(err) = failure {
+            for r in ranks {
+                r.stop(None);
+            }
+            collective.stop(None);
+            return Err(err.into());
         }
         self.ranks = ranks;
+        self.collective = Some(collective);
         self.info
             .scheduler
             .send_message(SchedulerMsg::SetRanks(self.ranks.clone()))?;

@@ -1,1 +1,44 @@
-//! dcpserve api
+//! The HTTP serving layer of dcpserve: an OpenAI-compatible API on warp.
+//!
+//! - `POST /v1/completions`, `POST /v1/chat/completions` (with SSE streaming), `GET /v1/models`
+//! - vLLM's `POST /tokenize`, `POST /detokenize`, `GET /health`, `GET /version`
+//! - `GET /metrics`: Prometheus text, labelled by model
+//!
+//! Models are reached through the [`ModelBackend`] trait (the `dcpserve` crate implements it
+//! for its `Engine`), routed by the request's `model` through a [`ModelRouter`] that bounds
+//! each model's outstanding requests. Errors use OpenAI's shape
+//! `{"error": {"message", "type", "param", "code"}}`.
+//!
+//! ```no_run
+//! # async fn demo(backend: std::sync::Arc<dyn dcpserve_api::ModelBackend>) -> std::io::Result<()> {
+//! use dcpserve_api::{serve, AppState, ModelRouter, ModelSlot};
+//! let mut router = ModelRouter::new();
+//! router.add(ModelSlot::new("my-model", backend, Default::default(), 256)).unwrap();
+//! let (addr, server) = serve(
+//!     "127.0.0.1:0".parse().unwrap(),
+//!     AppState::new(router, None),
+//!     std::future::pending(),
+//! )
+//! .await?;
+//! println!("listening on {addr}");
+//! server.await;
+//! # Ok(()) }
+//! ```
+
+pub mod backend;
+pub mod config;
+pub mod errors;
+pub mod generation;
+pub mod http;
+pub mod metrics;
+pub mod router;
+pub mod routes;
+pub mod sse;
+pub mod types;
+pub mod validation;
+
+pub use backend::{BackendEvent, BackendStats, EventStream, ModelBackend};
+pub use config::{ModelEntry, SamplingDefaults, ServeConfig, ServerSection};
+pub use errors::ApiError;
+pub use http::{routes as filter, serve, AppState};
+pub use router::{ModelRouter, ModelSlot};

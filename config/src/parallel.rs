@@ -84,6 +84,16 @@ impl ParallelConfig {
                         "Total number of attention heads ({q}) must be divisible by tensor parallel size ({tp})."
                     )));
                 }
+                if tp <= kv && !kv.is_multiple_of(tp) {
+                    return Err(ConfigError(format!(
+                        "Total number of KV heads ({kv}) must be divisible by tensor parallel size ({tp})."
+                    )));
+                }
+                if tp > kv && !tp.is_multiple_of(kv) {
+                    return Err(ConfigError(format!(
+                        "Tensor parallel size ({tp}) must be divisible by the total number of KV heads ({kv}) when it exceeds it, so each KV head is replicated on the same number of ranks."
+                    )));
+                }
                 if dcp > 1 {
                     if tp <= kv {
                         return Err(ConfigError(format!(
@@ -200,6 +210,28 @@ mod tests {
         );
         let e = layout(1, 1, 32).validate(gqa(8, 2), 16).unwrap_err();
         assert!(e.0.starts_with("Block_size(16)"));
+    }
+
+    #[test]
+    fn kv_heads_must_split_or_replicate_evenly() {
+        let e = layout(2, 1, 1).validate(gqa(6, 3), 16).unwrap_err();
+        assert_eq!(
+            e.0,
+            "Total number of KV heads (3) must be divisible by tensor parallel size (2)."
+        );
+        let e = layout(6, 1, 1).validate(gqa(12, 4), 16).unwrap_err();
+        assert!(e.0.starts_with(
+            "Tensor parallel size (6) must be divisible by the total number of KV heads (4)"
+        ));
+    }
+
+    #[test]
+    fn query_heads_must_divide_by_tp() {
+        let e = layout(2, 1, 1).validate(gqa(9, 3), 16).unwrap_err();
+        assert_eq!(
+            e.0,
+            "Total number of attention heads (9) must be divisible by tensor parallel size (2)."
+        );
     }
 
     #[test]

@@ -202,6 +202,59 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
         .map_or(argmax(logits), |c| c.1)
 }
 
+/// Applies repetition, frequency and presence penalties to `logits` in place, as vLLM does
+/// before temperature: the repetition penalty covers tokens of the prompt and the output
+/// (dividing positive logits, multiplying negative ones); the frequency penalty subtracts
+/// `frequency × count` and the presence penalty subtracts `presence` once, for tokens of
+/// the output only. Ids outside `logits` are ignored.
+///
+/// ```
+/// use dcpserve_kernels::sampling::apply_penalties;
+/// let mut l = [2.0f32, -1.0, 0.5];
+/// apply_penalties(&mut l, &[1], &[0, 0], 0.5, 0.25, 2.0);
+/// assert_eq!(l, [2.0 / 2.0 - 0.5 - 0.5, -2.0, 0.5]);
+/// ```
+pub fn apply_penalties(
+    logits: &mut [f32],
+    prompt: &[u32],
+    output: &[u32],
+    presence: f32,
+    frequency: f32,
+    repetition: f32,
+) {
+    let v = logits.len();
+    if repetition != 1.0 && repetition > 0.0 {
+        let mut seen = vec![false; v];
+        for &t in prompt.iter().chain(output) {
+            if let Some(s) = seen.get_mut(t as usize) {
+                *s = true;
+            }
+        }
+        for (l, s) in logits.iter_mut().zip(seen) {
+            if s {
+                *l = if *l > 0.0 {
+                    *l / repetition
+                } else {
+                    *l * repetition
+                };
+            }
+        }
+    }
+    if presence != 0.0 || frequency != 0.0 {
+        let mut counts = vec![0u32; v];
+        for &t in output {
+            if let Some(c) = counts.get_mut(t as usize) {
+                *c += 1;
+            }
+        }
+        for (l, c) in logits.iter_mut().zip(counts) {
+            if c > 0 {
+                *l -= frequency * c as f32 + presence;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

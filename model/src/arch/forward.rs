@@ -1,12 +1,14 @@
 //! One forward step over a continuous batch of tokens.
 
+use std::sync::Arc;
+
 use dcpserve_kernels::{
     add_bias, add_inplace, matmul, paged_attention, rms_norm, silu_mul, write_kv, AttentionBatch,
-    RopeScalingKind, RopeTable, ThreadPool,
+    Communicator, InProcessComm, RopeScalingKind, RopeTable, ThreadPool,
 };
 
 use super::kv_cache::KvCache;
-use super::weights::{DecoderWeights, WeightPrecision};
+use super::weights::{split_range, DecoderWeights, HeadLayout, TpShard, WeightPrecision};
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
@@ -35,10 +37,31 @@ pub struct ForwardOutput {
     pub vocab_size: usize,
 }
 
-/// A loaded decoder with its RoPE table.
+/// The communicators one rank computes with: its tensor-parallel group (all ranks of
+/// the model) and its decode-context-parallel group (a contiguous block of `dcp` ranks).
+#[derive(Clone)]
+pub struct RankComms {
+    pub world: Arc<dyn Communicator>,
+    pub dcp: Arc<dyn Communicator>,
+}
+
+impl RankComms {
+    /// The communicators of a model served by one rank (every collective is a no-op).
+    pub fn single() -> Self {
+        let world: Arc<dyn Communicator> = Arc::new(InProcessComm::group(1).remove(0));
+        Self {
+            dcp: world.clone(),
+            world,
+        }
+    }
+}
+
+/// One rank's share of a decoder: its weight shard, head layout and RoPE table.
 pub struct DecoderModel {
     pub config: ModelConfig,
     pub weights: DecoderWeights,
+    pub shard: TpShard,
+    pub heads: HeadLayout,
     rope: RopeTable,
 }
 
@@ -61,13 +84,24 @@ fn rope_kind(s: &Option<RopeScaling>) -> RopeScalingKind {
 }
 
 impl DecoderModel {
-    /// Loads the weights of `config` from `tensors`.
+    /// Loads the whole model (one rank).
     pub fn load(
         config: ModelConfig,
         tensors: &dyn TensorSource,
         precision: WeightPrecision,
     ) -> Result<Self, ModelError> {
-        let weights = DecoderWeights::load(&config, tensors, precision)?;
+        Self::load_shard(config, tensors, precision, TpShard::single())
+    }
+
+    /// Loads tensor-parallel rank `shard.rank`'s slice of the model.
+    pub fn load_shard(
+        config: ModelConfig,
+        tensors: &dyn TensorSource,
+        precision: WeightPrecision,
+        shard: TpShard,
+    ) -> Result<Self, ModelError> {
+        let weights = DecoderWeights::load(&config, tensors, precision, shard)?;
+        let heads = HeadLayout::new(&config, shard);
         let rope = RopeTable::new(
             config.head_dim,
             config.rope_theta,
@@ -77,26 +111,40 @@ impl DecoderModel {
         Ok(Self {
             config,
             weights,
+            shard,
+            heads,
             rope,
         })
     }
 
-    /// A KV cache shaped for this model with `num_blocks` blocks of `block_size` tokens.
+    /// A KV cache shaped for this rank with `num_blocks` blocks of `block_size` tokens.
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
         KvCache::new(
             self.config.num_hidden_layers,
             num_blocks,
             block_size,
-            self.config.num_key_value_heads,
+            self.heads.kv_heads,
             self.config.head_dim,
         )
     }
 
-    /// Runs all layers for the batch, writing K/V into `cache`, and returns the logits
-    /// of the tokens listed in `input.logits_for`.
+    /// Runs one step on a model served by a single rank.
     pub fn forward(
         &self,
         pool: &ThreadPool,
+        input: &BatchInput,
+        cache: &mut KvCache,
+    ) -> Result<ForwardOutput, ModelError> {
+        self.forward_rank(pool, &RankComms::single(), input, cache)
+    }
+
+    /// Runs all layers for the batch on this rank, writing its K/V shard into `cache`,
+    /// and returns the logits of the tokens listed in `input.logits_for` (complete on
+    /// every rank). Every rank of the group must call it with the same plan.
+    pub fn forward_rank(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
         input: &BatchInput,
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, ModelError> {
@@ -114,7 +162,7 @@ impl DecoderModel {
             )));
         }
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-        let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let (nq, nkv) = (self.heads.q_heads, self.heads.kv_heads);
         let q_dim = nq * hd;
         let kv_dim = nkv * hd;
         let w = &self.weights;
@@ -138,7 +186,12 @@ impl DecoderModel {
         let mut attn = vec![0.0f32; n * q_dim];
         let mut lse = vec![0.0f32; n * nq];
         let mut proj = vec![0.0f32; n * h];
-        let inter = cfg.intermediate_size;
+        let inter = self
+            .weights
+            .layers
+            .first()
+            .map_or(0, |l| l.gate_proj.rows());
+        let mut dcp = DcpScratch::default();
         let mut gate = vec![0.0f32; n * inter];
         let mut up = vec![0.0f32; n * inter];
         let mut act = vec![0.0f32; n * inter];
@@ -186,8 +239,13 @@ impl DecoderModel {
                 token_kv_len: input.kv_lens,
                 block_tables: input.block_tables,
             };
-            paged_attention(pool, &batch, kc, vc, &mut attn, &mut lse)?;
+            if comms.dcp.size() == 1 {
+                paged_attention(pool, &batch, kc, vc, &mut attn, &mut lse)?;
+            } else {
+                dcp.attention(pool, comms.dcp.as_ref(), batch, kc, vc, &mut attn)?;
+            }
             matmul(pool, &attn, n, &lw.o_proj, &mut proj)?;
+            comms.world.all_reduce_sum(&mut proj)?;
             add_inplace(&mut x, &proj)?;
 
             rms_norm(&x, &lw.post_attention_norm, cfg.rms_norm_eps, &mut normed)?;
@@ -195,6 +253,7 @@ impl DecoderModel {
             matmul(pool, &normed, n, &lw.up_proj, &mut up)?;
             silu_mul(&gate, &up, &mut act)?;
             matmul(pool, &act, n, &lw.down_proj, &mut proj)?;
+            comms.world.all_reduce_sum(&mut proj)?;
             add_inplace(&mut x, &proj)?;
         }
 
@@ -211,15 +270,141 @@ impl DecoderModel {
         let mut last_normed = vec![0.0f32; m * h];
         rms_norm(&last, &w.norm, cfg.rms_norm_eps, &mut last_normed)?;
         let head = w.output_head();
-        let mut logits = vec![0.0f32; m * head.rows()];
+        let mut local = vec![0.0f32; m * head.rows()];
         if m > 0 {
-            matmul(pool, &last_normed, m, head, &mut logits)?;
+            matmul(pool, &last_normed, m, head, &mut local)?;
         }
+        let vocab = cfg.vocab_size;
+        let logits = if comms.world.size() == 1 {
+            local
+        } else {
+            gather_vocab(comms.world.as_ref(), &local, m, vocab)?
+        };
         Ok(ForwardOutput {
             logits,
-            vocab_size: head.rows(),
+            vocab_size: vocab,
         })
     }
+}
+
+/// Reassembles `[m, vocab]` logits from every rank's `[m, vocab slice]`.
+fn gather_vocab(
+    world: &dyn Communicator,
+    local: &[f32],
+    m: usize,
+    vocab: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let tp = world.size();
+    let parts: Vec<std::ops::Range<usize>> = (0..tp).map(|r| split_range(vocab, tp, r)).collect();
+    let counts: Vec<usize> = parts.iter().map(|p| p.len() * m).collect();
+    let mut gathered = vec![0.0f32; m * vocab];
+    world.all_gather_varying(local, &counts, &mut gathered)?;
+    let mut logits = vec![0.0f32; m * vocab];
+    let mut at = 0;
+    for p in &parts {
+        let w = p.len();
+        for row in 0..m {
+            logits[row * vocab + p.start..row * vocab + p.end]
+                .copy_from_slice(&gathered[at + row * w..at + (row + 1) * w]);
+        }
+        at += w * m;
+    }
+    Ok(logits)
+}
+
+/// Buffers of decode-context-parallel attention, reused across layers.
+#[derive(Default)]
+struct DcpScratch {
+    q_gathered: Vec<f32>,
+    q_all: Vec<f32>,
+    out_all: Vec<f32>,
+    lse_all: Vec<f32>,
+    lse_gathered: Vec<f32>,
+    scattered: Vec<f32>,
+}
+
+impl DcpScratch {
+    /// Attention with the KV cache sharded by position over the DCP group: gather the
+    /// group's queries, attend to the local shard (output + LSE), gather the LSEs, weight
+    /// each partial by exp(LSE_i − LSE) and reduce-scatter over heads so each rank gets
+    /// its own heads' merged output (vLLM's `cp_lse_ag_out_rs`).
+    fn attention(
+        &mut self,
+        pool: &ThreadPool,
+        group: &dyn Communicator,
+        local: AttentionBatch,
+        k_cache: &[f32],
+        v_cache: &[f32],
+        attn: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let n_ranks = group.size();
+        let n = local.token_seq.len();
+        let (h, hd) = (local.n_q_heads, local.head_dim);
+        let all_h = n_ranks * h;
+        let row = h * hd;
+        resize(&mut self.q_gathered, n_ranks * n * row);
+        group.all_gather(local.q, &mut self.q_gathered)?;
+        // [rank, token, head, d] → [token, rank·head, d]
+        resize(&mut self.q_all, n * all_h * hd);
+        for r in 0..n_ranks {
+            for t in 0..n {
+                let src = &self.q_gathered[(r * n + t) * row..(r * n + t + 1) * row];
+                self.q_all[(t * all_h + r * h) * hd..(t * all_h + (r + 1) * h) * hd]
+                    .copy_from_slice(src);
+            }
+        }
+        resize(&mut self.out_all, n * all_h * hd);
+        resize(&mut self.lse_all, n * all_h);
+        let batch = AttentionBatch {
+            q: &self.q_all,
+            n_q_heads: all_h,
+            ..local
+        };
+        paged_attention(
+            pool,
+            &batch,
+            k_cache,
+            v_cache,
+            &mut self.out_all,
+            &mut self.lse_all,
+        )?;
+        resize(&mut self.lse_gathered, n_ranks * n * all_h);
+        group.all_gather(&self.lse_all, &mut self.lse_gathered)?;
+        // Scale the local partials by their merge weights, laid out [rank, token, head, d]
+        // so the reduce-scatter hands each rank its own heads.
+        resize(&mut self.scattered, n_ranks * n * row);
+        let stride = n * all_h;
+        for t in 0..n {
+            for j in 0..all_h {
+                let idx = t * all_h + j;
+                let mine = self.lse_all[idx];
+                let max = (0..n_ranks)
+                    .map(|r| self.lse_gathered[r * stride + idx])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let weight = if mine == f32::NEG_INFINITY || max == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    let sum: f32 = (0..n_ranks)
+                        .map(|r| (self.lse_gathered[r * stride + idx] - max).exp())
+                        .sum();
+                    (mine - (max + sum.ln())).exp()
+                };
+                let (r, jj) = (j / h, j % h);
+                let dst = ((r * n + t) * h + jj) * hd;
+                let src = idx * hd;
+                for d in 0..hd {
+                    self.scattered[dst + d] = self.out_all[src + d] * weight;
+                }
+            }
+        }
+        group.reduce_scatter_sum(&self.scattered, attn)?;
+        Ok(())
+    }
+}
+
+fn resize(v: &mut Vec<f32>, len: usize) {
+    v.clear();
+    v.resize(len, 0.0);
 }
 
 /// RMSNorm applied to every head vector (Qwen3's q/k norm).

@@ -8,6 +8,8 @@ mod forward;
 mod kv_cache;
 mod weights;
 
-pub use forward::{BatchInput, DecoderModel, ForwardOutput};
+pub use forward::{BatchInput, DecoderModel, ForwardOutput, RankComms};
 pub use kv_cache::KvCache;
-pub use weights::{DecoderWeights, LayerWeights, WeightPrecision};
+pub use weights::{
+    split_range, DecoderWeights, HeadLayout, LayerWeights, TpShard, WeightPrecision,
+};

@@ -1,0 +1,69 @@
+//! What the HTTP layer needs from a served model, as a trait so that the server does not
+//! depend on the engine crate (which depends on this one for `dcpserve serve`) and so that
+//! tests can serve stand-in models.
+
+use std::pin::Pin;
+
+use dcpserve_actors::{FinishReason, GenerationParams, TokenOutput};
+use dcpserve_model::ChatMessage;
+use futures::future::BoxFuture;
+use futures::Stream;
+
+/// One step of a generation as the backend reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendEvent {
+    /// A new token and the text it completes (empty while a UTF-8 character is incomplete).
+    Token { token: TokenOutput, text: String },
+    /// The end of the generation.
+    Finished {
+        reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+}
+
+/// The events of one generation; dropping it must abort the generation and free its state.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<BackendEvent, String>> + Send>>;
+
+/// Counters of a served model, read when `/metrics` is rendered.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BackendStats {
+    /// Sequences in the running batch.
+    pub running: usize,
+    /// Sequences waiting for admission (including preempted ones).
+    pub waiting: usize,
+    /// KV-cache usage in `[0, 1]`, one entry per rank.
+    pub kv_cache_usage: Vec<f64>,
+    /// Sequences preempted since start.
+    pub preemptions: u64,
+    /// Share of prompt tokens served from the prefix cache, when the engine tracks it.
+    pub prefix_cache_hit_rate: Option<f64>,
+    /// Seconds spent in collectives since start, per rank, when the engine tracks it.
+    pub collective_seconds: Vec<f64>,
+}
+
+/// A served model: tokenizer, chat template, limits and generation.
+pub trait ModelBackend: Send + Sync + 'static {
+    /// Longest prompt + output the model accepts, in tokens.
+    fn max_model_len(&self) -> usize;
+    /// Token ids must be below this.
+    fn vocab_size(&self) -> usize;
+    /// Most tokens the KV cache can hold for one sequence (prompts beyond never fit).
+    fn kv_capacity_tokens(&self) -> usize;
+    /// Where the model was loaded from (shown by `/v1/models`).
+    fn root(&self) -> String;
+    /// Tokenizes text; `add_special_tokens` adds BOS when the model wants one.
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String>;
+    /// Turns token ids back into text.
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, String>;
+    /// Renders a conversation with the model's chat template and a generation prompt.
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String>;
+    /// Starts a generation from token ids (already validated by the caller).
+    fn generate(
+        &self,
+        prompt_ids: Vec<u32>,
+        params: GenerationParams,
+    ) -> Result<EventStream, String>;
+    /// Current counters, or `None` when the model cannot answer.
+    fn stats(&self) -> BoxFuture<'static, Option<BackendStats>>;
+}

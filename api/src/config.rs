@@ -1,0 +1,222 @@
+//! The multi-model config file of `dcpserve serve --config FILE` (TOML):
+//!
+//! ```toml
+//! [server]
+//! host = "127.0.0.1"
+//! port = 8000
+//! api_key = "secret"            # optional: require `Authorization: Bearer secret` on /v1
+//! max_waiting_requests = 256    # per model, beyond max_num_seqs; more get 429
+//!
+//! [[models]]
+//! name = "smollm2"              # what clients put in `model`
+//! path = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+//! tensor_parallel_size = 1
+//! decode_context_parallel_size = 1
+//! kv_cache_memory_bytes = 268435456
+//! max_model_len = 2048
+//!
+//! [models.sampling]             # defaults for fields a request leaves out
+//! temperature = 0.7
+//! max_tokens = 256
+//! ```
+//!
+//! Relative model paths are resolved against the config file's folder.
+
+use std::path::{Path, PathBuf};
+
+use dcpserve_config::{ConfigError, DType, EngineConfig, ParallelConfig};
+use serde::Deserialize;
+
+/// Default port, as vLLM's.
+pub const DEFAULT_PORT: u16 = 8000;
+/// Default host: loopback, so that a server is not exposed by accident.
+pub const DEFAULT_HOST: &str = "127.0.0.1";
+/// Default bound on requests waiting beyond the running batch, per model.
+pub const DEFAULT_MAX_WAITING_REQUESTS: usize = 256;
+
+/// The whole file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    #[serde(default)]
+    pub server: ServerSection,
+    #[serde(default)]
+    pub models: Vec<ModelEntry>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub api_key: Option<String>,
+    pub max_waiting_requests: Option<usize>,
+}
+
+/// One `[[models]]` entry: a model with its own supervisor and rank group.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// Served name (default: the file or folder name without extension).
+    pub name: Option<String>,
+    /// GGUF file or Hugging Face folder (default: the default model).
+    pub path: Option<PathBuf>,
+    pub tensor_parallel_size: Option<usize>,
+    pub decode_context_parallel_size: Option<usize>,
+    pub cp_kv_cache_interleave_size: Option<usize>,
+    pub kv_cache_memory_bytes: Option<u64>,
+    pub max_model_len: Option<usize>,
+    pub max_num_seqs: Option<usize>,
+    pub max_num_batched_tokens: Option<usize>,
+    pub block_size: Option<usize>,
+    pub dtype: Option<String>,
+    pub enable_prefix_caching: Option<bool>,
+    pub seed: Option<u64>,
+    /// Compute threads of this model (default: all cores).
+    pub threads: Option<usize>,
+    #[serde(default)]
+    pub sampling: SamplingDefaults,
+}
+
+/// `[models.sampling]`: values used when a request leaves the field out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingDefaults {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub max_tokens: Option<usize>,
+}
+
+impl ModelEntry {
+    /// The engine settings of this entry (defaults for what it leaves out).
+    pub fn engine_config(&self) -> Result<EngineConfig, ConfigError> {
+        let d = EngineConfig::default();
+        let cfg = EngineConfig {
+            parallel: ParallelConfig {
+                tensor_parallel_size: self.tensor_parallel_size.unwrap_or(1),
+                decode_context_parallel_size: self.decode_context_parallel_size.unwrap_or(1),
+                cp_kv_cache_interleave_size: self.cp_kv_cache_interleave_size.unwrap_or(1),
+            },
+            dtype: match &self.dtype {
+                Some(s) => s.parse::<DType>()?,
+                None => DType::Auto,
+            },
+            block_size: self.block_size.unwrap_or(d.block_size),
+            kv_cache_memory_bytes: self.kv_cache_memory_bytes,
+            max_model_len: self.max_model_len,
+            max_num_seqs: self.max_num_seqs.unwrap_or(d.max_num_seqs),
+            max_num_batched_tokens: self
+                .max_num_batched_tokens
+                .unwrap_or(d.max_num_batched_tokens),
+            enable_prefix_caching: self
+                .enable_prefix_caching
+                .unwrap_or(d.enable_prefix_caching),
+            num_threads: self.threads,
+            seed: self.seed.unwrap_or(d.seed),
+        };
+        cfg.validate_limits()?;
+        Ok(cfg)
+    }
+}
+
+impl ServeConfig {
+    /// Parses a config from TOML text (paths are left as written).
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let cfg: ServeConfig =
+            toml::from_str(text).map_err(|e| ConfigError(format!("Invalid config: {e}")))?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// Reads a config file; relative model paths become relative to its folder.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("Cannot read {}: {e}", path.display())))?;
+        let mut cfg =
+            Self::from_toml(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for m in &mut cfg.models {
+            if let Some(p) = &m.path {
+                if p.is_relative() {
+                    m.path = Some(base.join(p));
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.models.is_empty() {
+            return Err(ConfigError(
+                "The config lists no model: add at least one [[models]] entry.".into(),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for m in &self.models {
+            if let Some(n) = &m.name {
+                if n.is_empty() {
+                    return Err(ConfigError("A model name must not be empty.".into()));
+                }
+                if !seen.insert(n.clone()) {
+                    return Err(ConfigError(format!("The model name `{n}` is used twice.")));
+                }
+            }
+            m.engine_config()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_shape() {
+        let cfg = ServeConfig::from_toml(
+            r#"
+            [server]
+            port = 9000
+            api_key = "k"
+            max_waiting_requests = 4
+
+            [[models]]
+            name = "a"
+            path = "a.gguf"
+            tensor_parallel_size = 2
+            decode_context_parallel_size = 2
+            dtype = "float32"
+            [models.sampling]
+            temperature = 0.5
+            max_tokens = 12
+
+            [[models]]
+            name = "b"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(cfg.server.port, Some(9000));
+        assert_eq!(cfg.models.len(), 2);
+        let e = cfg.models[0].engine_config().unwrap();
+        assert_eq!(e.parallel.tensor_parallel_size, 2);
+        assert_eq!(e.dtype, DType::Float32);
+        assert_eq!(cfg.models[0].sampling.max_tokens, Some(12));
+    }
+
+    #[test]
+    fn rejects_bad_files() {
+        assert!(ServeConfig::from_toml("")
+            .unwrap_err()
+            .0
+            .contains("no model"));
+        let e = ServeConfig::from_toml("[[models]]\nname='a'\n[[models]]\nname='a'").unwrap_err();
+        assert!(e.0.contains("used twice"), "{e}");
+        let e = ServeConfig::from_toml("[[models]]\nbogus=1").unwrap_err();
+        assert!(e.0.contains("bogus"), "{e}");
+        let e = ServeConfig::from_toml("[[models]]\ndtype='int3'").unwrap_err();
+        assert!(e.0.contains("int3"), "{e}");
+    }
+}

@@ -1,0 +1,166 @@
+//! Prometheus metrics through the `metrics` facade, named after vLLM's (`vllm:` becomes
+//! `dcpserve:`) and labelled by `model_name` (and `rank` where it applies).
+//!
+//! Per-request metrics are recorded as requests run; the scheduler's gauges (running,
+//! waiting, KV usage, preemptions) are read from each model when `/metrics` is rendered,
+//! so an idle server costs nothing.
+
+use std::sync::OnceLock;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::router::ModelRouter;
+
+pub const RUNNING: &str = "dcpserve:num_requests_running";
+pub const WAITING: &str = "dcpserve:num_requests_waiting";
+pub const OUTSTANDING: &str = "dcpserve:num_requests_admitted";
+pub const REJECTED: &str = "dcpserve:num_requests_rejected_total";
+pub const KV_USAGE: &str = "dcpserve:kv_cache_usage_perc";
+pub const PREEMPTIONS: &str = "dcpserve:num_preemptions_total";
+pub const PREFIX_HIT_RATE: &str = "dcpserve:prefix_cache_hit_rate";
+pub const COLLECTIVES: &str = "dcpserve:time_in_collectives_seconds";
+pub const SUCCESS: &str = "dcpserve:request_success_total";
+pub const PROMPT_TOKENS: &str = "dcpserve:prompt_tokens_total";
+pub const GENERATION_TOKENS: &str = "dcpserve:generation_tokens_total";
+pub const TTFT: &str = "dcpserve:time_to_first_token_seconds";
+pub const ITL: &str = "dcpserve:inter_token_latency_seconds";
+pub const E2E: &str = "dcpserve:e2e_request_latency_seconds";
+
+/// Latency buckets in seconds (vLLM's, trimmed).
+const BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the Prometheus recorder once per process and returns its handle; later calls
+/// (several servers in one test process) share it.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let builder = || {
+                PrometheusBuilder::new()
+                    .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
+                    .expect("non-empty buckets")
+            };
+            let handle = match builder().install_recorder() {
+                Ok(h) => h,
+                Err(e) => {
+                    // Someone else installed a global recorder: keep a private one so that
+                    // `/metrics` still renders (our series then stay empty).
+                    tracing::warn!("metrics recorder not installed: {e}");
+                    builder().build_recorder().handle()
+                }
+            };
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_gauge!(RUNNING, "Sequences in the running batch.");
+    describe_gauge!(WAITING, "Sequences waiting to be scheduled.");
+    describe_gauge!(
+        OUTSTANDING,
+        "Sequences admitted by the HTTP layer and not yet finished."
+    );
+    describe_counter!(REJECTED, "Requests refused because the queue was full.");
+    describe_gauge!(KV_USAGE, "KV-cache usage per rank (1 = full).");
+    describe_counter!(PREEMPTIONS, "Sequences preempted (recomputed later).");
+    describe_gauge!(
+        PREFIX_HIT_RATE,
+        "Share of prompt tokens served from the prefix cache."
+    );
+    describe_gauge!(
+        COLLECTIVES,
+        "Seconds spent in collectives since start, per rank."
+    );
+    describe_counter!(SUCCESS, "Finished requests by finish reason.");
+    describe_counter!(PROMPT_TOKENS, "Prefilled prompt tokens.");
+    describe_counter!(GENERATION_TOKENS, "Generated tokens.");
+    describe_histogram!(TTFT, "Seconds from arrival to the first token.");
+    describe_histogram!(ITL, "Seconds between consecutive tokens of a sequence.");
+    describe_histogram!(E2E, "Seconds from arrival to the last token.");
+}
+
+/// A request refused with 429.
+pub fn rejected(model: &str) {
+    counter!(REJECTED, "model_name" => model.to_string()).increment(1);
+}
+
+/// Sequences admitted for `model`.
+pub fn set_outstanding(model: &str, n: usize) {
+    gauge!(OUTSTANDING, "model_name" => model.to_string()).set(n as f64);
+}
+
+/// Latency and token accounting of one sequence (one choice).
+pub struct SequenceTimer {
+    model: String,
+    start: std::time::Instant,
+    last: Option<std::time::Instant>,
+    tokens: u64,
+}
+
+impl SequenceTimer {
+    /// Starts timing at the request's arrival.
+    pub fn new(model: &str, arrival: std::time::Instant) -> Self {
+        Self {
+            model: model.to_string(),
+            start: arrival,
+            last: None,
+            tokens: 0,
+        }
+    }
+
+    /// A token arrived.
+    pub fn token(&mut self) {
+        let now = std::time::Instant::now();
+        match self.last {
+            None => histogram!(TTFT, "model_name" => self.model.clone())
+                .record((now - self.start).as_secs_f64()),
+            Some(prev) => histogram!(ITL, "model_name" => self.model.clone())
+                .record((now - prev).as_secs_f64()),
+        }
+        self.last = Some(now);
+        self.tokens += 1;
+    }
+
+    /// The sequence ended with `reason` (`stop`, `length`, `abort`, `error`).
+    pub fn finish(&mut self, reason: &'static str, prompt_tokens: usize) {
+        let m = self.model.clone();
+        counter!(SUCCESS, "model_name" => m.clone(), "finished_reason" => reason).increment(1);
+        counter!(PROMPT_TOKENS, "model_name" => m.clone()).increment(prompt_tokens as u64);
+        counter!(GENERATION_TOKENS, "model_name" => m.clone()).increment(self.tokens);
+        histogram!(E2E, "model_name" => m).record(self.start.elapsed().as_secs_f64());
+    }
+}
+
+/// Reads every model's counters into the gauges, then renders the text exposition.
+pub async fn render(router: &ModelRouter) -> String {
+    let handle = install();
+    for slot in router.models() {
+        let Some(s) = slot.backend.stats().await else {
+            continue;
+        };
+        let m = slot.name.clone();
+        gauge!(RUNNING, "model_name" => m.clone()).set(s.running as f64);
+        gauge!(WAITING, "model_name" => m.clone()).set(s.waiting as f64);
+        for (rank, u) in s.kv_cache_usage.iter().enumerate() {
+            gauge!(KV_USAGE, "model_name" => m.clone(), "rank" => rank.to_string()).set(*u);
+        }
+        counter!(PREEMPTIONS, "model_name" => m.clone()).absolute(s.preemptions);
+        if let Some(h) = s.prefix_cache_hit_rate {
+            gauge!(PREFIX_HIT_RATE, "model_name" => m.clone()).set(h);
+        }
+        for (rank, secs) in s.collective_seconds.iter().enumerate() {
+            // `metrics` counters are integers: a running total in seconds is a gauge.
+            gauge!(COLLECTIVES, "model_name" => m.clone(), "rank" => rank.to_string()).set(*secs);
+        }
+        set_outstanding(&slot.name, slot.outstanding());
+    }
+    handle.run_upkeep();
+    handle.render()
+}

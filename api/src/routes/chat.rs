@@ -1,0 +1,219 @@
+//! `POST /v1/chat/completions`: messages rendered with the model's chat template.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use dcpserve_actors::TokenOutput;
+use warp::reply::Response;
+
+use super::{finite, parse_body, token_text};
+use crate::backend::ModelBackend;
+use crate::errors::ApiError;
+use crate::generation::{self, ChoiceEvent, ChoiceSpec};
+use crate::http::AppState;
+use crate::sse::{self, ChunkFormatter};
+use crate::types::{
+    new_id, unix_now, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatMessageOut, ChatTokenLogprob,
+    ChatTopLogprob, Skip, Usage,
+};
+use crate::validation;
+
+/// Handles a chat completions request.
+pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    let req: ChatCompletionRequest = parse_body(body)?;
+    let slot = state.router.get(req.model.as_deref())?;
+    let backend = slot.backend.as_ref();
+    let common = validation::common(&req.sampling, &slot.defaults)?;
+    let want_logprobs = req.logprobs.unwrap_or(false);
+    let top = match req.top_logprobs {
+        Some(k) if !want_logprobs && k > 0 => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                "when using `top_logprobs`, `logprobs` must be set to true.",
+            ))
+        }
+        Some(k) => validation::check_logprobs("top_logprobs", k)?,
+        None => 0,
+    };
+    let messages = validation::parse_messages(req.messages.as_ref())?;
+    let text = backend
+        .render_chat(&messages)
+        .map_err(|e| ApiError::invalid_param("messages", e))?;
+    let ids = backend
+        .encode(&text, false)
+        .map_err(ApiError::bad_request)?;
+    validation::check_prompt_ids(&ids, backend)?;
+    let max_tokens = validation::resolve_max_tokens(
+        req.max_completion_tokens.or(req.max_tokens),
+        ids.len(),
+        backend,
+        &slot.defaults,
+        common.params.min_tokens,
+    )?;
+
+    let n = common.n;
+    let permit = slot.admit(n)?;
+    let prompt_tokens = ids.len();
+    let specs = (0..n)
+        .map(|i| {
+            let mut params = common.params.clone();
+            params.max_tokens = max_tokens;
+            params.logprobs = want_logprobs.then_some(top);
+            params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
+            ChoiceSpec {
+                index: i,
+                prompt_ids: ids.clone(),
+                params,
+            }
+        })
+        .collect();
+    let events = generation::start(&slot, specs, common.stop.clone(), arrival, permit)?;
+    let mut fmt = Formatter {
+        id: new_id("chatcmpl"),
+        created: unix_now(),
+        model: slot.name.clone(),
+        backend: slot.backend.clone(),
+        logprobs: want_logprobs,
+        started: vec![false; n],
+        prompt_tokens,
+        completion_tokens: 0,
+        include_usage: common.include_usage,
+    };
+    if common.stream {
+        return Ok(sse::response(events, fmt));
+    }
+    let results = generation::collect(events, n).await?;
+    let choices = results
+        .into_iter()
+        .enumerate()
+        .map(|(index, r)| {
+            fmt.completion_tokens += r.finish.completion_tokens;
+            ChatChoice {
+                index,
+                message: ChatMessageOut {
+                    role: "assistant",
+                    content: r.text,
+                },
+                logprobs: want_logprobs.then(|| ChatLogprobs {
+                    content: r.tokens.iter().map(|t| fmt.entry(t)).collect(),
+                }),
+                finish_reason: Some(r.finish.reason),
+            }
+        })
+        .collect();
+    Ok(super::json(&ChatCompletionResponse {
+        id: fmt.id.clone(),
+        object: "chat.completion",
+        created: fmt.created,
+        model: fmt.model.clone(),
+        choices,
+        usage: Usage::new(prompt_tokens, fmt.completion_tokens),
+    }))
+}
+
+/// Builds chat bodies and stream chunks.
+struct Formatter {
+    id: String,
+    created: u64,
+    model: String,
+    backend: Arc<dyn ModelBackend>,
+    logprobs: bool,
+    started: Vec<bool>,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    include_usage: bool,
+}
+
+impl Formatter {
+    fn entry(&self, t: &TokenOutput) -> ChatTokenLogprob {
+        let b = self.backend.as_ref();
+        let token = token_text(b, t.token_id);
+        ChatTokenLogprob {
+            bytes: token.as_bytes().to_vec(),
+            token,
+            logprob: finite(t.logprob.unwrap_or(f32::NEG_INFINITY)),
+            top_logprobs: t
+                .top_logprobs
+                .iter()
+                .map(|&(id, lp)| {
+                    let token = token_text(b, id);
+                    ChatTopLogprob {
+                        bytes: token.as_bytes().to_vec(),
+                        token,
+                        logprob: finite(lp),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Skip<Usage>) -> ChatCompletionChunk {
+        ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    fn usage_field(&self) -> Skip<Usage> {
+        if self.include_usage {
+            Skip::Null
+        } else {
+            Skip::Absent
+        }
+    }
+}
+
+impl ChunkFormatter for Formatter {
+    fn frames(&mut self, ev: ChoiceEvent, out: &mut String) {
+        let i = ev.index;
+        if !self.started[i] {
+            // OpenAI opens every choice with the role.
+            self.started[i] = true;
+            let first = ChatChunkChoice {
+                index: i,
+                delta: ChatDelta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                },
+                logprobs: None,
+                finish_reason: None,
+            };
+            sse::push_frame(out, &self.chunk(vec![first], self.usage_field()));
+        }
+        let logprobs = match (&ev.token, self.logprobs) {
+            (Some(t), true) => Some(ChatLogprobs {
+                content: vec![self.entry(t)],
+            }),
+            _ => None,
+        };
+        if let Some(f) = ev.finish {
+            self.completion_tokens += f.completion_tokens;
+        }
+        if ev.text.is_empty() && ev.finish.is_none() && logprobs.is_none() {
+            return;
+        }
+        let choice = ChatChunkChoice {
+            index: i,
+            delta: ChatDelta {
+                role: None,
+                content: (!ev.text.is_empty() || ev.finish.is_none()).then_some(ev.text),
+            },
+            logprobs,
+            finish_reason: ev.finish.map(|f| f.reason),
+        };
+        sse::push_frame(out, &self.chunk(vec![choice], self.usage_field()));
+    }
+
+    fn finish(&mut self, out: &mut String) {
+        if self.include_usage {
+            let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+            sse::push_frame(out, &self.chunk(Vec::new(), Skip::Some(usage)));
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! Endpoint handlers. Each takes the parsed request and returns a response or an
+//! [`ApiError`](crate::errors::ApiError); none panics on user input.
+
+pub mod chat;
+pub mod completions;
+pub mod misc;
+
+use serde::Serialize;
+use warp::http::HeaderValue;
+use warp::reply::Response;
+
+use crate::backend::ModelBackend;
+use crate::errors::ApiError;
+
+/// A 200 JSON response.
+pub fn json<T: Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => {
+            let mut r = Response::new(body.into());
+            r.headers_mut()
+                .insert("content-type", HeaderValue::from_static("application/json"));
+            r
+        }
+        Err(e) => ApiError::internal(format!("Cannot encode the response: {e}")).into_response(),
+    }
+}
+
+/// Parses a JSON body into `T`, answering 400 with serde's explanation (wrong types,
+/// missing fields, malformed JSON).
+pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "The request body is empty: send a JSON object.",
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
+}
+
+/// The text of one token as logprobs show it.
+pub fn token_text(backend: &dyn ModelBackend, id: u32) -> String {
+    backend.decode(&[id], false).unwrap_or_default()
+}
+
+/// JSON has no -inf: vLLM's stand-in for impossible tokens.
+pub fn finite(lp: f32) -> f32 {
+    if lp.is_finite() {
+        lp
+    } else {
+        -9999.0
+    }
+}
