@@ -51,7 +51,7 @@ def llama_cpp(bin_dir, threads, prompt, decode, batch):
 
 def dcpserve(threads, prompt, decode, batch):
     exe = ROOT / "target" / "release" / "dcpserve"
-    out = run([str(exe), "bench", "--threads", str(threads), "--prompt-tokens", str(prompt),
+    out = run([str(exe), "bench-engine", "--threads", str(threads), "--prompt-tokens", str(prompt),
                "--decode-tokens", str(decode), "--batch", str(batch), "--repeats", "1"],
               env=dict(os.environ, RUST_LOG="warn"))
     return json.loads(out.strip().splitlines()[-1])

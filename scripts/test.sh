@@ -9,3 +9,5 @@ rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup compon
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release
+# The HTTP API through the real `openai` Python client (pinned; installed in a venv).
+bash tests/python/run.sh

@@ -118,13 +118,18 @@ impl Engine {
             .await?
             .map_err(|e| anyhow!("{e}"))?;
         let mc = &files.config;
-        config.parallel.validate(
+        // MLA's one latent "head" is shared by all query heads: only tp % dcp matters.
+        let attention = if mc.mla.is_some() {
+            AttentionKind::Mla {
+                num_attention_heads: mc.num_attention_heads,
+            }
+        } else {
             AttentionKind::Gqa {
                 num_attention_heads: mc.num_attention_heads,
                 num_key_value_heads: mc.num_key_value_heads,
-            },
-            config.block_size,
-        )?;
+            }
+        };
+        config.parallel.validate(attention, config.block_size)?;
         let files = Arc::new(files);
         let args = SupervisorArgs {
             name: name.clone(),

@@ -14,8 +14,11 @@
 //! # Ok(()) }
 //! ```
 
-pub mod bench;
+pub mod dcp_bench;
 mod engine;
+pub mod engine_bench;
+pub mod serve;
+pub mod synthetic;
 
 pub use dcpserve_actors::{FinishReason, GenerationParams, TokenOutput};
 pub use dcpserve_config::{DType, EngineConfig, ParallelConfig};

@@ -25,8 +25,42 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt and stream it to stdout.
     Generate(GenerateArgs),
+    /// Serve models over an OpenAI-compatible HTTP API.
+    Serve(dcpserve::serve::ServeArgs),
     /// Measure prefill and decode throughput (one JSON line on stdout).
-    Bench(BenchArgs),
+    /// Decode context parallelism in miniature: long-context step time and capacity, dcp=1 vs dcp=tp.
+    #[command(name = "bench-dcp")]
+    BenchDcp(BenchDcpArgs),
+    #[command(name = "bench-engine")]
+    BenchEngine(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchDcpArgs {
+    /// Ranks (tensor-parallel size); compared at dcp=1 and dcp=tp.
+    #[arg(long = "tensor-parallel-size", short = 't', default_value_t = 2)]
+    tp: usize,
+    /// History length of the step-time measurement.
+    #[arg(long, default_value_t = 16384)]
+    context: usize,
+    /// Decode steps measured (the median is reported).
+    #[arg(long, default_value_t = 32)]
+    decode_tokens: usize,
+    /// Length of each sequence in the capacity measurement.
+    #[arg(long, default_value_t = 2048)]
+    capacity_context: usize,
+    /// Sequences submitted at once in the capacity measurement.
+    #[arg(long, default_value_t = 16)]
+    capacity_sequences: usize,
+    /// Sequences in the overlap measurement.
+    #[arg(long, default_value_t = 32)]
+    overlap_batch: usize,
+    /// Prompt length of each sequence in the overlap measurement.
+    #[arg(long, default_value_t = 1024)]
+    overlap_context: usize,
+    /// Compute threads in all.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
 }
 
 #[derive(Args)]
@@ -162,7 +196,7 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(dcpserve::serve::normalize_args(std::env::args()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -170,16 +204,31 @@ fn main() -> Result<()> {
     rt.block_on(async {
         match cli.command {
             Command::Generate(a) => generate(a).await,
-            Command::Bench(a) => {
+            Command::Serve(a) => dcpserve::serve::run(a).await,
+            Command::BenchDcp(a) => {
+                let spec = dcpserve::dcp_bench::DcpBenchSpec {
+                    tp: a.tp,
+                    context: a.context,
+                    decode_tokens: a.decode_tokens,
+                    capacity_context: a.capacity_context,
+                    capacity_sequences: a.capacity_sequences,
+                    overlap_batch: a.overlap_batch,
+                    overlap_context: a.overlap_context,
+                    threads: a.threads,
+                };
+                print!("{}", dcpserve::dcp_bench::run(&spec).await?);
+                Ok(())
+            }
+            Command::BenchEngine(a) => {
                 let (path, cfg) = a.engine.config()?;
                 let engine = Engine::from_path(path, cfg).await?;
-                let spec = dcpserve::bench::BenchSpec {
+                let spec = dcpserve::engine_bench::BenchSpec {
                     prompt_tokens: a.prompt_tokens,
                     decode_tokens: a.decode_tokens,
                     batch: a.batch,
                     repeats: a.repeats.max(1),
                 };
-                println!("{}", dcpserve::bench::run(&engine, &spec).await?);
+                println!("{}", dcpserve::engine_bench::run(&engine, &spec).await?);
                 Ok(())
             }
         }

@@ -178,3 +178,51 @@ async fn a_failed_rank_ends_its_requests_and_the_group_comes_back() {
     }
     assert_eq!(got, Some(want));
 }
+
+/// A failed rank in a multi-rank DCP group: the survivors blocked in collectives are
+/// released, the whole group restarts, and serving resumes with unchanged outputs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rank_in_a_dcp_group_restarts_the_group() {
+    let cfg = EngineConfig {
+        parallel: dcpserve::ParallelConfig {
+            tensor_parallel_size: 4,
+            decode_context_parallel_size: 2,
+            cp_kv_cache_interleave_size: 1,
+        },
+        ..f32_config()
+    };
+    let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+    let want = engine
+        .complete(Prompt::Tokens(prompts()[4].clone()), greedy(8))
+        .await
+        .unwrap()
+        .token_ids;
+    let mut s = engine
+        .generate(Prompt::Tokens(prompts()[2].clone()), greedy(100_000))
+        .unwrap();
+    assert!(matches!(
+        s.next().await,
+        Some(Ok(GenerationEvent::Token { .. }))
+    ));
+    engine.inject_rank_fault(3).unwrap();
+    let mut failed = false;
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(30), s.next())
+        .await
+        .expect("the in-flight request must not hang")
+    {
+        if ev.is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "the in-flight request must end with an error");
+    let got = tokio::time::timeout(
+        Duration::from_secs(60),
+        engine.complete(Prompt::Tokens(prompts()[4].clone()), greedy(8)),
+    )
+    .await
+    .expect("serving resumes")
+    .unwrap()
+    .token_ids;
+    assert_eq!(got, want);
+}

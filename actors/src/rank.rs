@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use dcpserve_kernels::ThreadPool;
-use dcpserve_model::arch::{DecoderModel, RankComms, TpShard, WeightPrecision};
+use dcpserve_model::arch::{RankComms, RankModel, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
@@ -121,7 +121,7 @@ fn compute_thread(
     myself: ActorRef<RankMsg>,
 ) {
     let loaded = catch_unwind(AssertUnwindSafe(|| {
-        DecoderModel::load_shard(
+        RankModel::load_shard(
             args.files.config.clone(),
             args.files.tensors.as_ref(),
             args.precision,

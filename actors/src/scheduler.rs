@@ -29,6 +29,8 @@ pub struct SchedulerConfig {
     pub eos_token_ids: Vec<u32>,
     pub seed: u64,
     pub enable_prefix_caching: bool,
+    /// Two micro-batches in ping-pong (two steps in flight) instead of one step at a time.
+    pub overlap_micro_batches: bool,
 }
 
 /// Counters others may read.
@@ -68,6 +70,8 @@ struct Sequence {
     tokens: Vec<u32>,
     num_computed: usize,
     blocks: SeqBlocks,
+    /// Which of the two ping-pong micro-batches the sequence runs in.
+    micro_batch: usize,
     request: GenerationRequest,
     rng: Rng,
     events: UnboundedSender<RequestEvent>,
@@ -93,6 +97,13 @@ struct Scheduled {
     prompt_rows: Option<(usize, usize, usize)>,
 }
 
+/// A step the ranks are computing.
+struct InFlight {
+    step_id: u64,
+    micro_batch: usize,
+    scheduled: Vec<Scheduled>,
+}
+
 pub struct Scheduler;
 
 pub struct SchedulerState {
@@ -102,7 +113,8 @@ pub struct SchedulerState {
     running: Vec<u64>,
     seqs: HashMap<u64, Sequence>,
     ranks: Vec<ActorRef<RankMsg>>,
-    in_flight: Option<(u64, Vec<Scheduled>)>,
+    /// Steps sent to the ranks and not yet answered, oldest first (ranks run them in order).
+    in_flight: VecDeque<InFlight>,
     next_step: u64,
     stats: SchedulerStats,
 }
@@ -128,7 +140,7 @@ impl Actor for Scheduler {
             running: Vec::new(),
             seqs: HashMap::new(),
             ranks: Vec::new(),
-            in_flight: None,
+            in_flight: VecDeque::new(),
             next_step: 0,
             stats: SchedulerStats::default(),
         })
@@ -166,8 +178,17 @@ impl Actor for Scheduler {
                 let _ = port.send(s);
             }
         }
-        if st.in_flight.is_none() && !st.ranks.is_empty() {
-            if let Some(plan) = st.schedule() {
+        // Keep up to two steps in flight on disjoint micro-batches: while the ranks compute
+        // one, the other's results are sampled and its next step is planned and sent.
+        let depth = if st.cfg.overlap_micro_batches { 2 } else { 1 };
+        for mb in 0..depth {
+            if st.ranks.is_empty() || st.in_flight.len() >= depth {
+                break;
+            }
+            if st.in_flight.iter().any(|f| f.micro_batch == mb) {
+                continue;
+            }
+            if let Some(plan) = st.schedule(mb) {
                 let plan = Arc::new(plan);
                 for r in &st.ranks {
                     r.send_message(RankMsg::Execute(plan.clone()))?;
@@ -214,6 +235,7 @@ impl SchedulerState {
                 tokens: request.prompt_ids.clone(),
                 num_computed: 0,
                 blocks: SeqBlocks::new(),
+                micro_batch: 0,
                 rng: Rng::new(seed),
                 prompt_logprobs: request.params.prompt_logprobs.map(|_| Vec::new()),
                 request,
@@ -239,7 +261,7 @@ impl SchedulerState {
     }
 
     fn fail_all_running(&mut self, error: &str) {
-        self.in_flight = None;
+        self.in_flight.clear();
         for id in std::mem::take(&mut self.running) {
             if let Some(mut seq) = self.seqs.remove(&id) {
                 self.blocks.release(&mut seq.blocks);
@@ -260,22 +282,25 @@ impl SchedulerState {
         debug_assert!(reset, "every block was released above");
     }
 
-    /// Evicts the most recently admitted running sequence; it will be recomputed.
-    fn preempt_last(&mut self) -> bool {
-        let Some(id) = self.running.pop() else {
-            return false;
-        };
+    /// Evicts the most recently admitted running sequence of micro-batch `mb` (never one
+    /// in flight); it will be recomputed. Returns the victim.
+    fn preempt_last(&mut self, mb: usize) -> Option<u64> {
+        let idx = self
+            .running
+            .iter()
+            .rposition(|id| self.seqs.get(id).is_some_and(|s| s.micro_batch == mb))?;
+        let id = self.running.remove(idx);
         if let Some(seq) = self.seqs.get_mut(&id) {
             self.blocks.release(&mut seq.blocks);
             seq.num_computed = 0;
         }
         self.waiting.push_front(id);
         self.stats.preemptions += 1;
-        true
+        Some(id)
     }
 
-    /// Builds the next step, or `None` when there is nothing to do.
-    fn schedule(&mut self) -> Option<StepPlan> {
+    /// Builds the next step of micro-batch `mb`, or `None` when it has nothing to do.
+    fn schedule(&mut self, mb: usize) -> Option<StepPlan> {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut chosen: Vec<(u64, usize)> = Vec::new();
 
@@ -285,7 +310,7 @@ impl SchedulerState {
             let id = self.running[i];
             let seq = self.seqs.get_mut(&id).expect("running sequence exists");
             let n = (seq.tokens.len() - seq.num_computed).min(budget);
-            if n == 0 {
+            if n == 0 || seq.micro_batch != mb {
                 i += 1;
                 continue;
             }
@@ -297,17 +322,37 @@ impl SchedulerState {
                 budget -= n;
                 i += 1;
             } else {
-                let victim = *self.running.last().expect("non-empty");
-                self.preempt_last();
-                chosen.retain(|&(c, _)| c != victim);
-                if victim == id {
-                    continue; // i now points past the end or at the next sequence
+                let Some(victim) = self.preempt_last(mb) else {
+                    break;
+                };
+                if let Some(pos) = chosen.iter().position(|&(c, _)| c == victim) {
+                    budget += chosen.remove(pos).1;
                 }
+                if victim == id {
+                    continue; // i now points at the next sequence (or past the end)
+                }
+                // The victim came after `id` in `running` unless it was chosen earlier.
+                i = self.running.iter().position(|&r| r == id).unwrap_or(i);
             }
         }
+        let members = |st: &Self, m: usize| {
+            st.running
+                .iter()
+                .filter(|id| st.seqs.get(id).is_some_and(|s| s.micro_batch == m))
+                .count()
+        };
+        let overlap = self.cfg.overlap_micro_batches;
+        let (mut mine, other) = (
+            members(self, mb),
+            if overlap { members(self, 1 - mb) } else { 0 },
+        );
 
         // Admit waiting sequences while there is room.
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            // Keep the two micro-batches balanced so both have work to overlap.
+            if overlap && mine > other {
+                break;
+            }
             let Some(&id) = self.waiting.front() else {
                 break;
             };
@@ -327,6 +372,8 @@ impl SchedulerState {
                 break;
             }
             seq.num_computed = hit.num_tokens;
+            seq.micro_batch = mb;
+            mine += 1;
             self.waiting.pop_front();
             self.running.push(id);
             chosen.push((id, n));
@@ -378,24 +425,21 @@ impl SchedulerState {
                 prompt_rows,
             });
         }
-        self.in_flight = Some((step_id, scheduled));
+        self.in_flight.push_back(InFlight {
+            step_id,
+            micro_batch: mb,
+            scheduled,
+        });
         self.stats.steps += 1;
         Some(plan)
     }
 
     fn step_done(&mut self, out: StepOutput) {
-        let Some((step_id, scheduled)) = self.in_flight.take() else {
+        let Some(idx) = self.in_flight.iter().position(|f| f.step_id == out.step_id) else {
+            tracing::warn!(got = out.step_id, "stale step result ignored");
             return;
         };
-        if step_id != out.step_id {
-            tracing::warn!(
-                expected = step_id,
-                got = out.step_id,
-                "stale step result ignored"
-            );
-            self.in_flight = Some((step_id, scheduled));
-            return;
-        }
+        let scheduled = self.in_flight.remove(idx).expect("index found").scheduled;
         let vocab = out.vocab_size;
         for s in scheduled {
             let Some(seq) = self.seqs.get_mut(&s.id) else {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use dcpserve_config::EngineConfig;
-use dcpserve_model::arch::{HeadLayout, KvCache, TpShard, WeightPrecision};
+use dcpserve_model::arch::{kv_capacity, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
@@ -80,19 +80,28 @@ impl Actor for ModelSupervisor {
         let cfg = &args.files.config;
         let e = &args.engine;
         let tp = e.parallel.tensor_parallel_size;
-        let heads = HeadLayout::new(cfg, TpShard { rank: 0, size: tp });
         let max_model_len = e.max_model_len.unwrap_or(cfg.max_position_embeddings);
-        let per_token =
-            KvCache::bytes_per_token(cfg.num_hidden_layers, heads.kv_heads, cfg.head_dim);
         let budget = e
             .kv_cache_memory_bytes
             .unwrap_or_else(|| default_kv_bytes(tp));
-        let num_blocks = (budget as usize / (per_token * e.block_size)).max(1);
-        let tokens_per_rank = num_blocks * e.block_size;
+        // MLA: one latent row per token per layer on each rank that stores the token;
+        // standard attention: K and V of the rank's KV heads.
+        let cap = kv_capacity(
+            cfg,
+            tp,
+            e.parallel.decode_context_parallel_size,
+            e.block_size,
+            budget,
+        );
+        let (num_blocks, tokens_per_rank, per_token) = (
+            cap.num_blocks,
+            cap.tokens_per_rank,
+            cap.bytes_per_token_per_rank,
+        );
         tracing::info!(
             model = %args.name,
             "KV cache: {tokens_per_rank} tokens per rank, {} tokens total ({} blocks of {} tokens, {} bytes per token per rank)",
-            tokens_per_rank * e.parallel.decode_context_parallel_size,
+            cap.tokens_total,
             num_blocks,
             e.block_size,
             per_token
@@ -106,6 +115,7 @@ impl Actor for ModelSupervisor {
             eos_token_ids: cfg.eos_token_ids.clone(),
             seed: e.seed,
             enable_prefix_caching: e.enable_prefix_caching,
+            overlap_micro_batches: e.overlap_micro_batches,
         };
         let (scheduler, _) =
             Actor::spawn_linked(None, Scheduler, sched_cfg.clone(), myself.get_cell()).await?;

@@ -116,6 +116,7 @@ impl ModelEntry {
                 .unwrap_or(d.enable_prefix_caching),
             num_threads: self.threads,
             seed: self.seed.unwrap_or(d.seed),
+            ..d
         };
         cfg.validate_limits()?;
         Ok(cfg)

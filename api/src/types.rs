@@ -43,6 +43,8 @@ pub struct CompletionRequest {
     /// Number of top alternatives to return with each token (at most 20).
     pub logprobs: Option<i64>,
     pub echo: Option<bool>,
+    /// vLLM's option: logprob tokens as `token_id:{id}` instead of text.
+    pub return_tokens_as_token_ids: Option<bool>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -56,6 +58,8 @@ pub struct ChatCompletionRequest {
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
+    /// vLLM's option: logprob tokens as `token_id:{id}` instead of text.
+    pub return_tokens_as_token_ids: Option<bool>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }

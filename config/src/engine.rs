@@ -48,6 +48,9 @@ pub struct EngineConfig {
     /// Most tokens (prefill + decode) in one step.
     pub max_num_batched_tokens: usize,
     pub enable_prefix_caching: bool,
+    /// Run two micro-batches in ping-pong, so one step's sampling, planning and messages
+    /// overlap the other's compute and collectives.
+    pub overlap_micro_batches: bool,
     /// Compute threads for the whole model; split evenly over its ranks. `None` = all cores.
     pub num_threads: Option<usize>,
     /// Default seed for requests that set none.
@@ -65,6 +68,7 @@ impl Default for EngineConfig {
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
             enable_prefix_caching: true,
+            overlap_micro_batches: true,
             num_threads: None,
             seed: 0,
         }

@@ -4,15 +4,26 @@
 //! different KV shards ([`merge_partials`]). Inside one call, a long sequence with few
 //! query tokens is also split along the KV axis so every thread has work, and the
 //! splits are merged the same way.
+//!
+//! One work item is a *tile*: all query heads of one KV head for a few consecutive
+//! tokens of the same sequence (one token in decode), optionally restricted to one
+//! split of the KV range. Each K/V row is then streamed from memory once per tile and
+//! reused from L1 for every query row of the tile (see `avx512`).
 
 use crate::error::{check_len, KernelError};
 use crate::pool::ThreadPool;
 use std::cell::RefCell;
 
-/// Keys processed per online-softmax step.
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// Keys processed per online-softmax step (scalar path).
 const CH: usize = 32;
 /// Minimum keys per split when splitting one sequence across threads.
 const SPLIT_MIN: usize = 256;
+/// Query rows (tokens × heads of one KV head) a tile aims for: enough to amortize
+/// the K transpose and keep the FMA units busy while K/V stay in L1.
+const TILE_ROWS: usize = 16;
 
 /// Stores the K/V rows of new tokens into the paged cache.
 ///
@@ -80,6 +91,10 @@ pub struct AttentionBatch<'a> {
 
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Caller-side reuse: split partials (`[split][row][hd]` then `[split][row]`) and
+    /// the tile list, so a decode step does not allocate.
+    static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static TILES: RefCell<Vec<(u32, u32)>> = const { RefCell::new(Vec::new()) };
 }
 
 #[derive(Clone, Copy)]
@@ -136,68 +151,96 @@ pub(crate) fn paged_attention_impl(
     validate(b, k_cache, v_cache, out, lse)?;
     let n_tokens = b.token_seq.len();
     let (nq, nkv, hd) = (b.n_q_heads, b.n_kv_heads, b.head_dim);
-    // One work item = all heads of one token (so each cached K/V row is streamed
-    // contiguously once), optionally split along the KV axis.
-    let n_items = n_tokens;
-    if n_items == 0 || hd == 0 || nkv == 0 {
+    if n_tokens == 0 || hd == 0 || nkv == 0 {
         lse.fill(f32::NEG_INFINITY);
         return Ok(());
     }
-    let threads = pool.n_threads();
-    let max_kv = b.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
-    let n_splits = if n_items < 2 * threads && max_kv >= 2 * SPLIT_MIN {
-        (4 * threads)
-            .div_ceil(n_items)
-            .min(max_kv / SPLIT_MIN)
-            .max(2)
-    } else {
-        1
-    };
-    if n_splits == 1 {
-        let (op, lp) = (SyncPtr(out.as_mut_ptr()), SyncPtr(lse.as_mut_ptr()));
-        pool.run(n_items, |t| {
-            let kv_len = b.token_kv_len[t] as usize;
-            // SAFETY: item t owns the rows of token t.
-            unsafe { attend_item(b, k_cache, v_cache, t, 0, kv_len, op, lp, t * nq, simd) };
-        });
+    if nq == 0 {
         return Ok(());
     }
-    // Split each token's KV range; partials go to scratch, then merge.
-    let rows = n_tokens * nq;
-    let mut pout = vec![0.0f32; n_splits * rows * hd];
-    let mut plse = vec![f32::NEG_INFINITY; n_splits * rows];
-    let (op, lp) = (SyncPtr(pout.as_mut_ptr()), SyncPtr(plse.as_mut_ptr()));
-    pool.run(n_items * n_splits, |it| {
-        let (t, s) = (it / n_splits, it % n_splits);
-        let kv_len = b.token_kv_len[t] as usize;
-        let chunk = kv_len.div_ceil(n_splits).next_multiple_of(CH);
-        let start = (s * chunk).min(kv_len);
-        let end = ((s + 1) * chunk).min(kv_len);
-        // SAFETY: split s of token t owns its rows in partial buffer s.
-        unsafe {
-            attend_item(
-                b,
-                k_cache,
-                v_cache,
-                t,
-                start,
-                end,
-                op,
-                lp,
-                s * rows + t * nq,
-                simd,
-            )
+    let r = nq / nkv;
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = {
+        let _ = simd;
+        false
+    };
+    // Tiles: runs of consecutive tokens of one sequence (prefill), up to TILE_ROWS rows.
+    let tile_tokens = if simd { (TILE_ROWS / r).clamp(1, 8) } else { 1 };
+    TILES.with(|tiles| {
+        let mut tiles_buf = tiles.borrow_mut();
+        tiles_buf.clear();
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let mut t1 = t0 + 1;
+            while t1 < n_tokens && t1 - t0 < tile_tokens && b.token_seq[t1] == b.token_seq[t0] {
+                t1 += 1;
+            }
+            tiles_buf.push((t0 as u32, (t1 - t0) as u32));
+            t0 = t1;
+        }
+        let tiles: &[(u32, u32)] = &tiles_buf;
+        let n_items = tiles.len() * nkv;
+        let threads = pool.n_threads();
+        let max_kv = b.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
+        // Split along KV only when there are too few items for the threads; one thread
+        // never splits (that would only add merges).
+        let n_splits = if threads > 1 && n_items < 2 * threads && max_kv >= 2 * SPLIT_MIN {
+            (2 * threads)
+                .div_ceil(n_items)
+                .min(max_kv / SPLIT_MIN)
+                .max(2)
+        } else {
+            1
         };
+        let run = |op: SyncPtr, lp: SyncPtr, split_rows: usize| {
+            pool.run(n_items * n_splits, |it| {
+                let (tile, s) = (it / n_splits, it % n_splits);
+                let (ti, g) = (tile / nkv, tile % nkv);
+                let (t0, nt) = (tiles[ti].0 as usize, tiles[ti].1 as usize);
+                let lens = &b.token_kv_len[t0..t0 + nt];
+                let tile_kv = lens.iter().copied().max().unwrap_or(0) as usize;
+                let (start, end) = if n_splits == 1 {
+                    (0, tile_kv)
+                } else {
+                    let chunk = tile_kv.div_ceil(n_splits).next_multiple_of(CH);
+                    ((s * chunk).min(tile_kv), ((s + 1) * chunk).min(tile_kv))
+                };
+                let row0 = s * split_rows + t0 * nq + g * r;
+                // SAFETY: item (tile, g, s) owns rows (t, g·r..(g+1)·r) of its tokens in
+                // output buffer s; validate() checked the block tables and lengths.
+                unsafe {
+                    attend_item(
+                        b, k_cache, v_cache, t0, nt, g, start, end, op, lp, row0, simd,
+                    )
+                };
+            });
+        };
+        if n_splits == 1 {
+            run(SyncPtr(out.as_mut_ptr()), SyncPtr(lse.as_mut_ptr()), 0);
+            return;
+        }
+        // Split each tile's KV range; partials go to scratch, then merge.
+        let rows = n_tokens * nq;
+        PARTIALS.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            let need = n_splits * rows * (hd + 1);
+            if buf.len() < need {
+                buf.resize(need, 0.0);
+            }
+            let (pout, plse) = buf[..need].split_at_mut(n_splits * rows * hd);
+            // Every partial row is written by exactly one item.
+            run(SyncPtr(pout.as_mut_ptr()), SyncPtr(plse.as_mut_ptr()), rows);
+            merge_rows(
+                n_splits,
+                |i| &pout[i * rows * hd..(i + 1) * rows * hd],
+                |i| &plse[i * rows..(i + 1) * rows],
+                rows,
+                hd,
+                out,
+                lse,
+            );
+        });
     });
-    merge_rows(
-        n_splits,
-        |i| &pout[i * rows * hd..(i + 1) * rows * hd],
-        |i| &plse[i * rows..(i + 1) * rows],
-        rows,
-        hd,
-        out,
-        lse,
-    );
     Ok(())
 }
 
@@ -256,17 +299,21 @@ fn validate(
     Ok(())
 }
 
-/// Attends all query heads of token `t` to keys `start..end`, writing rows
-/// `row0..row0 + n_q_heads` of `out` / `lse`.
+/// Attends query heads `g·r..(g+1)·r` of tokens `t0..t0 + nt` (one sequence) to keys
+/// `start..end` (clamped per token to its kv length), writing rows starting at `row0`
+/// (token stride `n_q_heads`) of `out` / `lse`.
 ///
 /// # Safety
-/// `out`/`lse` must be valid for those rows and no other thread may write them.
+/// `out`/`lse` must be valid for those rows and no other thread may write them;
+/// the batch must have passed `validate`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_item(
     b: &AttentionBatch,
     kc: &[f32],
     vc: &[f32],
-    t: usize,
+    t0: usize,
+    nt: usize,
+    g: usize,
     start: usize,
     end: usize,
     out: SyncPtr,
@@ -276,36 +323,58 @@ unsafe fn attend_item(
 ) {
     let (nq, nkv, hd) = (b.n_q_heads, b.n_kv_heads, b.head_dim);
     let r = nq / nkv;
-    let o = std::slice::from_raw_parts_mut(out.0.add(row0 * hd), nq * hd);
-    let l = std::slice::from_raw_parts_mut(lse.0.add(row0), nq);
-    let q = &b.q[t * nq * hd..(t + 1) * nq * hd];
-    let it = Item {
-        q,
-        nq,
-        r,
-        hd,
-        scale: b.scale,
-        kc,
-        vc,
-        nkv,
-        bt: b.block_tables[b.token_seq[t] as usize],
-        bs: b.block_size,
-        start,
-        end,
-    };
+    let bt = b.block_tables[b.token_seq[t0] as usize];
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
-        let need = nq * (CH + 2);
-        if s.len() < need {
-            s.resize(need, 0.0);
-        }
         #[cfg(target_arch = "x86_64")]
         if simd {
-            attend_avx512(&it, o, l, &mut s);
+            let tile = avx512::Tile {
+                q: b.q.as_ptr().add((t0 * nq + g * r) * hd),
+                q_tok_stride: nq * hd,
+                r,
+                kv_len: &b.token_kv_len[t0..t0 + nt],
+                hd,
+                scale: b.scale,
+                kc: kc.as_ptr().add(g * hd),
+                vc: vc.as_ptr().add(g * hd),
+                slot_stride: nkv * hd,
+                bt,
+                bs: b.block_size,
+                start,
+                end,
+                out: out.0.add(row0 * hd),
+                lse: lse.0.add(row0),
+                out_tok_stride: nq,
+            };
+            avx512::attend_tile(&tile, &mut s);
             return;
         }
         let _ = simd;
-        attend_body::<Scalar>(&it, o, l, &mut s);
+        let need = r * (CH + 2);
+        if s.len() < need {
+            s.resize(need, 0.0);
+        }
+        for tt in 0..nt {
+            let t = t0 + tt;
+            let row = row0 + tt * nq;
+            let o = std::slice::from_raw_parts_mut(out.0.add(row * hd), r * hd);
+            let l = std::slice::from_raw_parts_mut(lse.0.add(row), r);
+            let it = Item {
+                q: &b.q[(t * nq + g * r) * hd..(t * nq + (g + 1) * r) * hd],
+                nq: r,
+                r,
+                hd,
+                scale: b.scale,
+                kc: &kc[g * hd..],
+                vc: &vc[g * hd..],
+                nkv,
+                bt,
+                bs: b.block_size,
+                start,
+                end: end.min(b.token_kv_len[t] as usize).max(start),
+            };
+            attend_body::<Scalar>(&it, o, l, &mut s);
+        }
     });
 }
 
@@ -324,13 +393,7 @@ struct Item<'a> {
     end: usize,
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-unsafe fn attend_avx512(it: &Item, out: &mut [f32], lse: &mut [f32], scratch: &mut [f32]) {
-    attend_body::<avx::Avx>(it, out, lse, scratch)
-}
-
-/// Vector primitives of the attention loop (scalar or AVX-512).
+/// Vector primitives of the scalar attention loop.
 trait Math {
     /// `Σ a[i]·b[i]` over `a.len()` elements (`b` at least as long).
     fn dot(a: &[f32], b: &[f32]) -> f32;
@@ -340,9 +403,6 @@ trait Math {
     fn scale(alpha: f32, y: &mut [f32]);
     /// `s[i] = exp(s[i] − mx)`, returning the sum.
     fn exp_sum(s: &mut [f32], mx: f32) -> f32;
-    /// Hints that `x` will be read soon (no-op by default).
-    #[inline(always)]
-    fn prefetch(_x: &[f32]) {}
     /// Scores of `q` against four keys.
     #[inline(always)]
     fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
@@ -399,276 +459,6 @@ impl Math for Scalar {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx {
-    //! AVX-512 versions of the attention primitives; only called from
-    //! `attend_avx512`, i.e. after the CPU check.
-    use std::arch::x86_64::*;
-
-    pub(super) struct Avx;
-
-    #[inline]
-    fn mask(n: usize) -> __mmask16 {
-        ((1u32 << n) - 1) as u16
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
-        let mut acc0 = _mm512_setzero_ps();
-        let mut acc1 = _mm512_setzero_ps();
-        let mut i = 0;
-        while i + 32 <= n {
-            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), acc0);
-            acc1 = _mm512_fmadd_ps(
-                _mm512_loadu_ps(a.add(i + 16)),
-                _mm512_loadu_ps(b.add(i + 16)),
-                acc1,
-            );
-            i += 32;
-        }
-        while i < n {
-            let m = mask((n - i).min(16));
-            acc0 = _mm512_fmadd_ps(
-                _mm512_maskz_loadu_ps(m, a.add(i)),
-                _mm512_maskz_loadu_ps(m, b.add(i)),
-                acc0,
-            );
-            i += 16;
-        }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn axpy(alpha: f32, x: *const f32, y: *mut f32, n: usize) {
-        let av = _mm512_set1_ps(alpha);
-        let mut i = 0;
-        while i < n {
-            let m = mask((n - i).min(16));
-            let yv = _mm512_maskz_loadu_ps(m, y.add(i));
-            let r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x.add(i)), yv);
-            _mm512_mask_storeu_ps(y.add(i), m, r);
-            i += 16;
-        }
-    }
-
-    /// Cephes-style `exp` (≈1 ulp) with `vscalefps` for the 2^n step.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn exp16(x: __m512) -> __m512 {
-        let x = _mm512_max_ps(
-            _mm512_min_ps(x, _mm512_set1_ps(88.7)),
-            _mm512_set1_ps(-104.0),
-        );
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm512_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3f32,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-        }
-        let r2 = _mm512_mul_ps(r, r);
-        let y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
-        _mm512_scalef_ps(y, n)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn exp_sum(s: *mut f32, n: usize, mx: f32) -> f32 {
-        let mv = _mm512_set1_ps(mx);
-        let mut acc = _mm512_setzero_ps();
-        let mut i = 0;
-        while i < n {
-            let m = mask((n - i).min(16));
-            let v = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s.add(i)), mv));
-            let v = _mm512_maskz_mov_ps(m, v);
-            _mm512_mask_storeu_ps(s.add(i), m, v);
-            acc = _mm512_add_ps(acc, v);
-            i += 16;
-        }
-        _mm512_reduce_add_ps(acc)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn hsum4(a: __m512, b: __m512, c: __m512, d: __m512) -> __m128 {
-        let h0 = _mm256_add_ps(
-            _mm512_castps512_ps256(a),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
-        );
-        let h1 = _mm256_add_ps(
-            _mm512_castps512_ps256(b),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(b))),
-        );
-        let h2 = _mm256_add_ps(
-            _mm512_castps512_ps256(c),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(c))),
-        );
-        let h3 = _mm256_add_ps(
-            _mm512_castps512_ps256(d),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(d))),
-        );
-        let abcd = _mm256_hadd_ps(_mm256_hadd_ps(h0, h1), _mm256_hadd_ps(h2, h3));
-        _mm_add_ps(
-            _mm256_castps256_ps128(abcd),
-            _mm256_extractf128_ps::<1>(abcd),
-        )
-    }
-
-    /// Scores of one query against four keys, written to `out[0..4]`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn dot4(
-        q: *const f32,
-        k0: *const f32,
-        k1: *const f32,
-        k2: *const f32,
-        k3: *const f32,
-        n: usize,
-        out: *mut f32,
-    ) {
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            _mm512_setzero_ps(),
-            _mm512_setzero_ps(),
-            _mm512_setzero_ps(),
-            _mm512_setzero_ps(),
-        );
-        let mut i = 0;
-        while i < n {
-            let m = mask((n - i).min(16));
-            let qv = _mm512_maskz_loadu_ps(m, q.add(i));
-            a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0.add(i)), a0);
-            a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k1.add(i)), a1);
-            a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k2.add(i)), a2);
-            a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k3.add(i)), a3);
-            i += 16;
-        }
-        _mm_storeu_ps(out, hsum4(a0, a1, a2, a3));
-    }
-
-    /// PV accumulation with the output row held in registers, 64 lanes at a time,
-    /// so consecutive keys don't serialize on store-to-load forwarding.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn pv(
-        p: *const f32,
-        offs: *const usize,
-        c: usize,
-        v: *const f32,
-        acc: *mut f32,
-        hd: usize,
-    ) {
-        let mut i = 0;
-        while i < hd {
-            let m0 = mask(hd.saturating_sub(i).min(16));
-            let m1 = mask(hd.saturating_sub(i + 16).min(16));
-            let m2 = mask(hd.saturating_sub(i + 32).min(16));
-            let m3 = mask(hd.saturating_sub(i + 48).min(16));
-            let y = acc.add(i);
-            let mut a0 = _mm512_maskz_loadu_ps(m0, y);
-            let mut a1 = _mm512_maskz_loadu_ps(m1, y.add(16));
-            let mut a2 = _mm512_maskz_loadu_ps(m2, y.add(32));
-            let mut a3 = _mm512_maskz_loadu_ps(m3, y.add(48));
-            for j in 0..c {
-                let pj = _mm512_set1_ps(*p.add(j));
-                let x = v.add(*offs.add(j) + i);
-                a0 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m0, x), a0);
-                a1 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m1, x.add(16)), a1);
-                a2 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m2, x.add(32)), a2);
-                a3 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m3, x.add(48)), a3);
-            }
-            _mm512_mask_storeu_ps(y, m0, a0);
-            _mm512_mask_storeu_ps(y.add(16), m1, a1);
-            _mm512_mask_storeu_ps(y.add(32), m2, a2);
-            _mm512_mask_storeu_ps(y.add(48), m3, a3);
-            i += 64;
-        }
-    }
-
-    impl super::Math for Avx {
-        #[inline(always)]
-        fn prefetch(x: &[f32]) {
-            let p = x.as_ptr() as *const i8;
-            let bytes = std::mem::size_of_val(x);
-            let mut o = 0;
-            while o < bytes {
-                // SAFETY: prefetching never faults; the address is inside `x`.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(o)) };
-                o += 64;
-            }
-        }
-        #[inline(always)]
-        fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
-            let n = q.len();
-            assert!(k[0].len() >= n && k[1].len() >= n && k[2].len() >= n && k[3].len() >= n);
-            let mut out = [0.0f32; 4];
-            // SAFETY: lengths checked; only reachable after the AVX-512 check.
-            unsafe {
-                dot4(
-                    q.as_ptr(),
-                    k[0].as_ptr(),
-                    k[1].as_ptr(),
-                    k[2].as_ptr(),
-                    k[3].as_ptr(),
-                    n,
-                    out.as_mut_ptr(),
-                )
-            };
-            out
-        }
-        #[inline(always)]
-        fn pv(p: &[f32], offs: &[usize], v: &[f32], acc: &mut [f32]) {
-            let hd = acc.len();
-            assert_eq!(p.len(), offs.len());
-            for &o in offs {
-                assert!(o + hd <= v.len());
-            }
-            // SAFETY: bounds checked above; AVX-512 checked by the caller.
-            unsafe {
-                pv(
-                    p.as_ptr(),
-                    offs.as_ptr(),
-                    p.len(),
-                    v.as_ptr(),
-                    acc.as_mut_ptr(),
-                    hd,
-                )
-            }
-        }
-        #[inline(always)]
-        fn dot(a: &[f32], b: &[f32]) -> f32 {
-            assert!(b.len() >= a.len());
-            // SAFETY: lengths checked; only reachable after the AVX-512 check.
-            unsafe { dot(a.as_ptr(), b.as_ptr(), a.len()) }
-        }
-        #[inline(always)]
-        fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-            assert!(x.len() >= y.len());
-            // SAFETY: as above.
-            unsafe { axpy(alpha, x.as_ptr(), y.as_mut_ptr(), y.len()) }
-        }
-        #[inline(always)]
-        fn scale(alpha: f32, y: &mut [f32]) {
-            y.iter_mut().for_each(|v| *v *= alpha);
-        }
-        #[inline(always)]
-        fn exp_sum(s: &mut [f32], mx: f32) -> f32 {
-            // SAFETY: as above.
-            unsafe { exp_sum(s.as_mut_ptr(), s.len(), mx) }
-        }
-    }
-}
-
 /// Chunked online softmax (flash-decoding style), f32 throughout.
 #[inline(always)]
 fn attend_body<M: Math>(it: &Item, out: &mut [f32], lse: &mut [f32], scratch: &mut [f32]) {
@@ -687,14 +477,6 @@ fn attend_body<M: Math>(it: &Item, out: &mut [f32], lse: &mut [f32], scratch: &m
             let j = j0 + jj;
             let slot = it.bt[j / it.bs] as usize * it.bs + j % it.bs;
             *off = slot * it.nkv * hd;
-        }
-        // Prefetch the next chunk's K/V rows: a chunk's rows are scattered over blocks,
-        // so the hardware prefetcher alone leaves the loop waiting on DRAM.
-        let row = it.nkv * hd;
-        for j in (j0 + c)..(j0 + 2 * c).min(it.end) {
-            let slot = it.bt[j / it.bs] as usize * it.bs + j % it.bs;
-            M::prefetch(&it.kc[slot * row..(slot + 1) * row]);
-            M::prefetch(&it.vc[slot * row..(slot + 1) * row]);
         }
         for h in 0..nq {
             // GQA: query head h reads KV head h / r, at offset g*hd inside each slot row.

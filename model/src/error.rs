@@ -17,7 +17,7 @@ pub enum ModelError {
     #[error("{}: missing file ({what})", .path.display())]
     MissingFile { path: PathBuf, what: String },
     /// The model's architecture is not one this engine runs.
-    #[error("{}: unsupported architecture {arch:?} (supported: Llama, Qwen2, Qwen3)", .path.display())]
+    #[error("{}: unsupported architecture {arch:?} (supported: Llama, Qwen2, Qwen3, DeepSeek-V2/V3)", .path.display())]
     UnsupportedArchitecture { path: PathBuf, arch: String },
     /// A tensor is stored in a type the engine cannot compute with.
     #[error("{}: tensor {tensor:?} has unsupported type {dtype} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)", .path.display())]

@@ -146,6 +146,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         qk_norm: architecture == Architecture::Qwen3 || has_tensor("blk.0.attn_q_norm.weight"),
         bos_token_id: u32_id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
+        mla: None,
+        moe: None,
     };
     crate::source::check_config(path, &config)?;
     Ok(config)

@@ -98,6 +98,9 @@ fn architecture(path: &Path, obj: &Map<String, Value>) -> Result<Architecture, M
             "LlamaForCausalLM" => return Ok(Architecture::Llama),
             "Qwen2ForCausalLM" => return Ok(Architecture::Qwen2),
             "Qwen3ForCausalLM" => return Ok(Architecture::Qwen3),
+            "DeepseekV2ForCausalLM" | "DeepseekV3ForCausalLM" => {
+                return Ok(Architecture::DeepseekV3)
+            }
             _ => {}
         }
     }
@@ -108,6 +111,9 @@ fn architecture(path: &Path, obj: &Map<String, Value>) -> Result<Architecture, M
         Some("llama") if archs.is_empty() => Ok(Architecture::Llama),
         Some("qwen2") if archs.is_empty() => Ok(Architecture::Qwen2),
         Some("qwen3") if archs.is_empty() => Ok(Architecture::Qwen3),
+        Some("deepseek_v2" | "deepseek_v3" | "kimi_k2") if archs.is_empty() => {
+            Ok(Architecture::DeepseekV3)
+        }
         _ => Err(ModelError::UnsupportedArchitecture {
             path: path.to_path_buf(),
             arch: if archs.is_empty() {
@@ -191,20 +197,31 @@ pub fn config_from_json(path: &Path, json: &Value) -> Result<ModelConfig, ModelE
         Some(t) => t,
         None => f.f64_opt("rope_theta")?.unwrap_or(10000.0),
     };
+    // DeepSeek's YaRN lives in its MLA configuration (it also scales the softmax).
     let rope_scaling = match obj.get("rope_scaling").filter(|v| !v.is_null()) {
+        _ if architecture == Architecture::DeepseekV3 => None,
         Some(v) => rope_scaling(path, Some(v))?,
         None => rope_scaling(path, rope_params)?,
+    };
+    let (mla, moe) = if architecture == Architecture::DeepseekV3 {
+        let (mla, moe) = crate::arch::mla_moe_from_json(path, obj)?;
+        (Some(mla), Some(moe))
+    } else {
+        (None, None)
     };
 
     // Defaults are those of transformers' LlamaConfig / Qwen2Config / Qwen3Config.
     let (default_max_pos, default_eps) = match architecture {
         Architecture::Llama => (2048, 1e-6),
         Architecture::Qwen2 | Architecture::Qwen3 => (32768, 1e-6),
+        Architecture::DeepseekV3 => (4096, 1e-6),
     };
     let attention_bias = match architecture {
         // Qwen2's attention hard-codes bias=True on q/k/v.
         Architecture::Qwen2 => true,
-        Architecture::Llama | Architecture::Qwen3 => f.bool_or("attention_bias", false)?,
+        Architecture::Llama | Architecture::Qwen3 | Architecture::DeepseekV3 => {
+            f.bool_or("attention_bias", false)?
+        }
     };
 
     let config = ModelConfig {
@@ -228,6 +245,8 @@ pub fn config_from_json(path: &Path, json: &Value) -> Result<ModelConfig, ModelE
         qk_norm: architecture == Architecture::Qwen3,
         bos_token_id: token_ids(obj.get("bos_token_id")).first().copied(),
         eos_token_ids: token_ids(obj.get("eos_token_id")),
+        mla,
+        moe,
     };
     crate::source::check_config(path, &config)?;
     Ok(config)

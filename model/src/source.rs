@@ -168,6 +168,9 @@ pub(crate) fn check_config(path: &Path, c: &ModelConfig) -> Result<(), ModelErro
     if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
         return Err(ModelError::config(path, format!("{name} must be positive")));
     }
+    if c.architecture == crate::config::Architecture::DeepseekV3 || c.mla.is_some() {
+        crate::arch::check_mla_config(path, c)?;
+    }
     if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return Err(ModelError::config(
             path,
@@ -199,6 +202,9 @@ pub(crate) fn check_config(path: &Path, c: &ModelConfig) -> Result<(), ModelErro
 }
 
 fn layer_tensors(config: &ModelConfig, i: usize) -> Vec<(String, Vec<usize>)> {
+    if config.mla.is_some() {
+        return crate::arch::mla_layer_tensors(config, i);
+    }
     let h = config.hidden_size;
     let q = config.num_attention_heads * config.head_dim;
     let kv = config.num_key_value_heads * config.head_dim;

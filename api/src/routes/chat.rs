@@ -80,6 +80,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         prompt_tokens,
         completion_tokens: 0,
         include_usage: common.include_usage,
+        as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
     };
     if common.stream {
         return Ok(sse::response(events, fmt));
@@ -124,12 +125,13 @@ struct Formatter {
     prompt_tokens: usize,
     completion_tokens: usize,
     include_usage: bool,
+    as_ids: bool,
 }
 
 impl Formatter {
     fn entry(&self, t: &TokenOutput) -> ChatTokenLogprob {
         let b = self.backend.as_ref();
-        let token = token_text(b, t.token_id);
+        let token = token_text(b, t.token_id, self.as_ids);
         ChatTokenLogprob {
             bytes: token.as_bytes().to_vec(),
             token,
@@ -138,7 +140,7 @@ impl Formatter {
                 .top_logprobs
                 .iter()
                 .map(|&(id, lp)| {
-                    let token = token_text(b, id);
+                    let token = token_text(b, id, self.as_ids);
                     ChatTopLogprob {
                         bytes: token.as_bytes().to_vec(),
                         token,

@@ -7,7 +7,7 @@ use dcpserve_actors::TokenOutput;
 use serde_json::{Map, Value};
 use warp::reply::Response;
 
-use super::{finite, parse_body, token_text};
+use super::{finite, lp_value, parse_body, token_text};
 use crate::backend::ModelBackend;
 use crate::errors::ApiError;
 use crate::generation::{self, ChoiceEvent, ChoiceSpec};
@@ -102,6 +102,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         offsets: vec![0; count],
         completion_tokens: 0,
         include_usage: common.include_usage,
+        as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
     };
     if common.stream {
         return Ok(sse::response(events, fmt));
@@ -155,6 +156,7 @@ struct Formatter {
     offsets: Vec<usize>,
     completion_tokens: usize,
     include_usage: bool,
+    as_ids: bool,
 }
 
 impl Formatter {
@@ -166,20 +168,33 @@ impl Formatter {
     fn top_map(&self, t: &TokenOutput) -> Map<String, Value> {
         let mut m = Map::new();
         for &(id, lp) in &t.top_logprobs {
-            m.insert(token_text(self.backend.as_ref(), id), finite(lp).into());
+            m.insert(
+                token_text(self.backend.as_ref(), id, self.as_ids),
+                lp_value(lp),
+            );
         }
         // vLLM always lists the chosen token among the alternatives.
         if let Some(lp) = t.logprob {
-            m.entry(token_text(self.backend.as_ref(), t.token_id))
-                .or_insert(finite(lp).into());
+            m.entry(token_text(self.backend.as_ref(), t.token_id, self.as_ids))
+                .or_insert(lp_value(lp));
         }
         m
     }
 
+    /// Moves choice `index`'s text offset past token `id` (shown as `shown`).
+    fn advance(&mut self, index: usize, id: u32, shown: &str) {
+        let chars = if self.as_ids {
+            token_text(self.backend.as_ref(), id, false).chars().count()
+        } else {
+            shown.chars().count()
+        };
+        self.offsets[index] += chars;
+    }
+
     fn push_token(&mut self, index: usize, t: &TokenOutput, lp: &mut CompletionLogprobs) {
-        let s = token_text(self.backend.as_ref(), t.token_id);
+        let s = token_text(self.backend.as_ref(), t.token_id, self.as_ids);
         lp.text_offset.push(self.offsets[index]);
-        self.offsets[index] += s.chars().count();
+        self.advance(index, t.token_id, &s);
         lp.token_logprobs.push(t.logprob.map(finite));
         lp.top_logprobs.push(Some(self.top_map(t)));
         lp.tokens.push(s);
@@ -198,9 +213,9 @@ impl Formatter {
         let Some(lp) = lp else { return };
         let ids = ids.clone();
         for (i, &id) in ids.iter().enumerate() {
-            let s = token_text(self.backend.as_ref(), id);
+            let s = token_text(self.backend.as_ref(), id, self.as_ids);
             lp.text_offset.push(self.offsets[index]);
-            self.offsets[index] += s.chars().count();
+            self.advance(index, id, &s);
             let score = if i == 0 {
                 None
             } else {

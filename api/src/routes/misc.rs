@@ -58,7 +58,7 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let token_strs = req
         .return_token_strs
         .unwrap_or(false)
-        .then(|| tokens.iter().map(|&t| token_text(b, t)).collect());
+        .then(|| tokens.iter().map(|&t| token_text(b, t, false)).collect());
     Ok(json(&TokenizeResponse {
         count: tokens.len(),
         max_model_len: b.max_model_len(),

@@ -37,9 +37,20 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiE
         .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
 }
 
-/// The text of one token as logprobs show it.
-pub fn token_text(backend: &dyn ModelBackend, id: u32) -> String {
+/// The text of one token as logprobs show it (`token_id:{id}` when the request asked for
+/// ids, which also names tokens whose text is not valid UTF-8 on its own).
+pub fn token_text(backend: &dyn ModelBackend, id: u32, as_id: bool) -> String {
+    if as_id {
+        return format!("token_id:{id}");
+    }
     backend.decode(&[id], false).unwrap_or_default()
+}
+
+/// A log-probability as a JSON number, written with f32's shortest digits (not the long
+/// expansion an f32 → f64 cast would print).
+pub fn lp_value(lp: f32) -> serde_json::Value {
+    let x: f64 = finite(lp).to_string().parse().unwrap_or(-9999.0);
+    serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, Into::into)
 }
 
 /// JSON has no -inf: vLLM's stand-in for impossible tokens.

@@ -288,7 +288,7 @@ impl DecoderModel {
 }
 
 /// Reassembles `[m, vocab]` logits from every rank's `[m, vocab slice]`.
-fn gather_vocab(
+pub(super) fn gather_vocab(
     world: &dyn Communicator,
     local: &[f32],
     m: usize,

@@ -1,4 +1,5 @@
-//! Decoder-only transformer architectures (Llama, Qwen2, Qwen3) on the CPU kernels.
+//! Decoder-only transformer architectures (Llama, Qwen2, Qwen3; DeepSeek-V2/V3 with MLA
+//! in [`mla`]) on the CPU kernels.
 //!
 //! The forward pass works on a flat batch of tokens from many sequences (continuous
 //! batching): each token carries its sequence, position, KV slot and attention length,
@@ -6,10 +7,15 @@
 
 mod forward;
 mod kv_cache;
+pub mod mla;
+mod rank_model;
 mod weights;
 
 pub use forward::{BatchInput, DecoderModel, ForwardOutput, RankComms};
 pub use kv_cache::KvCache;
+pub use mla::hf::{check_mla_config, mla_layer_tensors, mla_moe_from_json};
+pub use mla::{LatentCache, MlaModel};
+pub use rank_model::{kv_bytes_per_token, kv_capacity, KvCapacity, RankCache, RankModel};
 pub use weights::{
     split_range, DecoderWeights, HeadLayout, LayerWeights, TpShard, WeightPrecision,
 };

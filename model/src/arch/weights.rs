@@ -140,7 +140,7 @@ fn shape_error(t: &RawTensor, expected: &[usize]) -> ModelError {
 }
 
 /// Loads `name` ([rows, cols]) and keeps rows `r` and columns `c` of it.
-fn matrix(
+pub(super) fn matrix(
     src: &dyn TensorSource,
     name: &str,
     (rows, cols): (usize, usize),
@@ -173,7 +173,11 @@ fn matrix(
     }
 }
 
-fn vector(src: &dyn TensorSource, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+pub(super) fn vector(
+    src: &dyn TensorSource,
+    name: &str,
+    len: usize,
+) -> Result<Vec<f32>, ModelError> {
     let t = src.get(name)?;
     if t.shape.iter().product::<usize>() != len || t.shape.len() != 1 {
         return Err(shape_error(&t, &[len]));

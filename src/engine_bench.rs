@@ -1,4 +1,4 @@
-//! `dcpserve bench`: prefill and decode throughput of the engine on one model, in the
+//! `dcpserve bench-engine`: prefill and decode throughput of the engine on one model, in the
 //! shapes llama-bench / llama-batched-bench measure, printed as one JSON line.
 
 use std::time::Instant;
@@ -54,7 +54,7 @@ async fn prefill_once(engine: &Engine, prompt: Vec<u32>) -> Result<f64> {
 
 /// Aggregate decode tokens/s of `batch` sequences generating `n` tokens each, timed from
 /// the moment every sequence has its first token (prefill excluded).
-async fn decode_once(
+pub(crate) async fn decode_once(
     engine: &Engine,
     batch: usize,
     prompt_len: usize,

@@ -1,0 +1,462 @@
+//! AVX-512 tile kernel: the query rows of one KV head (all `r = n_q_heads / n_kv_heads`
+//! heads of a few consecutive tokens of one sequence) against a KV range.
+//!
+//! Per chunk of 16 keys: the 16 K rows are transposed once into `kt[d][key]`, so each
+//! query row gets its 16 scores in one zmm from `head_dim` broadcast FMAs (no horizontal
+//! reduction per key); the online softmax runs on those zmm with a vector `exp`; then
+//! every V row is loaded once and FMA'd into the register-resident output rows of all
+//! query rows. The work per KV byte is thus one transpose plus `rows` FMAs, and
+//! K/V are streamed from memory exactly once per tile.
+
+use std::arch::x86_64::*;
+
+/// Keys per chunk (one zmm of scores per query row).
+const KC: usize = 16;
+
+/// One work item for [`attend_tile`].
+pub(super) struct Tile<'a> {
+    /// Query row `(tt, hh)` (token `tt` of the tile, head `hh` of the group) is at
+    /// `q + tt * q_tok_stride + hh * hd`.
+    pub q: *const f32,
+    pub q_tok_stride: usize,
+    /// Heads per group (query rows per token).
+    pub r: usize,
+    /// Tokens in the tile; their kv lengths.
+    pub kv_len: &'a [u32],
+    pub hd: usize,
+    pub scale: f32,
+    /// Caches offset to this KV head; `slot_stride` floats per slot.
+    pub kc: *const f32,
+    pub vc: *const f32,
+    pub slot_stride: usize,
+    pub bt: &'a [u32],
+    pub bs: usize,
+    /// Key range of this item (clamped to each row's kv length).
+    pub start: usize,
+    pub end: usize,
+    /// Output row `(tt, hh)` is `out + (tt * out_tok_stride + hh) * hd`, its LSE
+    /// `lse + tt * out_tok_stride + hh`.
+    pub out: *mut f32,
+    pub lse: *mut f32,
+    pub out_tok_stride: usize,
+}
+
+#[inline]
+fn mask(n: usize) -> __mmask16 {
+    ((1u32 << n.min(16)) - 1) as u16
+}
+
+/// Cephes-style `exp` (≈1 ulp) with `vscalefps` for the 2^n step.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+pub(super) unsafe fn exp16(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(
+        _mm512_min_ps(x, _mm512_set1_ps(88.7)),
+        _mm512_set1_ps(-104.0),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3f32,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let r2 = _mm512_mul_ps(r, r);
+    let y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
+    _mm512_scalef_ps(y, n)
+}
+
+/// Transposes 16 rows of 16 floats (`x[key]`) into `dst[col * 16 + key]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn transpose16(x: &[__m512; 16], dst: *mut f32) {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for b in 0..4 {
+        let (r0, r1, r2, r3) = (x[4 * b], x[4 * b + 1], x[4 * b + 2], x[4 * b + 3]);
+        let a0 = _mm512_castps_pd(_mm512_unpacklo_ps(r0, r1));
+        let a1 = _mm512_castps_pd(_mm512_unpackhi_ps(r0, r1));
+        let a2 = _mm512_castps_pd(_mm512_unpacklo_ps(r2, r3));
+        let a3 = _mm512_castps_pd(_mm512_unpackhi_ps(r2, r3));
+        // t[4b + c], 128-bit lane k: rows 4b..4b+4 at column 4k + c.
+        t[4 * b] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+        t[4 * b + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+        t[4 * b + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+        t[4 * b + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+    }
+    for c in 0..4 {
+        let x01 = _mm512_shuffle_f32x4::<0x88>(t[c], t[4 + c]);
+        let y01 = _mm512_shuffle_f32x4::<0xDD>(t[c], t[4 + c]);
+        let x23 = _mm512_shuffle_f32x4::<0x88>(t[8 + c], t[12 + c]);
+        let y23 = _mm512_shuffle_f32x4::<0xDD>(t[8 + c], t[12 + c]);
+        // Column 4k + c collects lane k of t[c], t[4 + c], t[8 + c], t[12 + c].
+        _mm512_store_ps(dst.add(c * 16), _mm512_shuffle_f32x4::<0x88>(x01, x23));
+        _mm512_store_ps(
+            dst.add((4 + c) * 16),
+            _mm512_shuffle_f32x4::<0x88>(y01, y23),
+        );
+        _mm512_store_ps(
+            dst.add((8 + c) * 16),
+            _mm512_shuffle_f32x4::<0xDD>(x01, x23),
+        );
+        _mm512_store_ps(
+            dst.add((12 + c) * 16),
+            _mm512_shuffle_f32x4::<0xDD>(y01, y23),
+        );
+    }
+}
+
+/// Scores of `G` query rows (`q + g * hdp`) against the transposed chunk:
+/// `s[g * 16 + key] = scale · Σ_d q[g][d] · kt[d][key]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn qk<const G: usize>(
+    q: *const f32,
+    hdp: usize,
+    hd: usize,
+    kt: *const f32,
+    s: *mut f32,
+    scale: f32,
+) {
+    let mut a0 = [_mm512_setzero_ps(); G];
+    let mut a1 = [_mm512_setzero_ps(); G];
+    let mut d = 0;
+    while d + 2 <= hd {
+        let k0 = _mm512_load_ps(kt.add(d * KC));
+        let k1 = _mm512_load_ps(kt.add((d + 1) * KC));
+        for g in 0..G {
+            let qg = q.add(g * hdp + d);
+            a0[g] = _mm512_fmadd_ps(_mm512_set1_ps(*qg), k0, a0[g]);
+            a1[g] = _mm512_fmadd_ps(_mm512_set1_ps(*qg.add(1)), k1, a1[g]);
+        }
+        d += 2;
+    }
+    if d < hd {
+        let k0 = _mm512_load_ps(kt.add(d * KC));
+        for g in 0..G {
+            a0[g] = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(g * hdp + d)), k0, a0[g]);
+        }
+    }
+    let sc = _mm512_set1_ps(scale);
+    for g in 0..G {
+        _mm512_store_ps(
+            s.add(g * KC),
+            _mm512_mul_ps(_mm512_add_ps(a0[g], a1[g]), sc),
+        );
+    }
+}
+
+/// `acc[g][col..col + 16·CB] = alpha[g] · acc[g][..] + Σ_key p[g][key] · v[key][..]` for
+/// `G` rows; the last vector of the block loads V with `last` as mask.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv<const G: usize, const CB: usize>(
+    vrows: &[*const f32; KC],
+    c: usize,
+    p: *const f32,
+    alpha: *const f32,
+    acc: *mut f32,
+    hdp: usize,
+    col: usize,
+    last: __mmask16,
+) {
+    let mut a = [[_mm512_setzero_ps(); CB]; G];
+    for g in 0..G {
+        let al = _mm512_set1_ps(*alpha.add(g));
+        for v in 0..CB {
+            a[g][v] = _mm512_mul_ps(_mm512_load_ps(acc.add(g * hdp + col + v * 16)), al);
+        }
+    }
+    for (key, &vr) in vrows.iter().enumerate().take(c) {
+        let vp = vr.add(col);
+        let mut x = [_mm512_setzero_ps(); CB];
+        for (v, xv) in x.iter_mut().enumerate() {
+            let m = if v + 1 == CB { last } else { 0xFFFF };
+            *xv = _mm512_maskz_loadu_ps(m, vp.add(v * 16));
+        }
+        for g in 0..G {
+            let pg = _mm512_set1_ps(*p.add(g * KC + key));
+            for v in 0..CB {
+                a[g][v] = _mm512_fmadd_ps(pg, x[v], a[g][v]);
+            }
+        }
+    }
+    for g in 0..G {
+        for v in 0..CB {
+            _mm512_store_ps(acc.add(g * hdp + col + v * 16), a[g][v]);
+        }
+    }
+}
+
+/// [`pv`] over all `rows`, for one column block of `CB` vectors.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_rows<const CB: usize>(
+    vrows: &[*const f32; KC],
+    c: usize,
+    p: *const f32,
+    alpha: *const f32,
+    acc: *mut f32,
+    rows: usize,
+    hdp: usize,
+    col: usize,
+    last: __mmask16,
+) {
+    let mut i = 0;
+    macro_rules! go {
+        ($g:literal) => {
+            pv::<$g, CB>(
+                vrows,
+                c,
+                p.add(i * KC),
+                alpha.add(i),
+                acc.add(i * hdp),
+                hdp,
+                col,
+                last,
+            );
+            #[allow(unused_assignments)]
+            {
+                i += $g;
+            }
+        };
+    }
+    if CB < 4 {
+        while rows - i >= 8 {
+            go!(8);
+        }
+    }
+    while rows - i >= 4 {
+        go!(4);
+    }
+    if rows - i >= 2 {
+        go!(2);
+    }
+    if rows - i >= 1 {
+        go!(1);
+    }
+}
+
+/// Slot offsets (in floats) of keys `j..j + n`.
+#[inline(always)]
+fn offsets(t: &Tile, j: usize, n: usize, off: &mut [usize; KC]) {
+    let (mut blk, mut w) = (j / t.bs, j % t.bs);
+    for o in off.iter_mut().take(n) {
+        *o = (t.bt[blk] as usize * t.bs + w) * t.slot_stride;
+        w += 1;
+        if w == t.bs {
+            w = 0;
+            blk += 1;
+        }
+    }
+}
+
+/// Attends the tile's query rows to keys `start..end` (each row clamped to its own kv
+/// length) and writes normalized outputs and LSEs.
+///
+/// # Safety
+/// AVX-512F/BW/VL and FMA must be available; all pointers valid for the described
+/// rows, `bt` must cover every key below the tile's largest kv length, the cache rows
+/// it names must be in bounds, and no other thread may write the output rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
+    let (hd, r) = (t.hd, t.r);
+    let nv = hd.div_ceil(16);
+    let hdp = nv * 16;
+    let rows = t.kv_len.len() * r;
+    let rp = rows.next_multiple_of(16);
+    let need = 2 * rows * hdp + hdp * KC + 2 * rows * KC + 2 * rp + 16;
+    if scratch.len() < need {
+        scratch.resize(need, 0.0);
+    }
+    let base = scratch.as_mut_ptr();
+    let base = base.add(base.align_offset(64));
+    let qs = base;
+    let acc = qs.add(rows * hdp);
+    let kt = acc.add(rows * hdp);
+    let p = kt.add(hdp * KC);
+    let lv = p.add(rows * KC);
+    let m = lv.add(rows * KC);
+    let alpha = m.add(rp);
+    let tail = if hd % 16 == 0 { 0xFFFF } else { mask(hd % 16) };
+
+    // Query rows, zero-padded to hdp; accumulators cleared.
+    for i in 0..rows {
+        let src = t.q.add((i / r) * t.q_tok_stride + (i % r) * hd);
+        let dst = qs.add(i * hdp);
+        for v in 0..nv {
+            let mk = if v + 1 == nv { tail } else { 0xFFFF };
+            _mm512_store_ps(dst.add(v * 16), _mm512_maskz_loadu_ps(mk, src.add(v * 16)));
+            _mm512_store_ps(acc.add(i * hdp + v * 16), _mm512_setzero_ps());
+        }
+        _mm512_store_ps(lv.add(i * KC), _mm512_setzero_ps());
+        *m.add(i) = f32::NEG_INFINITY;
+    }
+    let lim = |i: usize| (t.kv_len[i / r] as usize).min(t.end);
+    let tile_end = t
+        .kv_len
+        .iter()
+        .map(|&l| l as usize)
+        .max()
+        .unwrap_or(0)
+        .min(t.end);
+
+    let mut off;
+    let mut next = [0usize; KC];
+    if t.start < tile_end {
+        offsets(t, t.start, KC.min(tile_end - t.start), &mut next);
+    }
+    let pf: usize = std::env::var("ATT_PF")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(64);
+    // Warm-up prefetch of the first `pf` keys.
+    {
+        let mut j = t.start;
+        let e = (t.start + pf).min(tile_end);
+        while j < e {
+            let n = KC.min(e - j);
+            let mut po = [0usize; KC];
+            offsets(t, j, n, &mut po);
+            for &o in &po[..n] {
+                let (kp, vp) = (t.kc.add(o) as *const i8, t.vc.add(o) as *const i8);
+                let mut b = 0;
+                while b < hd * 4 {
+                    _mm_prefetch::<_MM_HINT_T0>(kp.add(b));
+                    _mm_prefetch::<_MM_HINT_T0>(vp.add(b));
+                    b += 64;
+                }
+            }
+            j += n;
+        }
+    }
+    let mut j0 = t.start;
+    while j0 < tile_end {
+        let c = KC.min(tile_end - j0);
+        off = next;
+        // Prefetch `pf` keys ahead: blocks are scattered, so the hardware prefetcher
+        // cannot run ahead across block boundaries, and one chunk of lead time does not
+        // cover DRAM latency.
+        let j1 = j0 + c;
+        if j1 < tile_end {
+            offsets(t, j1, KC.min(tile_end - j1), &mut next);
+        }
+        let (p0, p1) = ((j0 + pf).min(tile_end), (j1 + pf).min(tile_end));
+        if p0 < p1 {
+            let mut po = [0usize; KC];
+            offsets(t, p0, p1 - p0, &mut po);
+            for &o in &po[..p1 - p0] {
+                let (kp, vp) = (t.kc.add(o) as *const i8, t.vc.add(o) as *const i8);
+                let mut b = 0;
+                while b < hd * 4 {
+                    _mm_prefetch::<_MM_HINT_T0>(kp.add(b));
+                    _mm_prefetch::<_MM_HINT_T0>(vp.add(b));
+                    b += 64;
+                }
+            }
+        }
+        // K chunk → kt[d][key] (keys past c are zero).
+        for v in 0..nv {
+            let mk = if v + 1 == nv { tail } else { 0xFFFF };
+            let mut x = [_mm512_setzero_ps(); KC];
+            for (key, xk) in x.iter_mut().enumerate().take(c) {
+                *xk = _mm512_maskz_loadu_ps(mk, t.kc.add(off[key] + v * 16));
+            }
+            transpose16(&x, kt.add(v * 16 * KC));
+        }
+        // Scores.
+        let mut i = 0;
+        while rows - i >= 8 {
+            qk::<8>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
+            i += 8;
+        }
+        if rows - i >= 4 {
+            qk::<4>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
+            i += 4;
+        }
+        if rows - i >= 2 {
+            qk::<2>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
+            i += 2;
+        }
+        if rows - i >= 1 {
+            qk::<1>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
+        }
+        // Online softmax: p = exp(s − m_new) on valid keys, rescale factors alpha.
+        for i in 0..rows {
+            let n_valid = lim(i).saturating_sub(j0).min(c);
+            let pi = p.add(i * KC);
+            *alpha.add(i) = 1.0;
+            if n_valid == 0 {
+                _mm512_store_ps(pi, _mm512_setzero_ps());
+                continue;
+            }
+            let km = mask(n_valid);
+            let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), km, _mm512_load_ps(pi));
+            let mo = *m.add(i);
+            let mn = mo.max(_mm512_reduce_max_ps(s));
+            if mn == f32::NEG_INFINITY {
+                _mm512_store_ps(pi, _mm512_setzero_ps());
+                continue; // all scores -inf so far: nothing to accumulate
+            }
+            let a = if mn > mo { (mo - mn).exp() } else { 1.0 };
+            let e = _mm512_maskz_mov_ps(km, exp16(_mm512_sub_ps(s, _mm512_set1_ps(mn))));
+            let l = _mm512_load_ps(lv.add(i * KC));
+            _mm512_store_ps(lv.add(i * KC), _mm512_fmadd_ps(l, _mm512_set1_ps(a), e));
+            _mm512_store_ps(pi, e);
+            *m.add(i) = mn;
+            *alpha.add(i) = a;
+        }
+        // P·V: each V row streamed once for all rows.
+        let mut vrows = [t.vc; KC];
+        for (vr, &o) in vrows.iter_mut().zip(&off).take(c) {
+            *vr = t.vc.add(o);
+        }
+        let mut v = 0;
+        while v < nv {
+            let left = nv - v;
+            let last = |cb: usize| if v + cb == nv { tail } else { 0xFFFF };
+            let col = v * 16;
+            if left >= 4 {
+                pv_rows::<4>(&vrows, c, p, alpha, acc, rows, hdp, col, last(4));
+                v += 4;
+            } else if left >= 2 {
+                pv_rows::<2>(&vrows, c, p, alpha, acc, rows, hdp, col, last(2));
+                v += 2;
+            } else {
+                pv_rows::<1>(&vrows, c, p, alpha, acc, rows, hdp, col, last(1));
+                v += 1;
+            }
+        }
+        j0 += c;
+    }
+
+    // Normalize and write out.
+    for i in 0..rows {
+        let (tt, hh) = (i / r, i % r);
+        let o = t.out.add((tt * t.out_tok_stride + hh) * hd);
+        let l = _mm512_reduce_add_ps(_mm512_load_ps(lv.add(i * KC)));
+        let (w, lse) = if l > 0.0 {
+            (1.0 / l, *m.add(i) + l.ln())
+        } else {
+            (0.0, f32::NEG_INFINITY)
+        };
+        let wv = _mm512_set1_ps(w);
+        for v in 0..nv {
+            let mk = if v + 1 == nv { tail } else { 0xFFFF };
+            let x = _mm512_mul_ps(_mm512_load_ps(acc.add(i * hdp + v * 16)), wv);
+            // w = 0 must give exact zeros even if acc were non-finite.
+            let x = if l > 0.0 { x } else { _mm512_setzero_ps() };
+            _mm512_mask_storeu_ps(o.add(v * 16), mk, x);
+        }
+        *t.lse.add(tt * t.out_tok_stride + hh) = lse;
+    }
+}

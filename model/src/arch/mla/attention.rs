@@ -1,0 +1,350 @@
+//! Paged attention against the latent cache, where a value is the `v_dim`-wide prefix of
+//! its key row (MLA with absorbed weights: keys `[c_kv, k_pe]`, values `c_kv`). Returns
+//! the output and the log-sum-exp per (token, head) like `kernels::paged_attention`, so
+//! partial results over KV shards merge exactly (decode context parallelism).
+
+use dcpserve_kernels::{merge_partials, ThreadPool};
+
+use crate::error::ModelError;
+
+/// Keys scored per online-softmax step.
+const CH: usize = 32;
+/// Minimum keys per split when one token's keys are split across threads.
+const SPLIT_MIN: usize = 256;
+
+/// One batch of absorbed queries for [`latent_attention`].
+#[derive(Clone, Copy)]
+pub struct LatentBatch<'a> {
+    /// Queries, `[n_tokens, n_heads, dim]`.
+    pub q: &'a [f32],
+    pub n_heads: usize,
+    /// Key width: the cache row (`kv_lora_rank + qk_rope_head_dim`).
+    pub dim: usize,
+    /// Value width: the row prefix attention averages (`kv_lora_rank`).
+    pub v_dim: usize,
+    pub block_size: usize,
+    pub scale: f32,
+    /// Sequence (index into `block_tables`) of each token.
+    pub token_seq: &'a [u32],
+    /// Local cached tokens each token attends to (causal mask applied by the caller).
+    pub token_kv_len: &'a [u32],
+    /// Local token `j` of sequence `s` is in slot `block_tables[s][j / B]·B + j % B`.
+    pub block_tables: &'a [&'a [u32]],
+}
+
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: every work item writes its own rows only.
+unsafe impl Sync for SyncPtr {}
+unsafe impl Send for SyncPtr {}
+
+/// `out[t, h] = softmax(scale · q·Kᵀ) · V` with `V = K[.., ..v_dim]`, and
+/// `lse[t, h] = ln Σ exp(scale · q·k)`; tokens without keys get zeros and `-inf`.
+/// `out` is `[n_tokens, n_heads, v_dim]`, `lse` `[n_tokens, n_heads]`.
+pub fn latent_attention(
+    pool: &ThreadPool,
+    b: &LatentBatch,
+    cache: &[f32],
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<(), ModelError> {
+    validate(b, cache, out, lse)?;
+    let n = b.token_seq.len();
+    let rows = n * b.n_heads;
+    if n == 0 {
+        return Ok(());
+    }
+    let threads = pool.n_threads();
+    let max_kv = b.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
+    // Few tokens over long contexts (decode): split the keys too, so every thread works.
+    let splits = if n < 2 * threads && max_kv >= 2 * SPLIT_MIN {
+        (4 * threads).div_ceil(n).min(max_kv / SPLIT_MIN).max(2)
+    } else {
+        1
+    };
+    let simd = simd_available();
+    if splits == 1 {
+        let (op, lp) = (SyncPtr(out.as_mut_ptr()), SyncPtr(lse.as_mut_ptr()));
+        pool.run(n, |t| {
+            let len = b.token_kv_len[t] as usize;
+            // SAFETY: item t owns rows t·n_heads.. of out and lse.
+            unsafe { attend(b, cache, t, 0, len, op, lp, t * b.n_heads, simd) };
+        });
+        return Ok(());
+    }
+    let mut pout = vec![0.0f32; splits * rows * b.v_dim];
+    let mut plse = vec![f32::NEG_INFINITY; splits * rows];
+    let (op, lp) = (SyncPtr(pout.as_mut_ptr()), SyncPtr(plse.as_mut_ptr()));
+    pool.run(n * splits, |it| {
+        let (t, s) = (it / splits, it % splits);
+        let len = b.token_kv_len[t] as usize;
+        let chunk = len.div_ceil(splits).next_multiple_of(CH);
+        let (start, end) = ((s * chunk).min(len), ((s + 1) * chunk).min(len));
+        // SAFETY: split s of token t owns its rows of partial buffer s.
+        unsafe {
+            attend(
+                b,
+                cache,
+                t,
+                start,
+                end,
+                op,
+                lp,
+                s * rows + t * b.n_heads,
+                simd,
+            )
+        };
+    });
+    let outs: Vec<&[f32]> = pout.chunks_exact(rows * b.v_dim).collect();
+    let lses: Vec<&[f32]> = plse.chunks_exact(rows).collect();
+    merge_partials(&outs, &lses, rows, b.v_dim, out, lse)
+        .map_err(|e| ModelError::Invalid(format!("latent attention merge: {e}")))
+}
+
+fn validate(b: &LatentBatch, cache: &[f32], out: &[f32], lse: &[f32]) -> Result<(), ModelError> {
+    let n = b.token_seq.len();
+    let bad = |what: String| Err(ModelError::Invalid(format!("latent attention: {what}")));
+    if b.dim == 0 || b.v_dim > b.dim || b.block_size == 0 {
+        return bad(format!(
+            "dim {} / v_dim {} / block_size {}",
+            b.dim, b.v_dim, b.block_size
+        ));
+    }
+    if b.token_kv_len.len() != n
+        || b.q.len() != n * b.n_heads * b.dim
+        || out.len() != n * b.n_heads * b.v_dim
+        || lse.len() != n * b.n_heads
+    {
+        return bad(format!(
+            "buffer sizes disagree for {n} tokens of {} heads",
+            b.n_heads
+        ));
+    }
+    let n_blocks = cache.len() / (b.dim * b.block_size);
+    for (&s, &l) in b.token_seq.iter().zip(b.token_kv_len) {
+        let Some(table) = b.block_tables.get(s as usize) else {
+            return bad(format!("sequence {s} has no block table"));
+        };
+        let need = (l as usize).div_ceil(b.block_size);
+        if need > table.len() {
+            return bad(format!(
+                "{l} keys need {need} blocks, the table has {}",
+                table.len()
+            ));
+        }
+        if let Some(&id) = table[..need].iter().find(|&&id| id as usize >= n_blocks) {
+            return bad(format!(
+                "block id {id} is outside the cache ({n_blocks} blocks)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Attends all heads of token `t` to its keys `start..end`, writing `n_heads` rows of
+/// `out` / `lse` from `row0`.
+///
+/// # Safety
+/// Those rows must be in bounds and written by no other thread.
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend(
+    b: &LatentBatch,
+    cache: &[f32],
+    t: usize,
+    start: usize,
+    end: usize,
+    out: SyncPtr,
+    lse: SyncPtr,
+    row0: usize,
+    simd: bool,
+) {
+    let (h, vd) = (b.n_heads, b.v_dim);
+    let o = std::slice::from_raw_parts_mut(out.0.add(row0 * vd), h * vd);
+    let l = std::slice::from_raw_parts_mut(lse.0.add(row0), h);
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        attend_avx2(b, cache, t, start, end, o, l);
+        return;
+    }
+    let _ = simd;
+    attend_body(b, cache, t, start, end, o, l);
+}
+
+/// [`attend_body`] compiled for AVX2 + FMA (the loops are written to auto-vectorize).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(
+    b: &LatentBatch,
+    cache: &[f32],
+    t: usize,
+    start: usize,
+    end: usize,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    attend_body(b, cache, t, start, end, out, lse)
+}
+
+/// Online softmax over keys in chunks of [`CH`]: score the chunk for every head, then
+/// rescale each head's accumulator once and add the chunk's weighted value prefixes.
+#[inline(always)]
+fn attend_body(
+    b: &LatentBatch,
+    cache: &[f32],
+    t: usize,
+    start: usize,
+    end: usize,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    let (h, d, vd, bs) = (b.n_heads, b.dim, b.v_dim, b.block_size);
+    let q = &b.q[t * h * d..(t + 1) * h * d];
+    let table = b.block_tables[b.token_seq[t] as usize];
+    out.fill(0.0);
+    let mut m = vec![f32::NEG_INFINITY; h];
+    let mut sum = vec![0.0f32; h];
+    let mut scores = vec![0.0f32; h * CH];
+    let mut offs = [0usize; CH];
+    let mut j0 = start;
+    while j0 < end {
+        let c = (end - j0).min(CH);
+        for (jj, off) in offs.iter_mut().enumerate().take(c) {
+            let j = j0 + jj;
+            *off = (table[j / bs] as usize * bs + j % bs) * d;
+        }
+        for jj in 0..c {
+            let key = &cache[offs[jj]..offs[jj] + d];
+            for hh in 0..h {
+                scores[hh * CH + jj] = dot(&q[hh * d..(hh + 1) * d], key) * b.scale;
+            }
+        }
+        for hh in 0..h {
+            let s = &mut scores[hh * CH..hh * CH + c];
+            let cmax = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let new_m = m[hh].max(cmax);
+            let acc = &mut out[hh * vd..(hh + 1) * vd];
+            if m[hh] != new_m && m[hh] != f32::NEG_INFINITY {
+                let corr = (m[hh] - new_m).exp();
+                sum[hh] *= corr;
+                acc.iter_mut().for_each(|a| *a *= corr);
+            }
+            m[hh] = new_m;
+            for (jj, sc) in s.iter_mut().enumerate() {
+                let p = (*sc - new_m).exp();
+                sum[hh] += p;
+                let v = &cache[offs[jj]..offs[jj] + vd];
+                for (a, &x) in acc.iter_mut().zip(v) {
+                    *a += p * x;
+                }
+            }
+        }
+        j0 += c;
+    }
+    for hh in 0..h {
+        let acc = &mut out[hh * vd..(hh + 1) * vd];
+        if sum[hh] > 0.0 {
+            let inv = 1.0 / sum[hh];
+            acc.iter_mut().for_each(|a| *a *= inv);
+            lse[hh] = m[hh] + sum[hh].ln();
+        } else {
+            acc.fill(0.0);
+            lse[hh] = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Dot product with eight independent partial sums, so it vectorizes without reassociation.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = acc.iter().sum::<f32>();
+    for (x, y) in ar.iter().zip(br) {
+        s += x * y;
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against a naive softmax over expanded keys/values, split or not, scalar or SIMD.
+    #[test]
+    fn matches_naive_attention() {
+        let (h, d, vd, bs) = (3, 12, 8, 4);
+        let n_keys = 600;
+        let n_blocks = n_keys / bs + 2;
+        let mut seed = 7u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        let cache: Vec<f32> = (0..n_blocks * bs * d).map(|_| rnd()).collect();
+        let table: Vec<u32> = (0..n_blocks as u32).rev().collect();
+        let q: Vec<f32> = (0..2 * h * d).map(|_| 2.0 * rnd()).collect();
+        let kv = [n_keys as u32, 0];
+        let tables = [table.as_slice()];
+        let b = LatentBatch {
+            q: &q,
+            n_heads: h,
+            dim: d,
+            v_dim: vd,
+            block_size: bs,
+            scale: 0.7,
+            token_seq: &[0, 0],
+            token_kv_len: &kv,
+            block_tables: &tables,
+        };
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads);
+            let (mut out, mut lse) = (vec![0.0; 2 * h * vd], vec![0.0; 2 * h]);
+            latent_attention(&pool, &b, &cache, &mut out, &mut lse).unwrap();
+            for hh in 0..h {
+                let qh = &q[hh * d..(hh + 1) * d];
+                let rows: Vec<&[f32]> = (0..n_keys)
+                    .map(|j| {
+                        let s = table[j / bs] as usize * bs + j % bs;
+                        &cache[s * d..(s + 1) * d]
+                    })
+                    .collect();
+                let sc: Vec<f64> = rows
+                    .iter()
+                    .map(|r| 0.7 * qh.iter().zip(*r).map(|(a, b)| (a * b) as f64).sum::<f64>())
+                    .collect();
+                let mx = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = sc.iter().map(|s| (s - mx).exp()).sum();
+                assert!((lse[hh] as f64 - (mx + z.ln())).abs() < 1e-4);
+                for i in 0..vd {
+                    let want: f64 = rows
+                        .iter()
+                        .zip(&sc)
+                        .map(|(r, s)| (s - mx).exp() / z * r[i] as f64)
+                        .sum();
+                    assert!((out[hh * vd + i] as f64 - want).abs() < 1e-5);
+                }
+                assert_eq!(lse[h + hh], f32::NEG_INFINITY);
+                assert!(out[(h + hh) * vd..(h + hh + 1) * vd]
+                    .iter()
+                    .all(|&x| x == 0.0));
+            }
+        }
+    }
+}

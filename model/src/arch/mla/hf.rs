@@ -1,0 +1,344 @@
+//! The MLA / MoE part of a DeepSeek-V2/V3 (Kimi K2) `config.json`, and the tensors it implies.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::config::{MlaConfig, ModelConfig, MoeConfig, MoeScoring, YarnScaling};
+use crate::error::ModelError;
+
+/// Typed access to `config.json` keys, with errors naming the file and key.
+struct Keys<'a> {
+    path: &'a Path,
+    obj: &'a Map<String, Value>,
+}
+
+impl Keys<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize_opt(&self, key: &str) -> Result<Option<usize>, ModelError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    ModelError::config(
+                        self.path,
+                        format!("{key} should be a non-negative integer, found {v}"),
+                    )
+                }),
+        }
+    }
+
+    fn usize(&self, key: &str) -> Result<usize, ModelError> {
+        self.usize_opt(key)?
+            .ok_or_else(|| ModelError::config(self.path, format!("missing {key}")))
+    }
+
+    fn f32_opt(&self, key: &str) -> Result<Option<f32>, ModelError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| {
+                ModelError::config(self.path, format!("{key} should be a number, found {v}"))
+            }),
+        }
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ModelError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(ModelError::config(
+                self.path,
+                format!("{key} should be a bool, found {v}"),
+            )),
+        }
+    }
+
+    fn str_opt(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Value::as_str)
+    }
+}
+
+/// True for DeepSeek-V2 configurations (softmax routing, always-interleaved RoPE).
+fn is_v2(obj: &Map<String, Value>) -> bool {
+    let named_v2 = obj
+        .get("architectures")
+        .and_then(Value::as_array)
+        .is_some_and(|a| a.iter().any(|x| x == "DeepseekV2ForCausalLM"));
+    named_v2 || obj.get("model_type").and_then(Value::as_str) == Some("deepseek_v2")
+}
+
+/// YaRN from `rope_scaling` (older configs) or `rope_parameters` (transformers 5).
+fn yarn(path: &Path, obj: &Map<String, Value>) -> Result<Option<YarnScaling>, ModelError> {
+    let params = obj
+        .get("rope_scaling")
+        .filter(|v| v.is_object())
+        .or_else(|| obj.get("rope_parameters").filter(|v| v.is_object()));
+    let Some(p) = params.and_then(Value::as_object) else {
+        return Ok(None);
+    };
+    let k = Keys { path, obj: p };
+    let ty = k
+        .str_opt("rope_type")
+        .or(k.str_opt("type"))
+        .unwrap_or("default");
+    match ty {
+        "default" => Ok(None),
+        "yarn" => {
+            let original = k.usize("original_max_position_embeddings")?;
+            let factor = match k.f32_opt("factor")? {
+                Some(f) => f,
+                // transformers: the ratio of the context lengths when no factor is given.
+                None => {
+                    let max_pos = Keys { path, obj }.usize("max_position_embeddings")?;
+                    max_pos as f32 / original.max(1) as f32
+                }
+            };
+            if !(factor.is_finite() && factor > 0.0) || original == 0 {
+                return Err(ModelError::config(
+                    path,
+                    format!("yarn factor {factor} and original_max_position_embeddings {original} must be positive"),
+                ));
+            }
+            Ok(Some(YarnScaling {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: k
+                    .f32_opt("beta_fast")?
+                    .filter(|&b| b != 0.0)
+                    .unwrap_or(32.0),
+                beta_slow: k.f32_opt("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
+                mscale: k.f32_opt("mscale")?,
+                mscale_all_dim: k.f32_opt("mscale_all_dim")?,
+                attention_factor: k.f32_opt("attention_factor")?,
+                truncate: k.bool_or("truncate", true)?,
+            }))
+        }
+        other => Err(ModelError::unsupported(
+            path,
+            format!("rope scaling type {other:?} for DeepSeek models (supported: yarn)"),
+        )),
+    }
+}
+
+/// Parses the MLA and MoE settings of a DeepSeek-V2/V3 `config.json` object.
+pub fn mla_moe_from_json(
+    path: &Path,
+    obj: &Map<String, Value>,
+) -> Result<(MlaConfig, MoeConfig), ModelError> {
+    let k = Keys { path, obj };
+    let v2 = is_v2(obj);
+    if k.bool_or("attention_bias", false)? {
+        return Err(ModelError::unsupported(
+            path,
+            "attention_bias=true for MLA projections",
+        ));
+    }
+    if let Some(act) = k.str_opt("hidden_act") {
+        if act != "silu" {
+            return Err(ModelError::unsupported(
+                path,
+                format!("hidden_act {act:?} (supported: silu)"),
+            ));
+        }
+    }
+    let mla = MlaConfig {
+        q_lora_rank: k.usize_opt("q_lora_rank")?,
+        kv_lora_rank: k.usize("kv_lora_rank")?,
+        qk_nope_head_dim: k.usize("qk_nope_head_dim")?,
+        qk_rope_head_dim: k.usize("qk_rope_head_dim")?,
+        v_head_dim: k.usize("v_head_dim")?,
+        // V2 rotates complex pairs (2i, 2i+1), V3 does when `rope_interleave` (its default).
+        rope_interleave: v2 || k.bool_or("rope_interleave", true)?,
+        yarn: yarn(path, obj)?,
+    };
+    let topk_method = k.str_opt("topk_method");
+    let (scoring, group_limited, correction_bias, norm_topk_prob) = if v2 {
+        let scoring = k.str_opt("scoring_func").unwrap_or("softmax");
+        if scoring != "softmax" {
+            return Err(ModelError::unsupported(
+                path,
+                format!("DeepSeek-V2 scoring_func {scoring:?} (supported: softmax)"),
+            ));
+        }
+        let grouped = match topk_method.unwrap_or("greedy") {
+            "greedy" => false,
+            "group_limited_greedy" => true,
+            other => {
+                return Err(ModelError::unsupported(
+                    path,
+                    format!(
+                    "DeepSeek-V2 topk_method {other:?} (supported: greedy, group_limited_greedy)"
+                ),
+                ))
+            }
+        };
+        // transformers' V2 router never renormalizes the top-k weights.
+        (MoeScoring::Softmax, grouped, false, false)
+    } else {
+        (
+            MoeScoring::Sigmoid,
+            true,
+            true,
+            k.bool_or("norm_topk_prob", true)?,
+        )
+    };
+    let moe = MoeConfig {
+        n_routed_experts: k.usize("n_routed_experts")?,
+        num_experts_per_tok: k.usize("num_experts_per_tok")?,
+        moe_intermediate_size: k.usize("moe_intermediate_size")?,
+        n_shared_experts: k.usize_opt("n_shared_experts")?.unwrap_or(0),
+        n_group: k.usize_opt("n_group")?.unwrap_or(1),
+        topk_group: k.usize_opt("topk_group")?.unwrap_or(1),
+        routed_scaling_factor: k.f32_opt("routed_scaling_factor")?.unwrap_or(1.0),
+        norm_topk_prob,
+        first_k_dense_replace: k.usize_opt("first_k_dense_replace")?.unwrap_or(0),
+        scoring,
+        group_limited,
+        correction_bias,
+    };
+    Ok((mla, moe))
+}
+
+/// Rejects MLA / MoE shapes the forward pass cannot run (zero sizes, groups that do not
+/// divide the experts, more experts per token than the groups allow, odd RoPE width).
+pub fn check_mla_config(path: &Path, c: &ModelConfig) -> Result<(), ModelError> {
+    let (Some(mla), Some(moe)) = (&c.mla, &c.moe) else {
+        return Err(ModelError::config(
+            path,
+            "a DeepSeek model needs both its MLA and MoE settings",
+        ));
+    };
+    let bad = |reason: String| Err(ModelError::config(path, reason));
+    let sizes = [
+        ("kv_lora_rank", mla.kv_lora_rank),
+        ("qk_nope_head_dim", mla.qk_nope_head_dim),
+        ("qk_rope_head_dim", mla.qk_rope_head_dim),
+        ("v_head_dim", mla.v_head_dim),
+        ("q_lora_rank", mla.q_lora_rank.unwrap_or(1)),
+        ("moe_intermediate_size", moe.moe_intermediate_size),
+        ("n_group", moe.n_group),
+        ("topk_group", moe.topk_group),
+        ("num_experts_per_tok", moe.num_experts_per_tok),
+    ];
+    if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+        return bad(format!("{name} must be positive"));
+    }
+    if mla.qk_rope_head_dim % 2 != 0 {
+        return bad(format!(
+            "qk_rope_head_dim {} must be even",
+            mla.qk_rope_head_dim
+        ));
+    }
+    let dims = [
+        mla.kv_lora_rank,
+        mla.qk_nope_head_dim,
+        mla.qk_rope_head_dim,
+        mla.v_head_dim,
+        mla.q_lora_rank.unwrap_or(0),
+        moe.moe_intermediate_size,
+        moe.n_routed_experts,
+        moe.n_shared_experts,
+    ];
+    // Every tensor stays far below the address space (and the head dimension products too).
+    if dims.iter().any(|&d| d > 1 << 20) || c.num_attention_heads > 1 << 16 {
+        return bad("MLA / MoE dimensions are implausibly large".into());
+    }
+    if moe.first_k_dense_replace < c.num_hidden_layers {
+        if moe.n_routed_experts == 0 || moe.n_routed_experts % moe.n_group != 0 {
+            return bad(format!(
+                "n_routed_experts {} must be a positive multiple of n_group {}",
+                moe.n_routed_experts, moe.n_group
+            ));
+        }
+        let per_group = moe.n_routed_experts / moe.n_group;
+        if moe.topk_group > moe.n_group
+            || moe.num_experts_per_tok > moe.topk_group * per_group
+            || (moe.scoring == MoeScoring::Sigmoid && moe.n_group > 1 && per_group < 2)
+        {
+            return bad(format!(
+                "cannot route {} experts per token from {} of {} groups of {per_group} experts",
+                moe.num_experts_per_tok, moe.topk_group, moe.n_group
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The tensors layer `i` of a DeepSeek model reads, with their row-major shapes.
+pub fn mla_layer_tensors(c: &ModelConfig, i: usize) -> Vec<(String, Vec<usize>)> {
+    let (Some(mla), Some(moe)) = (&c.mla, &c.moe) else {
+        return Vec::new();
+    };
+    let h = c.hidden_size;
+    let heads = c.num_attention_heads;
+    let qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
+    let p = format!("model.layers.{i}");
+    let mut v = Vec::new();
+    let mut push = |n: String, s: Vec<usize>| v.push((format!("{p}.{n}"), s));
+    push("input_layernorm.weight".into(), vec![h]);
+    push("post_attention_layernorm.weight".into(), vec![h]);
+    match mla.q_lora_rank {
+        Some(r) => {
+            push("self_attn.q_a_proj.weight".into(), vec![r, h]);
+            push("self_attn.q_a_layernorm.weight".into(), vec![r]);
+            push("self_attn.q_b_proj.weight".into(), vec![heads * qk, r]);
+        }
+        None => push("self_attn.q_proj.weight".into(), vec![heads * qk, h]),
+    }
+    push(
+        "self_attn.kv_a_proj_with_mqa.weight".into(),
+        vec![mla.latent_dim(), h],
+    );
+    push(
+        "self_attn.kv_a_layernorm.weight".into(),
+        vec![mla.kv_lora_rank],
+    );
+    push(
+        "self_attn.kv_b_proj.weight".into(),
+        vec![
+            heads * (mla.qk_nope_head_dim + mla.v_head_dim),
+            mla.kv_lora_rank,
+        ],
+    );
+    push(
+        "self_attn.o_proj.weight".into(),
+        vec![h, heads * mla.v_head_dim],
+    );
+    let mlp = |prefix: &str, inter: usize| {
+        [
+            (format!("{p}.{prefix}.gate_proj.weight"), vec![inter, h]),
+            (format!("{p}.{prefix}.up_proj.weight"), vec![inter, h]),
+            (format!("{p}.{prefix}.down_proj.weight"), vec![h, inter]),
+        ]
+    };
+    if i < moe.first_k_dense_replace {
+        v.extend(mlp("mlp", c.intermediate_size));
+    } else {
+        for e in 0..moe.n_routed_experts {
+            v.extend(mlp(&format!("mlp.experts.{e}"), moe.moe_intermediate_size));
+        }
+        if moe.n_shared_experts > 0 {
+            v.extend(mlp(
+                "mlp.shared_experts",
+                moe.moe_intermediate_size * moe.n_shared_experts,
+            ));
+        }
+        v.push((
+            format!("{p}.mlp.gate.weight"),
+            vec![moe.n_routed_experts, h],
+        ));
+        if moe.correction_bias {
+            v.push((
+                format!("{p}.mlp.gate.e_score_correction_bias"),
+                vec![moe.n_routed_experts],
+            ));
+        }
+    }
+    v
+}

@@ -1,0 +1,327 @@
+//! One rank's DeepSeek-V2/V3 forward step: MLA with weight absorption over the latent
+//! cache (decode and prefill alike), then a dense or mixture-of-experts MLP.
+
+use dcpserve_kernels::{add_inplace, matmul, rms_norm, rms_norm_inplace, ThreadPool};
+
+use super::attention::{latent_attention, LatentBatch};
+use super::cache::LatentCache;
+use super::dcp::LatentDcp;
+use super::moe::{mlp_forward, moe_forward};
+use super::rope::{softmax_scale, MlaRope};
+use super::weights::{FeedForward, MlaWeights};
+use crate::arch::forward::{gather_vocab, BatchInput, ForwardOutput, RankComms};
+use crate::arch::weights::{TpShard, WeightPrecision};
+use crate::config::{MlaConfig, ModelConfig, MoeConfig};
+use crate::error::ModelError;
+use crate::tensors::TensorSource;
+
+/// transformers builds `q_a_layernorm` / `kv_a_layernorm` with the default epsilon, not
+/// the configured `rms_norm_eps`.
+const LORA_NORM_EPS: f32 = 1e-6;
+
+/// One rank's share of an MLA model: its heads, its MLP slices, the RoPE table.
+pub struct MlaModel {
+    pub config: ModelConfig,
+    pub weights: MlaWeights,
+    pub shard: TpShard,
+    mla: MlaConfig,
+    moe: MoeConfig,
+    /// Attention heads on this rank.
+    local_heads: usize,
+    rope: MlaRope,
+    scale: f32,
+}
+
+/// Per-step buffers.
+struct Buffers {
+    normed: Vec<f32>,
+    qa: Vec<f32>,
+    q: Vec<f32>,
+    kv: Vec<f32>,
+    q_abs: Vec<f32>,
+    lat_out: Vec<f32>,
+    lse: Vec<f32>,
+    head_in: Vec<f32>,
+    head_out: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+}
+
+impl MlaModel {
+    /// Loads tensor-parallel rank `shard.rank`'s slice of the model.
+    pub fn load_shard(
+        config: ModelConfig,
+        tensors: &dyn TensorSource,
+        precision: WeightPrecision,
+        shard: TpShard,
+    ) -> Result<Self, ModelError> {
+        let (Some(mla), Some(moe)) = (config.mla.clone(), config.moe.clone()) else {
+            return Err(ModelError::Invalid(format!(
+                "{:?} model without MLA / MoE configuration",
+                config.architecture
+            )));
+        };
+        let weights = MlaWeights::load(&config, tensors, precision, shard)?;
+        let rope = MlaRope::new(
+            &mla,
+            config.rope_theta,
+            config.max_position_embeddings.clamp(1, 1 << 16),
+        );
+        Ok(Self {
+            local_heads: config.num_attention_heads / shard.size,
+            scale: softmax_scale(&mla),
+            weights,
+            shard,
+            rope,
+            mla,
+            moe,
+            config,
+        })
+    }
+
+    /// A latent cache for this rank: `num_blocks` blocks of `block_size` tokens.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> LatentCache {
+        LatentCache::new(
+            self.config.num_hidden_layers,
+            num_blocks,
+            block_size,
+            self.mla.latent_dim(),
+        )
+    }
+
+    /// Runs all layers for the batch on this rank, storing its latent shard in `cache`,
+    /// and returns the logits of `input.logits_for` (complete on every rank). Every rank
+    /// of the group must call it with the same plan.
+    pub fn forward_rank(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        cache: &mut LatentCache,
+    ) -> Result<ForwardOutput, ModelError> {
+        let cfg = &self.config;
+        let n = input.tokens.len();
+        let lens = [
+            input.positions.len(),
+            input.token_seq.len(),
+            input.slots.len(),
+            input.kv_lens.len(),
+        ];
+        if lens.iter().any(|&l| l != n) {
+            return Err(ModelError::Invalid(format!(
+                "batch arrays disagree in length: {n} tokens but {lens:?}"
+            )));
+        }
+        if cache.latent_dim != self.mla.latent_dim() || cache.num_layers() != cfg.num_hidden_layers
+        {
+            return Err(ModelError::Invalid(
+                "the latent cache was not made for this model".into(),
+            ));
+        }
+        let h = cfg.hidden_size;
+        let mut x = vec![0.0f32; n * h];
+        for (i, &t) in input.tokens.iter().enumerate() {
+            if t as usize >= cfg.vocab_size {
+                return Err(ModelError::Invalid(format!(
+                    "token id {t} is outside the vocabulary ({})",
+                    cfg.vocab_size
+                )));
+            }
+            self.weights
+                .embed_tokens
+                .dequantize_row(t as usize, &mut x[i * h..(i + 1) * h])?;
+        }
+        let mut b = self.buffers(n);
+        let mut dcp = LatentDcp::default();
+        for li in 0..self.weights.layers.len() {
+            self.attention(pool, comms, input, cache, li, &x, &mut b, &mut dcp)?;
+            comms.world.all_reduce_sum(&mut b.proj)?;
+            add_inplace(&mut x, &b.proj)?;
+
+            let lw = &self.weights.layers[li];
+            rms_norm(&x, &lw.post_attention_norm, cfg.rms_norm_eps, &mut b.normed)?;
+            match &lw.ffn {
+                FeedForward::Dense(Some(m)) => mlp_forward(pool, m, &b.normed, n, &mut b.proj)?,
+                FeedForward::Dense(None) => b.proj.fill(0.0),
+                FeedForward::Moe(m) => {
+                    moe_forward(pool, &self.moe, m, &b.normed, n, h, &mut b.proj)?
+                }
+            }
+            comms.world.all_reduce_sum(&mut b.proj)?;
+            add_inplace(&mut x, &b.proj)?;
+        }
+        self.logits(pool, comms, input, &x)
+    }
+
+    fn buffers(&self, n: usize) -> Buffers {
+        let m = &self.mla;
+        let hl = self.local_heads;
+        let (r, d, qk) = (
+            m.kv_lora_rank,
+            m.latent_dim(),
+            m.qk_nope_head_dim + m.qk_rope_head_dim,
+        );
+        let width = r.max(m.qk_nope_head_dim);
+        Buffers {
+            normed: vec![0.0; n * self.config.hidden_size],
+            qa: vec![0.0; n * m.q_lora_rank.unwrap_or(0)],
+            q: vec![0.0; n * hl * qk],
+            kv: vec![0.0; n * d],
+            q_abs: vec![0.0; n * hl * d],
+            lat_out: vec![0.0; n * hl * r],
+            lse: vec![0.0; n * hl],
+            head_in: vec![0.0; n * width],
+            head_out: vec![0.0; n * width.max(m.v_head_dim)],
+            attn: vec![0.0; n * hl * m.v_head_dim],
+            proj: vec![0.0; n * self.config.hidden_size],
+        }
+    }
+
+    /// Layer `li`'s attention: leaves this rank's partial `o_proj` output in `b.proj`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        cache: &mut LatentCache,
+        li: usize,
+        x: &[f32],
+        b: &mut Buffers,
+        dcp: &mut LatentDcp,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.config;
+        let m = &self.mla;
+        let lw = &self.weights.layers[li].attn;
+        let n = input.tokens.len();
+        let hl = self.local_heads;
+        let (r, dn, dv) = (m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim);
+        let (d, qk) = (m.latent_dim(), dn + m.qk_rope_head_dim);
+
+        rms_norm(
+            x,
+            &self.weights.layers[li].input_norm,
+            cfg.rms_norm_eps,
+            &mut b.normed,
+        )?;
+        match &lw.q_a {
+            Some((q_a, norm)) => {
+                matmul(pool, &b.normed, n, q_a, &mut b.qa)?;
+                rms_norm_inplace(&mut b.qa, norm, LORA_NORM_EPS)?;
+                matmul(pool, &b.qa, n, &lw.q, &mut b.q)?;
+            }
+            None => matmul(pool, &b.normed, n, &lw.q, &mut b.q)?,
+        }
+        // The latent row of each new token: [normalized c_kv, roped k_pe].
+        matmul(pool, &b.normed, n, &lw.kv_a, &mut b.kv)?;
+        for (t, &pos) in input.positions.iter().enumerate() {
+            let row = &mut b.kv[t * d..(t + 1) * d];
+            rms_norm_inplace(&mut row[..r], &lw.kv_a_norm, LORA_NORM_EPS)?;
+            self.rope.apply(row, d, r, pos)?;
+            self.rope
+                .apply(&mut b.q[t * hl * qk..(t + 1) * hl * qk], qk, dn, pos)?;
+        }
+        cache.write(li, input.slots, &b.kv)?;
+
+        // Absorb W_UK: q_lat = W_UKᵀ·q_nope per head; the rope part is used as is.
+        for hh in 0..hl {
+            for t in 0..n {
+                let src = &b.q[(t * hl + hh) * qk..(t * hl + hh) * qk + dn];
+                b.head_in[t * dn..(t + 1) * dn].copy_from_slice(src);
+            }
+            matmul(
+                pool,
+                &b.head_in[..n * dn],
+                n,
+                &lw.w_uk_t[hh],
+                &mut b.head_out[..n * r],
+            )?;
+            for t in 0..n {
+                let dst = &mut b.q_abs[(t * hl + hh) * d..(t * hl + hh + 1) * d];
+                dst[..r].copy_from_slice(&b.head_out[t * r..(t + 1) * r]);
+                dst[r..].copy_from_slice(&b.q[(t * hl + hh) * qk + dn..(t * hl + hh + 1) * qk]);
+            }
+        }
+        let batch = LatentBatch {
+            q: &b.q_abs,
+            n_heads: hl,
+            dim: d,
+            v_dim: r,
+            block_size: cache.block_size,
+            scale: self.scale,
+            token_seq: input.token_seq,
+            token_kv_len: input.kv_lens,
+            block_tables: input.block_tables,
+        };
+        if comms.dcp.size() == 1 {
+            latent_attention(pool, &batch, cache.layer(li), &mut b.lat_out, &mut b.lse)?;
+        } else {
+            dcp.attention(
+                pool,
+                comms.dcp.as_ref(),
+                batch,
+                cache.layer(li),
+                &mut b.lat_out,
+            )?;
+        }
+        // W_UV per head turns the attended latents into values; then o_proj.
+        for hh in 0..hl {
+            for t in 0..n {
+                b.head_in[t * r..(t + 1) * r]
+                    .copy_from_slice(&b.lat_out[(t * hl + hh) * r..(t * hl + hh + 1) * r]);
+            }
+            matmul(
+                pool,
+                &b.head_in[..n * r],
+                n,
+                &lw.w_uv[hh],
+                &mut b.head_out[..n * dv],
+            )?;
+            for t in 0..n {
+                b.attn[(t * hl + hh) * dv..(t * hl + hh + 1) * dv]
+                    .copy_from_slice(&b.head_out[t * dv..(t + 1) * dv]);
+            }
+        }
+        matmul(pool, &b.attn, n, &lw.o_proj, &mut b.proj)?;
+        Ok(())
+    }
+
+    /// Final norm and output head for the requested tokens, gathered over the vocabulary.
+    fn logits(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        x: &[f32],
+    ) -> Result<ForwardOutput, ModelError> {
+        let cfg = &self.config;
+        let (n, h) = (input.tokens.len(), cfg.hidden_size);
+        let m = input.logits_for.len();
+        let mut last = vec![0.0f32; m * h];
+        for (j, &t) in input.logits_for.iter().enumerate() {
+            if t >= n {
+                return Err(ModelError::Invalid(format!(
+                    "logits requested for token {t} of a {n}-token batch"
+                )));
+            }
+            last[j * h..(j + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+        }
+        let mut normed = vec![0.0f32; m * h];
+        rms_norm(&last, &self.weights.norm, cfg.rms_norm_eps, &mut normed)?;
+        let head = self.weights.output_head();
+        let mut local = vec![0.0f32; m * head.rows()];
+        if m > 0 {
+            matmul(pool, &normed, m, head, &mut local)?;
+        }
+        let vocab = cfg.vocab_size;
+        let logits = if comms.world.size() == 1 {
+            local
+        } else {
+            gather_vocab(comms.world.as_ref(), &local, m, vocab)?
+        };
+        Ok(ForwardOutput {
+            logits,
+            vocab_size: vocab,
+        })
+    }
+}

@@ -1,0 +1,256 @@
+//! The model a rank runs, whatever its attention: standard (Llama family, K/V cache) or
+//! multi-head latent attention (DeepSeek family, latent cache), and how much KV memory a
+//! token costs each.
+
+use dcpserve_kernels::ThreadPool;
+
+use super::forward::{BatchInput, DecoderModel, ForwardOutput, RankComms};
+use super::kv_cache::KvCache;
+use super::mla::{LatentCache, MlaModel};
+use super::weights::{HeadLayout, TpShard, WeightPrecision};
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::tensors::TensorSource;
+
+/// One rank's model.
+pub enum RankModel {
+    /// Llama / Qwen2 / Qwen3.
+    Dense(DecoderModel),
+    /// DeepSeek-V2 / V3, Kimi K2.
+    Mla(Box<MlaModel>),
+}
+
+/// One rank's KV storage, matching its [`RankModel`].
+pub enum RankCache {
+    Dense(KvCache),
+    Latent(LatentCache),
+}
+
+impl RankCache {
+    /// Number of token slots.
+    pub fn capacity_tokens(&self) -> usize {
+        match self {
+            RankCache::Dense(c) => c.capacity_tokens(),
+            RankCache::Latent(c) => c.capacity_tokens(),
+        }
+    }
+}
+
+impl RankModel {
+    /// Loads tensor-parallel rank `shard.rank`'s slice of whichever architecture `config` names.
+    pub fn load_shard(
+        config: ModelConfig,
+        tensors: &dyn TensorSource,
+        precision: WeightPrecision,
+        shard: TpShard,
+    ) -> Result<Self, ModelError> {
+        if config.mla.is_some() {
+            Ok(RankModel::Mla(Box::new(MlaModel::load_shard(
+                config, tensors, precision, shard,
+            )?)))
+        } else {
+            Ok(RankModel::Dense(DecoderModel::load_shard(
+                config, tensors, precision, shard,
+            )?))
+        }
+    }
+
+    /// Loads the whole model on one rank.
+    pub fn load(
+        config: ModelConfig,
+        tensors: &dyn TensorSource,
+        precision: WeightPrecision,
+    ) -> Result<Self, ModelError> {
+        Self::load_shard(config, tensors, precision, TpShard::single())
+    }
+
+    /// The configuration the model was loaded with.
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            RankModel::Dense(m) => &m.config,
+            RankModel::Mla(m) => &m.config,
+        }
+    }
+
+    /// A KV cache of `num_blocks` blocks of `block_size` tokens for this rank.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> RankCache {
+        match self {
+            RankModel::Dense(m) => RankCache::Dense(m.new_kv_cache(num_blocks, block_size)),
+            RankModel::Mla(m) => RankCache::Latent(m.new_kv_cache(num_blocks, block_size)),
+        }
+    }
+
+    /// One step on this rank (see [`DecoderModel::forward_rank`]).
+    pub fn forward_rank(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        cache: &mut RankCache,
+    ) -> Result<ForwardOutput, ModelError> {
+        match (self, cache) {
+            (RankModel::Dense(m), RankCache::Dense(c)) => m.forward_rank(pool, comms, input, c),
+            (RankModel::Mla(m), RankCache::Latent(c)) => m.forward_rank(pool, comms, input, c),
+            _ => Err(ModelError::Invalid(
+                "the KV cache does not match the model's attention".into(),
+            )),
+        }
+    }
+
+    /// One step on a model served by a single rank.
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        input: &BatchInput,
+        cache: &mut RankCache,
+    ) -> Result<ForwardOutput, ModelError> {
+        self.forward_rank(pool, &RankComms::single(), input, cache)
+    }
+}
+
+/// KV-cache bytes one token costs on one rank at tensor-parallel size `tp`, in f32: MLA
+/// stores one latent row (`kv_lora_rank + qk_rope_head_dim`) per layer, replicated on
+/// every rank; standard attention stores K and V of the rank's KV heads.
+pub fn kv_bytes_per_token(cfg: &ModelConfig, tp: usize) -> usize {
+    match &cfg.mla {
+        Some(mla) => LatentCache::bytes_per_token(cfg.num_hidden_layers, mla.latent_dim()),
+        None => {
+            let heads = HeadLayout::new(
+                cfg,
+                TpShard {
+                    rank: 0,
+                    size: tp.max(1),
+                },
+            );
+            KvCache::bytes_per_token(cfg.num_hidden_layers, heads.kv_heads, cfg.head_dim)
+        }
+    }
+}
+
+/// How many tokens a KV budget holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCapacity {
+    /// Bytes one token costs on each rank that stores it.
+    pub bytes_per_token_per_rank: usize,
+    /// Blocks of `block_size` tokens each rank allocates.
+    pub num_blocks: usize,
+    /// Token slots on one rank.
+    pub tokens_per_rank: usize,
+    /// Distinct tokens the model holds: each DCP rank stores a different 1/dcp of every
+    /// sequence, so `tokens_per_rank × dcp`.
+    pub tokens_total: usize,
+}
+
+/// The engine's KV sizing: `budget_per_rank` bytes on each rank, whole blocks of
+/// `block_size` tokens (at least one), every token stored on exactly one rank of its DCP group.
+pub fn kv_capacity(
+    cfg: &ModelConfig,
+    tp: usize,
+    dcp: usize,
+    block_size: usize,
+    budget_per_rank: u64,
+) -> KvCapacity {
+    let per_token = kv_bytes_per_token(cfg, tp).max(1);
+    let block_bytes = (per_token as u64).saturating_mul(block_size.max(1) as u64);
+    let num_blocks = usize::try_from(budget_per_rank / block_bytes)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    let tokens_per_rank = num_blocks.saturating_mul(block_size);
+    KvCapacity {
+        bytes_per_token_per_rank: per_token,
+        num_blocks,
+        tokens_per_rank,
+        tokens_total: tokens_per_rank.saturating_mul(dcp.max(1)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Architecture, MlaConfig, MoeConfig, MoeScoring, YarnScaling};
+
+    /// Kimi K2's shapes (DeepSeek-V3 architecture, 61 layers, 64 heads, 384 experts).
+    pub(crate) fn kimi_k2() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::DeepseekV3,
+            hidden_size: 7168,
+            intermediate_size: 18432,
+            num_hidden_layers: 61,
+            num_attention_heads: 64,
+            num_key_value_heads: 64,
+            head_dim: 64,
+            vocab_size: 163840,
+            rms_norm_eps: 1e-6,
+            rope_theta: 50000.0,
+            rope_scaling: None,
+            rope_interleaved: false,
+            max_position_embeddings: 131072,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            qk_norm: false,
+            bos_token_id: Some(163584),
+            eos_token_ids: vec![163585],
+            mla: Some(MlaConfig {
+                q_lora_rank: Some(1536),
+                kv_lora_rank: 512,
+                qk_nope_head_dim: 128,
+                qk_rope_head_dim: 64,
+                v_head_dim: 128,
+                rope_interleave: true,
+                yarn: Some(YarnScaling {
+                    factor: 32.0,
+                    original_max_position_embeddings: 4096,
+                    beta_fast: 1.0,
+                    beta_slow: 1.0,
+                    mscale: Some(1.0),
+                    mscale_all_dim: Some(1.0),
+                    attention_factor: None,
+                    truncate: true,
+                }),
+            }),
+            moe: Some(MoeConfig {
+                n_routed_experts: 384,
+                num_experts_per_tok: 8,
+                moe_intermediate_size: 2048,
+                n_shared_experts: 1,
+                n_group: 1,
+                topk_group: 1,
+                routed_scaling_factor: 2.827,
+                norm_topk_prob: true,
+                first_k_dense_replace: 1,
+                scoring: MoeScoring::Sigmoid,
+                group_limited: true,
+                correction_bias: true,
+            }),
+        }
+    }
+
+    /// The memory a Kimi-K2-sized model's latent cache costs per token, and what a KV
+    /// budget holds with and without DCP (printed with `--nocapture`).
+    #[test]
+    fn kimi_k2_kv_memory_and_capacity() {
+        let cfg = kimi_k2();
+        let per_token = kv_bytes_per_token(&cfg, 8);
+        // 61 layers × (512 + 64) values × 4 bytes (f32), the same on every TP rank.
+        assert_eq!(per_token, 61 * 576 * 4);
+        assert_eq!(per_token, kv_bytes_per_token(&cfg, 1));
+        let budget: u64 = 16 << 30;
+        let block = 16;
+        println!(
+            "Kimi-K2-sized (61 layers, latent 512+64): {} bytes/token/rank in f32 ({} in bf16)",
+            per_token,
+            61 * 576 * 2
+        );
+        for (tp, dcp) in [(8, 1), (8, 2), (8, 4), (8, 8)] {
+            let c = kv_capacity(&cfg, tp, dcp, block, budget);
+            assert_eq!(c.tokens_total, c.tokens_per_rank * dcp);
+            println!(
+                "tp={tp} dcp={dcp}, 16 GiB KV per rank: {} tokens per rank, {} tokens total",
+                c.tokens_per_rank, c.tokens_total
+            );
+        }
+        let without = kv_capacity(&cfg, 8, 1, block, budget);
+        let with = kv_capacity(&cfg, 8, 8, block, budget);
+        assert_eq!(with.tokens_total, 8 * without.tokens_total);
+    }
+}

@@ -1,0 +1,193 @@
+//! `dcpserve bench-dcp`: decode context parallelism in miniature on CPU ranks.
+//!
+//! On a random long-context MQA model (one KV head, so every TP rank holds a replica of
+//! it without DCP), it measures
+//! - the decode step time of one long sequence at tp=N, dcp=1 vs tp=N, dcp=N;
+//! - the KV capacity and the most sequences running at once, with the same KV memory
+//!   per rank, for both layouts.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use futures::StreamExt;
+
+use crate::synthetic::{write_synthetic_llama, SyntheticSpec, SYNTHETIC_VOCAB};
+use crate::{
+    DType, Engine, EngineConfig, GenerationEvent, GenerationParams, ParallelConfig, Prompt,
+};
+
+/// Settings of one `bench-dcp` run.
+pub struct DcpBenchSpec {
+    pub tp: usize,
+    pub context: usize,
+    pub decode_tokens: usize,
+    pub capacity_context: usize,
+    pub capacity_sequences: usize,
+    pub overlap_batch: usize,
+    pub overlap_context: usize,
+    pub threads: usize,
+}
+
+fn model_spec(context: usize) -> SyntheticSpec {
+    SyntheticSpec {
+        hidden: 256,
+        layers: 4,
+        heads: 8,
+        kv_heads: 1,
+        head_dim: 64,
+        intermediate: 512,
+        max_position_embeddings: (context + 1024).next_power_of_two(),
+        seed: 7,
+    }
+}
+
+fn prompt(n: usize, salt: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 131) % (SYNTHETIC_VOCAB - 3) + 3) as u32)
+        .collect()
+}
+
+fn params(max_tokens: usize) -> GenerationParams {
+    let mut p = GenerationParams {
+        max_tokens,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    p.sampling.temperature = 0.0;
+    p
+}
+
+fn engine_config(tp: usize, dcp: usize, kv_bytes: u64, threads: usize) -> EngineConfig {
+    EngineConfig {
+        parallel: ParallelConfig {
+            tensor_parallel_size: tp,
+            decode_context_parallel_size: dcp,
+            cp_kv_cache_interleave_size: 1,
+        },
+        dtype: DType::Float32,
+        kv_cache_memory_bytes: Some(kv_bytes),
+        max_num_batched_tokens: 4096,
+        num_threads: Some(threads),
+        enable_prefix_caching: false,
+        ..Default::default()
+    }
+}
+
+/// Median decode step (ms) of one sequence with `context` tokens of history.
+async fn step_ms(engine: &Engine, context: usize, n: usize) -> Result<f64> {
+    let mut s = engine.generate_ids(prompt(context, 1), params(n + 1))?;
+    let mut last: Option<Instant> = None;
+    let mut steps = Vec::new();
+    while let Some(ev) = s.next().await {
+        match ev? {
+            GenerationEvent::Token { .. } => {
+                let now = Instant::now();
+                if let Some(prev) = last {
+                    steps.push((now - prev).as_secs_f64() * 1e3);
+                }
+                last = Some(now);
+            }
+            GenerationEvent::Finished { .. } => break,
+        }
+    }
+    if steps.is_empty() {
+        bail!("no decode steps measured");
+    }
+    steps.sort_by(f64::total_cmp);
+    Ok(steps[steps.len() / 2])
+}
+
+/// Most sequences running at once when `count` sequences of `context` tokens arrive together.
+async fn max_running(engine: &Engine, context: usize, count: usize) -> Result<usize> {
+    let streams: Vec<_> = (0..count)
+        .map(|i| engine.generate(Prompt::Tokens(prompt(context, 10 + i)), params(16)))
+        .collect::<Result<_>>()?;
+    let drain = tokio::spawn(async move {
+        for mut s in streams {
+            while let Some(ev) = s.next().await {
+                if matches!(ev?, GenerationEvent::Finished { .. }) {
+                    break;
+                }
+            }
+        }
+        anyhow::Ok(())
+    });
+    let mut best = 0;
+    while !drain.is_finished() {
+        best = best.max(engine.stats().await?.running);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    drain.await??;
+    Ok(best)
+}
+
+/// Runs the benchmark and returns a printable report.
+pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
+    let dir = std::env::temp_dir().join(format!("dcpserve-bench-dcp-{}", std::process::id()));
+    let mspec = model_spec(spec.context.max(spec.capacity_context));
+    write_synthetic_llama(&dir, &mspec)?;
+    let per_token = 2 * mspec.layers * mspec.head_dim * 4; // one KV head per rank, f32 K+V
+    let mut report = String::new();
+    let tp = spec.tp;
+
+    // 1. Decode step time of one long sequence.
+    let room = ((spec.context + spec.decode_tokens + 64) * per_token) as u64;
+    let mut times = Vec::new();
+    for dcp in [1, tp] {
+        let engine = Engine::from_path(&dir, engine_config(tp, dcp, room, spec.threads)).await?;
+        step_ms(&engine, 256, 4).await?; // warm-up
+        times.push(step_ms(&engine, spec.context, spec.decode_tokens).await?);
+    }
+    report.push_str(&format!(
+        "decode step, one {}-token sequence: tp={tp} dcp=1 {:.2} ms, tp={tp} dcp={tp} {:.2} ms, ratio {:.2}\n",
+        spec.context,
+        times[0],
+        times[1],
+        times[1] / times[0]
+    ));
+
+    // 2. Capacity with the same KV memory per rank.
+    let budget = (4 * (spec.capacity_context + 32) * per_token) as u64;
+    for dcp in [1, tp] {
+        let engine = Engine::from_path(&dir, engine_config(tp, dcp, budget, spec.threads)).await?;
+        let (per_rank, total) = engine.kv_capacity();
+        let running = max_running(&engine, spec.capacity_context, spec.capacity_sequences).await?;
+        report.push_str(&format!(
+            "capacity, {budget} KV bytes per rank: tp={tp} dcp={dcp}: {per_rank} tokens per rank, {total} in total; at most {running} of {} sequences of {} tokens running at once\n",
+            spec.capacity_sequences, spec.capacity_context
+        ));
+    }
+    // 3. Overlap: decode of a batch at tp=N, dcp=N with one step at a time vs two
+    //    micro-batches in ping-pong.
+    let batch_budget = (spec.overlap_batch * (spec.overlap_context + 96) * per_token) as u64;
+    let mut step = Vec::new();
+    for overlap in [false, true] {
+        let mut cfg = engine_config(tp, tp, batch_budget, spec.threads);
+        cfg.overlap_micro_batches = overlap;
+        let engine = Engine::from_path(&dir, cfg).await?;
+        let mut runs = Vec::new();
+        for r in 0..3 {
+            let tok_s = crate::engine_bench::decode_once(
+                &engine,
+                spec.overlap_batch,
+                spec.overlap_context,
+                64,
+                r,
+            )
+            .await?;
+            runs.push(spec.overlap_batch as f64 / tok_s * 1e3);
+        }
+        runs.sort_by(f64::total_cmp);
+        step.push(runs[1]);
+    }
+    report.push_str(&format!(
+        "decode step, {} sequences of {} tokens at tp={tp} dcp={tp}: one step at a time {:.2} ms, two micro-batches in ping-pong {:.2} ms, ratio {:.2}\n",
+        spec.overlap_batch,
+        spec.overlap_context,
+        step[0],
+        step[1],
+        step[1] / step[0]
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(report)
+}

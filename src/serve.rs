@@ -1,0 +1,363 @@
+//! `dcpserve serve`: loads one model (or the models of a config file), each as its own
+//! [`Engine`] with its own supervisor and rank group, and serves them over HTTP with the
+//! OpenAI-compatible API of [`dcpserve_api`].
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use clap::Args;
+use dcpserve_actors::GenerationParams;
+use dcpserve_api::{
+    config, AppState, BackendEvent, BackendStats, EventStream, ModelBackend, ModelEntry,
+    ModelRouter, ModelSlot, SamplingDefaults, ServeConfig,
+};
+use dcpserve_model::ChatMessage;
+use futures::future::BoxFuture;
+use futures::StreamExt;
+
+use crate::{Engine, EngineConfig, GenerationEvent};
+
+/// Flags of `dcpserve serve`, named as vLLM names them.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// A GGUF file or a Hugging Face folder (default: the default model).
+    pub model: Option<PathBuf>,
+    /// A TOML file listing several models (see examples/multi-model.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on (default 127.0.0.1).
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port to listen on (default 8000; 0 picks a free one).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Name clients use in `model` (default: the model's file or folder name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1 routes (or set DCPSERVE_API_KEY).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Requests allowed to wait beyond --max-num-seqs before answering 429.
+    #[arg(long)]
+    pub max_waiting_requests: Option<usize>,
+    /// Ranks of the model (query heads split across them); `-tp` works too.
+    #[arg(long)]
+    pub tensor_parallel_size: Option<usize>,
+    /// Ranks sharding the KV cache by position; `-dcp` works too.
+    #[arg(long)]
+    pub decode_context_parallel_size: Option<usize>,
+    /// Consecutive tokens on one DCP rank.
+    #[arg(long)]
+    pub cp_kv_cache_interleave_size: Option<usize>,
+    /// Longest prompt + output (default: the model's context length).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Most sequences in one step.
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Most tokens in one step.
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Tokens per KV block.
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// KV-cache bytes per rank (default: derived from free memory).
+    #[arg(long)]
+    pub kv_cache_memory_bytes: Option<u64>,
+    /// auto, float32 or bfloat16.
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Reuse KV blocks of shared prompt prefixes (default on).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    /// Seed of requests that set none.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Compute threads of the model (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// Rewrites vLLM's multi-letter short flags (`-tp 2`, `-dcp 2`) into their long forms,
+/// which clap cannot declare.
+pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    args.into_iter()
+        .map(|a| match a.as_str() {
+            "-tp" => "--tensor-parallel-size".into(),
+            "-dcp" => "--decode-context-parallel-size".into(),
+            _ => a,
+        })
+        .collect()
+}
+
+impl ServeArgs {
+    /// The command line as a one-model config entry.
+    fn model_entry(&self) -> ModelEntry {
+        ModelEntry {
+            name: self.served_model_name.clone(),
+            path: self.model.clone(),
+            tensor_parallel_size: self.tensor_parallel_size,
+            decode_context_parallel_size: self.decode_context_parallel_size,
+            cp_kv_cache_interleave_size: self.cp_kv_cache_interleave_size,
+            kv_cache_memory_bytes: self.kv_cache_memory_bytes,
+            max_model_len: self.max_model_len,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            block_size: self.block_size,
+            dtype: self.dtype.clone(),
+            enable_prefix_caching: if self.no_enable_prefix_caching {
+                Some(false)
+            } else if self.enable_prefix_caching {
+                Some(true)
+            } else {
+                None
+            },
+            seed: self.seed,
+            threads: self.threads,
+            sampling: SamplingDefaults::default(),
+        }
+    }
+
+    /// The effective config: the file given with --config, or one model from the flags;
+    /// server flags on the command line win over the file's.
+    pub fn resolve(&self) -> Result<ServeConfig> {
+        let mut cfg = match &self.config {
+            Some(path) => {
+                if self.model.is_some() {
+                    bail!("Give either a MODEL or --config, not both.");
+                }
+                if self.model_entry() != (ModelEntry::default()) {
+                    bail!("Model flags (--tensor-parallel-size, --max-model-len, ...) apply to one model: set them per model in {}.", path.display());
+                }
+                ServeConfig::load(path)?
+            }
+            None => ServeConfig {
+                models: vec![self.model_entry()],
+                ..Default::default()
+            },
+        };
+        let s = &mut cfg.server;
+        s.host = self.host.clone().or(s.host.take());
+        s.port = self.port.or(s.port);
+        s.api_key = self
+            .api_key
+            .clone()
+            .or_else(|| std::env::var("DCPSERVE_API_KEY").ok())
+            .or(s.api_key.take());
+        s.max_waiting_requests = self.max_waiting_requests.or(s.max_waiting_requests);
+        Ok(cfg)
+    }
+}
+
+/// An [`Engine`] as the HTTP layer sees it.
+pub struct EngineBackend {
+    engine: Engine,
+    ranks: usize,
+    root: String,
+}
+
+impl EngineBackend {
+    /// Wraps an engine whose layout has `ranks` ranks; `root` is shown by `/v1/models`.
+    pub fn new(engine: Engine, ranks: usize, root: impl Into<String>) -> Self {
+        Self {
+            engine,
+            ranks: ranks.max(1),
+            root: root.into(),
+        }
+    }
+}
+
+impl ModelBackend for EngineBackend {
+    fn max_model_len(&self) -> usize {
+        self.engine.max_model_len()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.engine.files().config.vocab_size
+    }
+
+    fn kv_capacity_tokens(&self) -> usize {
+        self.engine.kv_capacity().1
+    }
+
+    fn root(&self) -> String {
+        self.root.clone()
+    }
+
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+        self.engine
+            .tokenizer()
+            .encode(text, add_special_tokens)
+            .map_err(|e| e.to_string())
+    }
+
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, String> {
+        self.engine
+            .tokenizer()
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| e.to_string())
+    }
+
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {
+        self.engine.render_chat(messages).map_err(|e| e.to_string())
+    }
+
+    fn generate(
+        &self,
+        prompt_ids: Vec<u32>,
+        params: GenerationParams,
+    ) -> Result<EventStream, String> {
+        let stream = self
+            .engine
+            .generate_ids(prompt_ids, params)
+            .map_err(|e| e.to_string())?;
+        Ok(stream
+            .map(|ev| match ev {
+                Ok(GenerationEvent::Token { token, text }) => {
+                    Ok(BackendEvent::Token { token, text })
+                }
+                Ok(GenerationEvent::Finished {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                }) => Ok(BackendEvent::Finished {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                }),
+                Err(e) => Err(e.to_string()),
+            })
+            .boxed())
+    }
+
+    fn stats(&self) -> BoxFuture<'static, Option<BackendStats>> {
+        let engine = self.engine.clone();
+        let ranks = self.ranks;
+        Box::pin(async move {
+            let s = engine.stats().await.ok()?;
+            let used = s.total_blocks.saturating_sub(s.free_blocks);
+            // Block tables are global, so every rank holds the same share of its cache.
+            let usage = if s.total_blocks == 0 {
+                0.0
+            } else {
+                used as f64 / s.total_blocks as f64
+            };
+            Some(BackendStats {
+                running: s.running,
+                waiting: s.waiting,
+                kv_cache_usage: vec![usage; ranks],
+                preemptions: s.preemptions,
+                prefix_cache_hit_rate: (s.prefix_cache_queries > 0)
+                    .then(|| s.prefix_cache_hits as f64 / s.prefix_cache_queries as f64),
+                collective_seconds: Vec::new(),
+            })
+        })
+    }
+}
+
+/// Loads one config entry, showing a spinner on a terminal and log lines otherwise.
+pub async fn load_model(entry: &ModelEntry) -> Result<(String, Engine, EngineConfig, PathBuf)> {
+    let path = entry.path.clone().unwrap_or_else(crate::default_model_path);
+    if !path.exists() {
+        if entry.path.is_none() {
+            bail!(
+                "The default model is not at {}: run scripts/fetch-default-model.sh first.",
+                path.display()
+            );
+        }
+        bail!("Model path {} does not exist.", path.display());
+    }
+    let cfg = entry.engine_config()?;
+    let name = entry.name.clone().unwrap_or_else(|| default_name(&path));
+    let started = Instant::now();
+    tracing::info!(model = %name, path = %path.display(), "loading");
+    let spinner = std::io::stderr().is_terminal().then(|| {
+        let pb = indicatif::ProgressBar::new_spinner();
+        pb.set_message(format!("loading {name} from {}", path.display()));
+        pb.enable_steady_tick(Duration::from_millis(120));
+        pb
+    });
+    let result = Engine::from_path_named(name.clone(), path.clone(), cfg.clone()).await;
+    if let Some(pb) = spinner {
+        pb.finish_and_clear();
+    }
+    let engine = result.with_context(|| format!("loading model `{name}`"))?;
+    let (per_rank, total) = engine.kv_capacity();
+    tracing::info!(
+        model = %name,
+        seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
+        max_model_len = engine.max_model_len(),
+        kv_tokens_per_rank = per_rank,
+        kv_tokens_total = total,
+        "loaded"
+    );
+    Ok((name, engine, cfg, path))
+}
+
+fn default_name(path: &Path) -> String {
+    let file = path
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    file.strip_suffix(".gguf")
+        .map(str::to_string)
+        .unwrap_or(file)
+}
+
+/// Loads every model of `cfg` and builds the router (bounded queue per model).
+pub async fn build_router(cfg: &ServeConfig) -> Result<ModelRouter> {
+    let waiting = cfg
+        .server
+        .max_waiting_requests
+        .unwrap_or(config::DEFAULT_MAX_WAITING_REQUESTS);
+    let mut router = ModelRouter::new();
+    for entry in &cfg.models {
+        let (name, engine, ecfg, path) = load_model(entry).await?;
+        let backend = EngineBackend::new(
+            engine,
+            ecfg.parallel.tensor_parallel_size,
+            path.display().to_string(),
+        );
+        router
+            .add(ModelSlot::new(
+                name,
+                Arc::new(backend),
+                entry.sampling,
+                ecfg.max_num_seqs + waiting,
+            ))
+            .map_err(|e| anyhow!(e))?;
+    }
+    Ok(router)
+}
+
+/// Runs `dcpserve serve` until Ctrl-C.
+pub async fn run(args: ServeArgs) -> Result<()> {
+    let cfg = args.resolve()?;
+    let router = build_router(&cfg).await?;
+    let host = cfg.server.host.as_deref().unwrap_or(config::DEFAULT_HOST);
+    let port = cfg.server.port.unwrap_or(config::DEFAULT_PORT);
+    let addr: SocketAddr = tokio::net::lookup_host((host, port))
+        .await
+        .with_context(|| format!("resolving {host}"))?
+        .next()
+        .ok_or_else(|| anyhow!("{host} resolves to no address"))?;
+    let names: Vec<String> = router.models().iter().map(|m| m.name.clone()).collect();
+    let state = AppState::new(router, cfg.server.api_key.clone());
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down");
+    };
+    let (bound, server) = dcpserve_api::serve(addr, state, shutdown)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    tracing::info!(models = ?names, "serving on http://{bound}");
+    server.await;
+    Ok(())
+}
