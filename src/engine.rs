@@ -284,6 +284,15 @@ impl Engine {
         )?)
     }
 
+    /// Seconds each rank of the current group has spent inside collectives (waiting
+    /// for its peers included) since the group started.
+    pub async fn seconds_in_collectives(&self) -> Result<Vec<f64>> {
+        Ok(ractor::call!(
+            self.inner.supervisor,
+            SupervisorMsg::SecondsInCollectives
+        )?)
+    }
+
     /// Test hook: makes rank `n` fail on its next step (the supervisor restarts the group).
     #[doc(hidden)]
     pub fn inject_rank_fault(&self, n: usize) -> Result<()> {

@@ -256,7 +256,7 @@ impl ModelBackend for EngineBackend {
                 preemptions: s.preemptions,
                 prefix_cache_hit_rate: (s.prefix_cache_queries > 0)
                     .then(|| s.prefix_cache_hits as f64 / s.prefix_cache_queries as f64),
-                collective_seconds: Vec::new(),
+                collective_seconds: engine.seconds_in_collectives().await.unwrap_or_default(),
             })
         })
     }

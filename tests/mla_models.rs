@@ -363,3 +363,19 @@ async fn mla_dcp_shards_the_latent_cache() {
         }
     }
 }
+
+#[test]
+#[ignore]
+fn tmp_prefill_timing() {
+    let files = ModelFiles::open(fixture(MODEL)).unwrap();
+    let model = RankModel::load(
+        files.config.clone(),
+        files.tensors.as_ref(),
+        WeightPrecision::F32,
+    )
+    .unwrap();
+    let ids: Vec<u32> = (0..3100).map(|j| (j * 131 % 380) as u32 + 3).collect();
+    let t = std::time::Instant::now();
+    let _ = logprobs_chunked(&model, &ids, 512);
+    eprintln!("prefill 3100: {:?}", t.elapsed());
+}

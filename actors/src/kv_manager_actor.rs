@@ -10,7 +10,7 @@
 //! use dcpserve_actors::kv_manager_actor::{KvManagerActor, KvManagerArgs, KvManagerMsg, KvOp, KvReply};
 //! let args = KvManagerArgs { num_blocks: 8, tokens_per_block: 4, enable_prefix_caching: true };
 //! let (kv, handle) = ractor::Actor::spawn(None, KvManagerActor, args).await?;
-//! let ops = vec![KvOp::Admit { seq: 1, tokens: (0..9).collect(), max_new_tokens: 512 }];
+//! let ops = vec![KvOp::Admit { seq: 1, tokens: (0..9).collect(), max_new_tokens: 512, use_prefix_cache: true }];
 //! let replies = ractor::call!(kv, KvManagerMsg::Step, ops)?;
 //! assert!(matches!(&replies[0], KvReply::Admitted { cached_tokens: 0, new_tokens: 9, .. }));
 //! kv.stop(None);
@@ -42,6 +42,9 @@ pub enum KvOp {
         seq: u64,
         tokens: Vec<u32>,
         max_new_tokens: usize,
+        /// Look the prefix up in the cache (off for requests that need every prompt
+        /// position computed, e.g. for prompt log-probabilities).
+        use_prefix_cache: bool,
     },
     /// Grow a running sequence's table to cover `num_tokens` tokens.
     Grow { seq: u64, num_tokens: usize },
@@ -120,6 +123,7 @@ impl KvService {
                 seq,
                 tokens,
                 max_new_tokens,
+                use_prefix_cache,
             } => {
                 let st = self.seqs.entry(seq).or_insert_with(|| SeqState {
                     tokens: Vec::new(),
@@ -133,7 +137,11 @@ impl KvService {
                     st.blocks = SeqBlocks::new(); // a different stream: drop stale hashes
                 }
                 st.tokens = tokens;
-                let hit = self.mgr.find_cached_prefix(&mut st.blocks, &st.tokens);
+                let hit = if use_prefix_cache {
+                    self.mgr.find_cached_prefix(&mut st.blocks, &st.tokens)
+                } else {
+                    PrefixHit::none()
+                };
                 let new_tokens = (st.tokens.len() - hit.num_tokens).min(max_new_tokens);
                 if self
                     .mgr
@@ -279,7 +287,8 @@ mod tests {
             vec![KvOp::Admit {
                 seq: 1,
                 tokens: prompt.clone(),
-                max_new_tokens: 100
+                max_new_tokens: 100,
+                use_prefix_cache: true
             }]
         )
         .unwrap();
@@ -305,7 +314,8 @@ mod tests {
                 KvOp::Admit {
                     seq: 2,
                     tokens: prompt.clone(),
-                    max_new_tokens: 100
+                    max_new_tokens: 100,
+                    use_prefix_cache: true
                 },
                 KvOp::Grow {
                     seq: 1,
@@ -353,7 +363,8 @@ mod tests {
                 KvOp::Admit {
                     seq: 2,
                     tokens: prompt,
-                    max_new_tokens: 1
+                    max_new_tokens: 1,
+                    use_prefix_cache: true
                 },
             ]
         )

@@ -10,6 +10,7 @@ use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::collective::{CollectiveActor, CollectiveMsg};
+use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs, KvManagerMsg};
 use crate::placement::Placement;
 use crate::rank::{RankActor, RankArgs, RankMsg};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerMsg};
@@ -49,6 +50,7 @@ pub struct SupervisorState {
     sched_cfg: SchedulerConfig,
     ranks: Vec<ActorRef<RankMsg>>,
     collective: Option<ActorRef<CollectiveMsg>>,
+    kv: ActorRef<KvManagerMsg>,
     threads_per_rank: usize,
 }
 
@@ -117,8 +119,25 @@ impl Actor for ModelSupervisor {
             enable_prefix_caching: e.enable_prefix_caching,
             overlap_micro_batches: e.overlap_micro_batches,
         };
-        let (scheduler, _) =
-            Actor::spawn_linked(None, Scheduler, sched_cfg.clone(), myself.get_cell()).await?;
+        // The KV-block manager and the scheduler outlive rank-group restarts.
+        let (kv, _) = Actor::spawn_linked(
+            None,
+            KvManagerActor,
+            KvManagerArgs {
+                num_blocks,
+                tokens_per_block: sched_cfg.tokens_per_block,
+                enable_prefix_caching: e.enable_prefix_caching,
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        let (scheduler, _) = Actor::spawn_linked(
+            None,
+            Scheduler,
+            (sched_cfg.clone(), kv.clone()),
+            myself.get_cell(),
+        )
+        .await?;
         let threads = e
             .num_threads
             .unwrap_or_else(dcpserve_kernels::available_cores);
@@ -134,6 +153,7 @@ impl Actor for ModelSupervisor {
             sched_cfg,
             ranks: Vec::new(),
             collective: None,
+            kv,
             args,
         };
         state.start_ranks(myself.get_cell()).await?;
@@ -181,10 +201,11 @@ impl Actor for ModelSupervisor {
             }
             _ => return Ok(()),
         };
-        if who.get_id() == state.info.scheduler.get_id() {
-            // Without its scheduler the model cannot serve; stop and let the owner see it.
-            tracing::error!(model = %state.args.name, "scheduler ended: {why}");
-            myself.stop(Some(format!("scheduler ended: {why}")));
+        if who.get_id() == state.info.scheduler.get_id() || who.get_id() == state.kv.get_id() {
+            // Without its scheduler or block manager the model cannot serve; stop and let
+            // the owner see it.
+            tracing::error!(model = %state.args.name, "scheduler or KV manager ended: {why}");
+            myself.stop(Some(format!("scheduler or KV-block manager ended: {why}")));
             return Ok(());
         }
         let is_rank = state.ranks.iter().any(|r| r.get_id() == who.get_id());

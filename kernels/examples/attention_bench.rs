@@ -40,25 +40,51 @@ fn fill(n: usize, seed: usize) -> Vec<f32> {
         .collect()
 }
 
+/// `ATT_ONLY=substring` restricts the run to matching lines.
+fn selected(line: &str) -> bool {
+    std::env::var("ATT_ONLY").map_or(true, |f| line.contains(&f))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }
 
+/// CPU time of the calling thread in seconds (Linux), if available.
+fn thread_cpu() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    Some(s.split_whitespace().next()?.parse::<f64>().ok()? * 1e-9)
+}
+
 /// Seconds per call (median of `reps` timed batches of at least `min_s` each).
+/// With `ATT_CPU=1`, the calling thread's CPU time instead of wall time: on a shared
+/// machine this removes time the thread was descheduled (meaningful for 1 thread).
 fn time(reps: usize, min_s: f64, mut f: impl FnMut()) -> f64 {
+    let cpu = std::env::var("ATT_CPU").is_ok_and(|v| v == "1") && thread_cpu().is_some();
+    let now = || {
+        if cpu {
+            thread_cpu().unwrap_or(0.0)
+        } else {
+            START.with(|s| s.elapsed().as_secs_f64())
+        }
+    };
     f();
     let mut samples = Vec::new();
     for _ in 0..reps {
         let t = Instant::now();
+        let c0 = now();
         let mut n = 0u32;
         while t.elapsed().as_secs_f64() < min_s || n < 2 {
             f();
             n += 1;
         }
-        samples.push(t.elapsed().as_secs_f64() / n as f64);
+        samples.push((now() - c0) / n as f64);
     }
     median(samples)
+}
+
+thread_local! {
+    static START: Instant = Instant::now();
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -71,6 +97,13 @@ fn decode(
     nkv: usize,
     hd: usize,
 ) {
+    let mut line = format!(
+        "decode seqs={n_seqs:<2} ctx={:>3}k heads={nq}:{nkv} hd={hd:<3}",
+        kv_len / 1024
+    );
+    if !selected(&line) {
+        return;
+    }
     let row = nkv * hd;
     let blocks_per_seq = kv_len.div_ceil(BS);
     let layer_bytes = 2 * n_seqs * blocks_per_seq * BS * row * 4;
@@ -104,10 +137,6 @@ fn decode(
     let mut out = vec![0.0; n_seqs * nq * hd];
     let mut lse = vec![0.0; n_seqs * nq];
     let bytes = (2 * n_seqs * kv_len * row * 4) as f64;
-    let mut line = format!(
-        "decode seqs={n_seqs:<2} ctx={:>3}k heads={nq}:{nkv} hd={hd:<3}",
-        kv_len / 1024
-    );
     for pool in pools {
         let mut layer = 0;
         let secs = time(reps, 0.08, || {
@@ -138,6 +167,13 @@ fn decode(
 /// `n_new` query tokens at positions `ctx - n_new .. ctx` of one sequence (causal).
 fn prefill(pools: &[ThreadPool], reps: usize, ctx: usize, n_new: usize, nq: usize, hd: usize) {
     let nkv = 1;
+    let mut line = format!(
+        "prefill ctx={:>3}k new={n_new:<5} heads={nq}:{nkv} hd={hd:<3}",
+        ctx / 1024
+    );
+    if !selected(&line) {
+        return;
+    }
     let row = nkv * hd;
     let nb = ctx.div_ceil(BS);
     let kc = fill(nb * BS * row, 0);
@@ -163,10 +199,6 @@ fn prefill(pools: &[ThreadPool], reps: usize, ctx: usize, n_new: usize, nq: usiz
     // q·k and p·v multiply-adds, 2 flops each.
     let pairs: f64 = lens.iter().map(|&l| l as f64).sum();
     let flops = pairs * nq as f64 * hd as f64 * 4.0;
-    let mut line = format!(
-        "prefill ctx={:>3}k new={n_new:<5} heads={nq}:{nkv} hd={hd:<3}",
-        ctx / 1024
-    );
     for pool in pools {
         let secs = time(reps, 0.2, || {
             paged_attention(pool, &b, &kc, &vc, &mut out, &mut lse).expect("attention");
@@ -187,7 +219,12 @@ fn main() {
         .nth(2)
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
-    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    // ATT_THREADS=1 runs only the 1-thread pool (e.g. under `perf stat`).
+    let pools: Vec<ThreadPool> = match std::env::var("ATT_THREADS").as_deref() {
+        Ok("1") => vec![ThreadPool::new(1)],
+        Ok("2") => vec![ThreadPool::new(2)],
+        _ => vec![ThreadPool::new(1), ThreadPool::new(2)],
+    };
     if what == "all" || what == "decode" {
         for &hd in &[64usize, 128] {
             for &(nq, nkv) in &[(4usize, 1usize), (4, 4)] {

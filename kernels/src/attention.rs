@@ -179,7 +179,9 @@ pub(crate) fn paged_attention_impl(
             t0 = t1;
         }
         let tiles: &[(u32, u32)] = &tiles_buf;
-        let n_items = tiles.len() * nkv;
+        // SIMD items cover all KV heads of a tile (whole slot rows streamed once).
+        let groups = if simd { nkv } else { 1 };
+        let n_items = tiles.len() * (nkv / groups);
         let threads = pool.n_threads();
         let max_kv = b.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
         // Split along KV only when there are too few items for the threads; one thread
@@ -195,7 +197,7 @@ pub(crate) fn paged_attention_impl(
         let run = |op: SyncPtr, lp: SyncPtr, split_rows: usize| {
             pool.run(n_items * n_splits, |it| {
                 let (tile, s) = (it / n_splits, it % n_splits);
-                let (ti, g) = (tile / nkv, tile % nkv);
+                let (ti, g) = (tile / (nkv / groups), tile % (nkv / groups) * groups);
                 let (t0, nt) = (tiles[ti].0 as usize, tiles[ti].1 as usize);
                 let lens = &b.token_kv_len[t0..t0 + nt];
                 let tile_kv = lens.iter().copied().max().unwrap_or(0) as usize;
@@ -210,7 +212,7 @@ pub(crate) fn paged_attention_impl(
                 // output buffer s; validate() checked the block tables and lengths.
                 unsafe {
                     attend_item(
-                        b, k_cache, v_cache, t0, nt, g, start, end, op, lp, row0, simd,
+                        b, k_cache, v_cache, t0, nt, g, groups, start, end, op, lp, row0, simd,
                     )
                 };
             });
@@ -299,7 +301,8 @@ fn validate(
     Ok(())
 }
 
-/// Attends query heads `g·r..(g+1)·r` of tokens `t0..t0 + nt` (one sequence) to keys
+/// Attends query heads `g·r..(g + groups)·r` (KV heads `g..g + groups`) of tokens
+/// `t0..t0 + nt` (one sequence) to keys
 /// `start..end` (clamped per token to its kv length), writing rows starting at `row0`
 /// (token stride `n_q_heads`) of `out` / `lse`.
 ///
@@ -314,6 +317,7 @@ unsafe fn attend_item(
     t0: usize,
     nt: usize,
     g: usize,
+    groups: usize,
     start: usize,
     end: usize,
     out: SyncPtr,
@@ -332,6 +336,7 @@ unsafe fn attend_item(
                 q: b.q.as_ptr().add((t0 * nq + g * r) * hd),
                 q_tok_stride: nq * hd,
                 r,
+                groups,
                 kv_len: &b.token_kv_len[t0..t0 + nt],
                 hd,
                 scale: b.scale,
@@ -349,7 +354,7 @@ unsafe fn attend_item(
             avx512::attend_tile(&tile, &mut s);
             return;
         }
-        let _ = simd;
+        let _ = (simd, groups);
         let need = r * (CH + 2);
         if s.len() < need {
             s.resize(need, 0.0);

@@ -12,20 +12,26 @@ use std::arch::x86_64::*;
 
 /// Keys per chunk (one zmm of scores per query row).
 const KC: usize = 16;
+/// Software prefetch distance (bytes of K ahead of the chunk being computed).
+const PF_BYTES: usize = 8192;
 
-/// One work item for [`attend_tile`].
+/// One work item for [`attend_tile`]: `groups` consecutive KV heads, each with `r`
+/// query heads, for a few tokens. All KV heads of a slot row are handled in the same
+/// pass so the cache is streamed sequentially once.
 pub(super) struct Tile<'a> {
-    /// Query row `(tt, hh)` (token `tt` of the tile, head `hh` of the group) is at
-    /// `q + tt * q_tok_stride + hh * hd`.
+    /// Query head `h` (`0..groups·r`, of KV head `h / r`) of token `tt` of the tile is
+    /// at `q + tt * q_tok_stride + h * hd`.
     pub q: *const f32,
     pub q_tok_stride: usize,
-    /// Heads per group (query rows per token).
+    /// Query heads per KV head.
     pub r: usize,
+    /// KV heads (at `kc + g * hd` within a slot row).
+    pub groups: usize,
     /// Tokens in the tile; their kv lengths.
     pub kv_len: &'a [u32],
     pub hd: usize,
     pub scale: f32,
-    /// Caches offset to this KV head; `slot_stride` floats per slot.
+    /// Caches offset to the first KV head; `slot_stride` floats per slot.
     pub kc: *const f32,
     pub vc: *const f32,
     pub slot_stride: usize,
@@ -34,11 +40,39 @@ pub(super) struct Tile<'a> {
     /// Key range of this item (clamped to each row's kv length).
     pub start: usize,
     pub end: usize,
-    /// Output row `(tt, hh)` is `out + (tt * out_tok_stride + hh) * hd`, its LSE
-    /// `lse + tt * out_tok_stride + hh`.
+    /// Output of query head `h` of token `tt` is `out + (tt * out_tok_stride + h) * hd`,
+    /// its LSE `lse + tt * out_tok_stride + h`.
     pub out: *mut f32,
     pub lse: *mut f32,
     pub out_tok_stride: usize,
+}
+
+fn pf_bytes() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("ATT_PFB")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(PF_BYTES)
+    })
+}
+fn direct_w() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("ATT_DW")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10)
+    })
+}
+fn pf_step() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("ATT_PFS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(64)
+    })
 }
 
 #[inline]
@@ -153,6 +187,74 @@ unsafe fn qk<const G: usize>(
     }
 }
 
+/// Horizontal sums of 16 vectors: `out[j] = Σ_lanes x[j]` (15 adds, 30 shuffles).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn reduce16(x: &[__m512; 16]) -> __m512 {
+    // Pairs: each 128-bit lane holds [a, b, a, b] partials.
+    let mut c = [_mm512_setzero_ps(); 8];
+    for k in 0..8 {
+        let (a, b) = (x[2 * k], x[2 * k + 1]);
+        c[k] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    }
+    // Quads: each 128-bit lane holds partials of keys 4m..4m + 4.
+    let mut d = [_mm512_setzero_ps(); 4];
+    for m in 0..4 {
+        let (a, b) = (_mm512_castps_pd(c[2 * m]), _mm512_castps_pd(c[2 * m + 1]));
+        d[m] = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        );
+    }
+    let h0 = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0x44>(d[0], d[1]),
+        _mm512_shuffle_f32x4::<0xEE>(d[0], d[1]),
+    );
+    let h1 = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0x44>(d[2], d[3]),
+        _mm512_shuffle_f32x4::<0xEE>(d[2], d[3]),
+    );
+    _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0x88>(h0, h1),
+        _mm512_shuffle_f32x4::<0xDD>(h0, h1),
+    )
+}
+
+/// Scores of one query row (`q`, `NV` vectors, zero-padded) against the chunk's key
+/// rows directly (per-key dot products, then one transpose-reduce): cheaper than
+/// transposing K when few query rows share the chunk.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn qk_direct<const NV: usize>(
+    q: *const f32,
+    krows: &[*const f32; KC],
+    c: usize,
+    tail: __mmask16,
+    s: *mut f32,
+    scale: f32,
+) {
+    let mut qv = [_mm512_setzero_ps(); NV];
+    for (v, x) in qv.iter_mut().enumerate() {
+        *x = _mm512_load_ps(q.add(v * 16));
+    }
+    let mut a = [_mm512_setzero_ps(); KC];
+    for (j, aj) in a.iter_mut().enumerate() {
+        if j < c {
+            let k = krows[j];
+            let mut x = _mm512_mul_ps(
+                qv[0],
+                _mm512_maskz_loadu_ps(if NV == 1 { tail } else { 0xFFFF }, k),
+            );
+            for v in 1..NV {
+                let mk = if v + 1 == NV { tail } else { 0xFFFF };
+                x = _mm512_fmadd_ps(qv[v], _mm512_maskz_loadu_ps(mk, k.add(v * 16)), x);
+            }
+            *aj = x;
+        }
+    }
+    _mm512_store_ps(s, _mm512_mul_ps(reduce16(&a), _mm512_set1_ps(scale)));
+}
+
 /// `acc[g][col..col + 16·CB] = alpha[g] · acc[g][..] + Σ_key p[g][key] · v[key][..]` for
 /// `G` rows; the last vector of the block loads V with `last` as mask.
 #[inline]
@@ -260,6 +362,27 @@ fn offsets(t: &Tile, j: usize, n: usize, off: &mut [usize; KC]) {
     }
 }
 
+/// Prefetches the K and V slot rows of keys `j..e` (whole rows: every KV head of a
+/// slot is used), one contiguous span per block, every `step`-th cache line.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn prefetch(t: &Tile, mut j: usize, e: usize, step: usize) {
+    while j < e {
+        let (blk, w) = (j / t.bs, j % t.bs);
+        let n = (t.bs - w).min(e - j);
+        let o = (t.bt[blk] as usize * t.bs + w) * t.slot_stride;
+        let bytes = n * t.slot_stride * 4;
+        let (kp, vp) = (t.kc.add(o) as *const i8, t.vc.add(o) as *const i8);
+        let mut b = 0;
+        while b < bytes {
+            _mm_prefetch::<_MM_HINT_T0>(kp.add(b));
+            _mm_prefetch::<_MM_HINT_T0>(vp.add(b));
+            b += step;
+        }
+        j += n;
+    }
+}
+
 /// Attends the tile's query rows to keys `start..end` (each row clamped to its own kv
 /// length) and writes normalized outputs and LSEs.
 ///
@@ -269,10 +392,14 @@ fn offsets(t: &Tile, j: usize, n: usize, off: &mut [usize; KC]) {
 /// it names must be in bounds, and no other thread may write the output rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
 pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
-    let (hd, r) = (t.hd, t.r);
+    let (hd, r, ng) = (t.hd, t.r, t.groups);
+    let nt = t.kv_len.len();
     let nv = hd.div_ceil(16);
     let hdp = nv * 16;
-    let rows = t.kv_len.len() * r;
+    // Scratch rows are group-major: row i = g·gr + tt·r + hh, so each KV head's query
+    // rows are contiguous.
+    let gr = nt * r;
+    let rows = ng * gr;
     let rp = rows.next_multiple_of(16);
     let need = 2 * rows * hdp + hdp * KC + 2 * rows * KC + 2 * rp + 16;
     if scratch.len() < need {
@@ -288,10 +415,16 @@ pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
     let m = lv.add(rows * KC);
     let alpha = m.add(rp);
     let tail = if hd % 16 == 0 { 0xFFFF } else { mask(hd % 16) };
+    // (token, head within the tile's heads) of scratch row i.
+    let who = |i: usize| {
+        let (g, w) = (i / gr, i % gr);
+        (w / r, g * r + w % r)
+    };
 
     // Query rows, zero-padded to hdp; accumulators cleared.
     for i in 0..rows {
-        let src = t.q.add((i / r) * t.q_tok_stride + (i % r) * hd);
+        let (tt, h) = who(i);
+        let src = t.q.add(tt * t.q_tok_stride + h * hd);
         let dst = qs.add(i * hdp);
         for v in 0..nv {
             let mk = if v + 1 == nv { tail } else { 0xFFFF };
@@ -301,7 +434,6 @@ pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
         _mm512_store_ps(lv.add(i * KC), _mm512_setzero_ps());
         *m.add(i) = f32::NEG_INFINITY;
     }
-    let lim = |i: usize| (t.kv_len[i / r] as usize).min(t.end);
     let tile_end = t
         .kv_len
         .iter()
@@ -309,131 +441,128 @@ pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
         .max()
         .unwrap_or(0)
         .min(t.end);
+    // Prefetch distance in keys: about PF_BYTES of K (and as much V) ahead.
+    let row_bytes = t.slot_stride * 4;
+    let pf = (pf_bytes() / row_bytes).next_multiple_of(KC).max(KC);
+    let step = pf_step();
+    prefetch(t, t.start, (t.start + pf).min(tile_end), step);
 
-    let mut off;
-    let mut next = [0usize; KC];
-    if t.start < tile_end {
-        offsets(t, t.start, KC.min(tile_end - t.start), &mut next);
-    }
-    let pf: usize = std::env::var("ATT_PF")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(64);
-    // Warm-up prefetch of the first `pf` keys.
-    {
-        let mut j = t.start;
-        let e = (t.start + pf).min(tile_end);
-        while j < e {
-            let n = KC.min(e - j);
-            let mut po = [0usize; KC];
-            offsets(t, j, n, &mut po);
-            for &o in &po[..n] {
-                let (kp, vp) = (t.kc.add(o) as *const i8, t.vc.add(o) as *const i8);
-                let mut b = 0;
-                while b < hd * 4 {
-                    _mm_prefetch::<_MM_HINT_T0>(kp.add(b));
-                    _mm_prefetch::<_MM_HINT_T0>(vp.add(b));
-                    b += 64;
-                }
-            }
-            j += n;
-        }
-    }
+    // Direct dot products + transpose-reduce cost ~45 shuffles/adds per query row and
+    // chunk; transposing K costs ~64 per 16 columns of head_dim, shared by all rows.
+    let direct = nv <= 8 && 45 * gr * direct_w() < 64 * nv * 10;
+    let mut off = [0usize; KC];
     let mut j0 = t.start;
     while j0 < tile_end {
         let c = KC.min(tile_end - j0);
-        off = next;
-        // Prefetch `pf` keys ahead: blocks are scattered, so the hardware prefetcher
-        // cannot run ahead across block boundaries, and one chunk of lead time does not
-        // cover DRAM latency.
-        let j1 = j0 + c;
-        if j1 < tile_end {
-            offsets(t, j1, KC.min(tile_end - j1), &mut next);
-        }
-        let (p0, p1) = ((j0 + pf).min(tile_end), (j1 + pf).min(tile_end));
-        if p0 < p1 {
-            let mut po = [0usize; KC];
-            offsets(t, p0, p1 - p0, &mut po);
-            for &o in &po[..p1 - p0] {
-                let (kp, vp) = (t.kc.add(o) as *const i8, t.vc.add(o) as *const i8);
-                let mut b = 0;
-                while b < hd * 4 {
-                    _mm_prefetch::<_MM_HINT_T0>(kp.add(b));
-                    _mm_prefetch::<_MM_HINT_T0>(vp.add(b));
-                    b += 64;
+        offsets(t, j0, c, &mut off);
+        prefetch(
+            t,
+            (j0 + pf).min(tile_end),
+            (j0 + c + pf).min(tile_end),
+            step,
+        );
+        for g in 0..ng {
+            let (kc, vc) = (t.kc.add(g * hd), t.vc.add(g * hd));
+            let (qs, acc) = (qs.add(g * gr * hdp), acc.add(g * gr * hdp));
+            let (p, lv, m, alpha) = (
+                p.add(g * gr * KC),
+                lv.add(g * gr * KC),
+                m.add(g * gr),
+                alpha.add(g * gr),
+            );
+            if direct {
+                let mut krows = [kc; KC];
+                for (kr, &o) in krows.iter_mut().zip(&off).take(c) {
+                    *kr = kc.add(o);
+                }
+                for i in 0..gr {
+                    let (q, s) = (qs.add(i * hdp), p.add(i * KC));
+                    match nv {
+                        1 => qk_direct::<1>(q, &krows, c, tail, s, t.scale),
+                        2 => qk_direct::<2>(q, &krows, c, tail, s, t.scale),
+                        3 => qk_direct::<3>(q, &krows, c, tail, s, t.scale),
+                        4 => qk_direct::<4>(q, &krows, c, tail, s, t.scale),
+                        5 => qk_direct::<5>(q, &krows, c, tail, s, t.scale),
+                        6 => qk_direct::<6>(q, &krows, c, tail, s, t.scale),
+                        7 => qk_direct::<7>(q, &krows, c, tail, s, t.scale),
+                        _ => qk_direct::<8>(q, &krows, c, tail, s, t.scale),
+                    }
+                }
+            } else {
+                // K chunk → kt[d][key] (keys past c are zero).
+                for v in 0..nv {
+                    let mk = if v + 1 == nv { tail } else { 0xFFFF };
+                    let mut x = [_mm512_setzero_ps(); KC];
+                    for (key, xk) in x.iter_mut().enumerate().take(c) {
+                        *xk = _mm512_maskz_loadu_ps(mk, kc.add(off[key] + v * 16));
+                    }
+                    transpose16(&x, kt.add(v * 16 * KC));
+                }
+                // Scores.
+                let mut i = 0;
+                while gr - i >= 8 {
+                    qk::<8>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
+                    i += 8;
+                }
+                if gr - i >= 4 {
+                    qk::<4>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
+                    i += 4;
+                }
+                if gr - i >= 2 {
+                    qk::<2>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
+                    i += 2;
+                }
+                if gr - i >= 1 {
+                    qk::<1>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
                 }
             }
-        }
-        // K chunk → kt[d][key] (keys past c are zero).
-        for v in 0..nv {
-            let mk = if v + 1 == nv { tail } else { 0xFFFF };
-            let mut x = [_mm512_setzero_ps(); KC];
-            for (key, xk) in x.iter_mut().enumerate().take(c) {
-                *xk = _mm512_maskz_loadu_ps(mk, t.kc.add(off[key] + v * 16));
+            // Online softmax: p = exp(s − m_new) on valid keys, rescale factors alpha.
+            for i in 0..gr {
+                let lim = (t.kv_len[i / r] as usize).min(t.end);
+                let n_valid = lim.saturating_sub(j0).min(c);
+                let pi = p.add(i * KC);
+                *alpha.add(i) = 1.0;
+                if n_valid == 0 {
+                    _mm512_store_ps(pi, _mm512_setzero_ps());
+                    continue;
+                }
+                let km = mask(n_valid);
+                let s =
+                    _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), km, _mm512_load_ps(pi));
+                let mo = *m.add(i);
+                let mn = mo.max(_mm512_reduce_max_ps(s));
+                if mn == f32::NEG_INFINITY {
+                    _mm512_store_ps(pi, _mm512_setzero_ps());
+                    continue; // all scores -inf so far: nothing to accumulate
+                }
+                let a = if mn > mo { (mo - mn).exp() } else { 1.0 };
+                let e = _mm512_maskz_mov_ps(km, exp16(_mm512_sub_ps(s, _mm512_set1_ps(mn))));
+                let l = _mm512_load_ps(lv.add(i * KC));
+                _mm512_store_ps(lv.add(i * KC), _mm512_fmadd_ps(l, _mm512_set1_ps(a), e));
+                _mm512_store_ps(pi, e);
+                *m.add(i) = mn;
+                *alpha.add(i) = a;
             }
-            transpose16(&x, kt.add(v * 16 * KC));
-        }
-        // Scores.
-        let mut i = 0;
-        while rows - i >= 8 {
-            qk::<8>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
-            i += 8;
-        }
-        if rows - i >= 4 {
-            qk::<4>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
-            i += 4;
-        }
-        if rows - i >= 2 {
-            qk::<2>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
-            i += 2;
-        }
-        if rows - i >= 1 {
-            qk::<1>(qs.add(i * hdp), hdp, hd, kt, p.add(i * KC), t.scale);
-        }
-        // Online softmax: p = exp(s − m_new) on valid keys, rescale factors alpha.
-        for i in 0..rows {
-            let n_valid = lim(i).saturating_sub(j0).min(c);
-            let pi = p.add(i * KC);
-            *alpha.add(i) = 1.0;
-            if n_valid == 0 {
-                _mm512_store_ps(pi, _mm512_setzero_ps());
-                continue;
+            // P·V: each V row streamed once for all rows of this KV head.
+            let mut vrows = [vc; KC];
+            for (vr, &o) in vrows.iter_mut().zip(&off).take(c) {
+                *vr = vc.add(o);
             }
-            let km = mask(n_valid);
-            let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), km, _mm512_load_ps(pi));
-            let mo = *m.add(i);
-            let mn = mo.max(_mm512_reduce_max_ps(s));
-            if mn == f32::NEG_INFINITY {
-                _mm512_store_ps(pi, _mm512_setzero_ps());
-                continue; // all scores -inf so far: nothing to accumulate
-            }
-            let a = if mn > mo { (mo - mn).exp() } else { 1.0 };
-            let e = _mm512_maskz_mov_ps(km, exp16(_mm512_sub_ps(s, _mm512_set1_ps(mn))));
-            let l = _mm512_load_ps(lv.add(i * KC));
-            _mm512_store_ps(lv.add(i * KC), _mm512_fmadd_ps(l, _mm512_set1_ps(a), e));
-            _mm512_store_ps(pi, e);
-            *m.add(i) = mn;
-            *alpha.add(i) = a;
-        }
-        // P·V: each V row streamed once for all rows.
-        let mut vrows = [t.vc; KC];
-        for (vr, &o) in vrows.iter_mut().zip(&off).take(c) {
-            *vr = t.vc.add(o);
-        }
-        let mut v = 0;
-        while v < nv {
-            let left = nv - v;
-            let last = |cb: usize| if v + cb == nv { tail } else { 0xFFFF };
-            let col = v * 16;
-            if left >= 4 {
-                pv_rows::<4>(&vrows, c, p, alpha, acc, rows, hdp, col, last(4));
-                v += 4;
-            } else if left >= 2 {
-                pv_rows::<2>(&vrows, c, p, alpha, acc, rows, hdp, col, last(2));
-                v += 2;
-            } else {
-                pv_rows::<1>(&vrows, c, p, alpha, acc, rows, hdp, col, last(1));
-                v += 1;
+            let mut v = 0;
+            while v < nv {
+                let left = nv - v;
+                let last = |cb: usize| if v + cb == nv { tail } else { 0xFFFF };
+                let col = v * 16;
+                if left >= 4 {
+                    pv_rows::<4>(&vrows, c, p, alpha, acc, gr, hdp, col, last(4));
+                    v += 4;
+                } else if left >= 2 {
+                    pv_rows::<2>(&vrows, c, p, alpha, acc, gr, hdp, col, last(2));
+                    v += 2;
+                } else {
+                    pv_rows::<1>(&vrows, c, p, alpha, acc, gr, hdp, col, last(1));
+                    v += 1;
+                }
             }
         }
         j0 += c;
@@ -441,8 +570,8 @@ pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
 
     // Normalize and write out.
     for i in 0..rows {
-        let (tt, hh) = (i / r, i % r);
-        let o = t.out.add((tt * t.out_tok_stride + hh) * hd);
+        let (tt, h) = who(i);
+        let o = t.out.add((tt * t.out_tok_stride + h) * hd);
         let l = _mm512_reduce_add_ps(_mm512_load_ps(lv.add(i * KC)));
         let (w, lse) = if l > 0.0 {
             (1.0 / l, *m.add(i) + l.ln())
@@ -453,10 +582,10 @@ pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
         for v in 0..nv {
             let mk = if v + 1 == nv { tail } else { 0xFFFF };
             let x = _mm512_mul_ps(_mm512_load_ps(acc.add(i * hdp + v * 16)), wv);
-            // w = 0 must give exact zeros even if acc were non-finite.
+            // An empty row gives exact zeros even if acc were non-finite.
             let x = if l > 0.0 { x } else { _mm512_setzero_ps() };
             _mm512_mask_storeu_ps(o.add(v * 16), mk, x);
         }
-        *t.lse.add(tt * t.out_tok_stride + hh) = lse;
+        *t.lse.add(tt * t.out_tok_stride + h) = lse;
     }
 }

@@ -1,0 +1,224 @@
+//! Planning one step of a micro-batch: running sequences first (growing their KV),
+//! preemption of the newest when blocks run out, then admissions under the token budget.
+//! Every block decision goes through the KV-block-manager actor, in one round trip per
+//! step unless memory runs short.
+
+use ractor::ActorProcessingErr;
+
+use super::{InFlight, Scheduled, SchedulerState};
+use crate::kv_manager_actor::{KvManagerMsg, KvOp, KvReply};
+use crate::plan::StepPlan;
+
+impl SchedulerState {
+    /// Sends `ops` to the KV-block manager and returns its replies, in order.
+    pub(super) async fn kv_step(
+        &mut self,
+        ops: Vec<KvOp>,
+    ) -> Result<Vec<KvReply>, ActorProcessingErr> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(ractor::call!(self.kv, KvManagerMsg::Step, ops)?)
+    }
+
+    /// Sends the releases and commits queued since the last round trip.
+    pub(super) async fn flush_kv(&mut self) -> Result<(), ActorProcessingErr> {
+        let ops = std::mem::take(&mut self.pending_kv);
+        self.kv_step(ops).await?;
+        Ok(())
+    }
+
+    /// Evicts the most recently admitted running sequence of micro-batch `mb` (never one
+    /// in flight); it will be recomputed. Its release is queued. Returns the victim.
+    fn preempt_last(&mut self, mb: usize) -> Option<u64> {
+        let idx = self
+            .running
+            .iter()
+            .rposition(|id| self.seqs.get(id).is_some_and(|s| s.micro_batch == mb))?;
+        let id = self.running.remove(idx);
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.table.clear();
+            seq.num_computed = 0;
+        }
+        self.pending_kv.push(KvOp::Release {
+            seq: id,
+            forget: false,
+        });
+        self.waiting.push_front(id);
+        self.stats.preemptions += 1;
+        Some(id)
+    }
+
+    /// Builds the next step of micro-batch `mb`, or `None` when it has nothing to do.
+    pub(super) async fn schedule(
+        &mut self,
+        mb: usize,
+    ) -> Result<Option<StepPlan>, ActorProcessingErr> {
+        let mut budget = self.cfg.max_num_batched_tokens;
+
+        // Running sequences of this micro-batch, oldest first: grow their KV for this step.
+        let mut ops = std::mem::take(&mut self.pending_kv);
+        let queued = ops.len();
+        let mut wanted: Vec<(u64, usize)> = Vec::new();
+        for &id in &self.running {
+            let seq = &self.seqs[&id];
+            let n = (seq.tokens.len() - seq.num_computed).min(budget);
+            if n == 0 || seq.micro_batch != mb {
+                continue;
+            }
+            ops.push(KvOp::Grow {
+                seq: id,
+                num_tokens: seq.num_computed + n,
+            });
+            wanted.push((id, n));
+            budget -= n;
+        }
+        let replies = self.kv_step(ops).await?;
+        let mut chosen: Vec<(u64, usize)> = Vec::new();
+        let mut short: Vec<(u64, usize)> = Vec::new();
+        for (&(id, n), reply) in wanted.iter().zip(&replies[queued..]) {
+            match reply {
+                KvReply::Grown { table } => {
+                    self.seqs.get_mut(&id).expect("running").table = table.clone();
+                    chosen.push((id, n));
+                }
+                _ => short.push((id, n)),
+            }
+        }
+        // Out of blocks: preempt the newest sequences until the older ones fit.
+        for (id, n) in short {
+            if !self.running.contains(&id) {
+                continue; // preempted already, to make room for an older sequence
+            }
+            loop {
+                let Some(victim) = self.preempt_last(mb) else {
+                    break;
+                };
+                if let Some(pos) = chosen.iter().position(|&(c, _)| c == victim) {
+                    budget += chosen.remove(pos).1;
+                }
+                if victim == id {
+                    budget += n;
+                    break;
+                }
+                let mut ops = std::mem::take(&mut self.pending_kv);
+                ops.push(KvOp::Grow {
+                    seq: id,
+                    num_tokens: self.seqs[&id].num_computed + n,
+                });
+                if let Some(KvReply::Grown { table }) = self.kv_step(ops).await?.pop() {
+                    self.seqs.get_mut(&id).expect("running").table = table;
+                    chosen.push((id, n));
+                    break;
+                }
+            }
+        }
+        // Keep `chosen` in running order (preemption may have reordered nothing, but
+        // retries append at the end).
+        chosen.sort_by_key(|&(id, _)| self.running.iter().position(|&r| r == id));
+
+        // Admit waiting sequences while there is room, keeping the micro-batches balanced.
+        let members = |st: &Self, m: usize| {
+            st.running
+                .iter()
+                .filter(|id| st.seqs.get(id).is_some_and(|s| s.micro_batch == m))
+                .count()
+        };
+        let overlap = self.cfg.overlap_micro_batches;
+        let mut mine = members(self, mb);
+        let other = if overlap { members(self, 1 - mb) } else { 0 };
+        while budget > 0 && self.running.len() < self.cfg.max_num_seqs && !(overlap && mine > other)
+        {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            let seq = &self.seqs[&id];
+            // Prompt log-probabilities need every prompt position computed: no cache hit.
+            let use_prefix_cache =
+                seq.prompt_logprobs.is_none() || seq.num_computed >= seq.prompt_len;
+            let mut ops = std::mem::take(&mut self.pending_kv);
+            ops.push(KvOp::Admit {
+                seq: id,
+                tokens: seq.tokens.clone(),
+                max_new_tokens: budget,
+                use_prefix_cache,
+            });
+            let Some(KvReply::Admitted {
+                cached_tokens,
+                new_tokens,
+                table,
+            }) = self.kv_step(ops).await?.pop()
+            else {
+                break;
+            };
+            let seq = self.seqs.get_mut(&id).expect("waiting");
+            seq.num_computed = cached_tokens;
+            seq.committed = seq.tokens.len();
+            seq.table = table;
+            seq.micro_batch = mb;
+            mine += 1;
+            self.waiting.pop_front();
+            self.running.push(id);
+            chosen.push((id, new_tokens));
+            budget -= new_tokens;
+        }
+
+        if chosen.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.build_plan(mb, &chosen)))
+    }
+
+    /// The plan of the chosen `(sequence, new tokens)` pairs; records it as in flight.
+    fn build_plan(&mut self, mb: usize, chosen: &[(u64, usize)]) -> StepPlan {
+        let step_id = self.next_step;
+        self.next_step += 1;
+        let mut plan = StepPlan {
+            step_id,
+            ..Default::default()
+        };
+        let mut scheduled = Vec::with_capacity(chosen.len());
+        for (s_idx, &(id, n)) in chosen.iter().enumerate() {
+            let seq = &self.seqs[&id];
+            let start = seq.num_computed;
+            // Prompt logprobs need the logits of every position that predicts a prompt token.
+            let first_prompt_row = plan.logits_for.len();
+            let wants_prompt = seq.prompt_logprobs.is_some();
+            for p in start..start + n {
+                plan.tokens.push(seq.tokens[p]);
+                plan.positions.push(p);
+                plan.token_seq.push(s_idx as u32);
+                if wants_prompt && p + 1 < seq.prompt_len {
+                    plan.logits_for.push(plan.tokens.len() - 1);
+                }
+            }
+            let prompt_rows = (plan.logits_for.len() > first_prompt_row).then(|| {
+                (
+                    first_prompt_row,
+                    start,
+                    plan.logits_for.len() - first_prompt_row,
+                )
+            });
+            plan.block_tables.push(seq.table.clone());
+            let logits_row = if start + n == seq.tokens.len() {
+                plan.logits_for.push(plan.tokens.len() - 1);
+                Some(plan.logits_for.len() - 1)
+            } else {
+                None
+            };
+            scheduled.push(Scheduled {
+                id,
+                n_tokens: n,
+                logits_row,
+                prompt_rows,
+            });
+        }
+        self.in_flight.push_back(InFlight {
+            step_id,
+            micro_batch: mb,
+            scheduled,
+        });
+        self.stats.steps += 1;
+        plan
+    }
+}

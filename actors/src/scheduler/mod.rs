@@ -1,0 +1,341 @@
+//! The scheduler actor: continuous batching under a token budget, chunked prefill,
+//! prefix-cache hits, preemption by recompute, and sampling of each step's logits.
+//!
+//! Sequences run in two micro-batches in ping-pong: up to two steps are in flight, and
+//! while the ranks compute one, the other's logits are sampled and its next plan sent.
+//! KV blocks are owned by the KV-block-manager actor, asked once per step.
+
+mod batching;
+mod sampling;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use dcpserve_kernels::Rng;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::kv_manager_actor::{KvManagerMsg, KvOp};
+use crate::plan::StepOutput;
+use crate::rank::RankMsg;
+use crate::request::{FinishReason, GenerationRequest, RequestEvent, TokenOutput};
+use sampling::{logprobs_of, sample_next, token_output};
+
+/// Limits the scheduler works within.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Tokens per virtual block (block size × dcp).
+    pub tokens_per_block: usize,
+    pub num_blocks: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: usize,
+    pub eos_token_ids: Vec<u32>,
+    pub seed: u64,
+    pub enable_prefix_caching: bool,
+    /// Two micro-batches in ping-pong (two steps in flight) instead of one step at a time.
+    pub overlap_micro_batches: bool,
+}
+
+/// Counters others may read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchedulerStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub free_blocks: usize,
+    pub total_blocks: usize,
+    pub preemptions: u64,
+    pub steps: u64,
+    /// Prompt tokens looked up in the prefix cache, and how many were found.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+}
+
+/// Messages the scheduler understands.
+pub enum SchedulerMsg {
+    Submit {
+        request: GenerationRequest,
+        events: UnboundedSender<RequestEvent>,
+    },
+    Abort(u64),
+    StepDone(Box<StepOutput>),
+    StepFailed {
+        error: String,
+    },
+    /// A (new) rank group is up.
+    SetRanks(Vec<ActorRef<RankMsg>>),
+    /// The rank group died: end every request that had KV state.
+    RanksLost(String),
+    Stats(RpcReplyPort<SchedulerStats>),
+}
+
+struct Sequence {
+    prompt_len: usize,
+    tokens: Vec<u32>,
+    num_computed: usize,
+    /// Virtual block table, as the KV-block manager last reported it.
+    table: Vec<u32>,
+    /// Tokens the KV-block manager knows (it hashes full blocks of them).
+    committed: usize,
+    /// Which of the two ping-pong micro-batches the sequence runs in.
+    micro_batch: usize,
+    request: GenerationRequest,
+    rng: Rng,
+    events: UnboundedSender<RequestEvent>,
+    /// Scores of prompt tokens gathered so far, while the request wants them and its first
+    /// token has not been sent (entry `i` scores prompt token `i + 1`).
+    prompt_logprobs: Option<Vec<TokenOutput>>,
+}
+
+impl Sequence {
+    fn output_len(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+/// Per-sequence part of the step in flight.
+struct Scheduled {
+    id: u64,
+    n_tokens: usize,
+    /// Row in the step's logits, when this chunk completes the sequence's known tokens.
+    logits_row: Option<usize>,
+    /// Prompt logprobs: (first logits row, position of that row, rows), one row per chunk
+    /// position that predicts a prompt token.
+    prompt_rows: Option<(usize, usize, usize)>,
+}
+
+/// A step the ranks are computing.
+struct InFlight {
+    step_id: u64,
+    micro_batch: usize,
+    scheduled: Vec<Scheduled>,
+}
+
+pub struct Scheduler;
+
+pub struct SchedulerState {
+    cfg: SchedulerConfig,
+    kv: ActorRef<KvManagerMsg>,
+    /// Releases and commits for the KV-block manager, sent with the next round trip.
+    pending_kv: Vec<KvOp>,
+    waiting: VecDeque<u64>,
+    running: Vec<u64>,
+    seqs: HashMap<u64, Sequence>,
+    ranks: Vec<ActorRef<RankMsg>>,
+    /// Steps sent to the ranks and not yet answered, oldest first (ranks run them in order).
+    in_flight: VecDeque<InFlight>,
+    next_step: u64,
+    stats: SchedulerStats,
+}
+
+impl Actor for Scheduler {
+    type Msg = SchedulerMsg;
+    type State = SchedulerState;
+    type Arguments = (SchedulerConfig, ActorRef<KvManagerMsg>);
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<SchedulerMsg>,
+        (cfg, kv): (SchedulerConfig, ActorRef<KvManagerMsg>),
+    ) -> Result<SchedulerState, ActorProcessingErr> {
+        Ok(SchedulerState {
+            kv,
+            pending_kv: Vec::new(),
+            cfg,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            seqs: HashMap::new(),
+            ranks: Vec::new(),
+            in_flight: VecDeque::new(),
+            next_step: 0,
+            stats: SchedulerStats::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<SchedulerMsg>,
+        msg: SchedulerMsg,
+        st: &mut SchedulerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SchedulerMsg::Submit { request, events } => st.submit(request, events),
+            SchedulerMsg::Abort(id) => st.finish(id, FinishReason::Abort),
+            SchedulerMsg::StepDone(out) => st.step_done(*out),
+            SchedulerMsg::StepFailed { error } | SchedulerMsg::RanksLost(error) => {
+                // Nothing more goes to this group until the supervisor installs a new one.
+                st.ranks.clear();
+                st.fail_all_running(&error);
+                // The new group starts with empty KV memory: cached hashes would lie.
+                ractor::call!(st.kv, KvManagerMsg::Reset)?;
+            }
+            SchedulerMsg::SetRanks(ranks) => st.ranks = ranks,
+            SchedulerMsg::Stats(port) => {
+                st.flush_kv().await?;
+                let kv = ractor::call!(st.kv, KvManagerMsg::Stats)?;
+                let mut s = st.stats.clone();
+                s.running = st.running.len();
+                s.waiting = st.waiting.len();
+                s.free_blocks = kv.num_free;
+                s.total_blocks = kv.num_blocks;
+                s.prefix_cache_queries = kv.prefix_cache.queries;
+                s.prefix_cache_hits = kv.prefix_cache.hits;
+                let _ = port.send(s);
+            }
+        }
+        // Keep up to two steps in flight on disjoint micro-batches: while the ranks compute
+        // one, the other's results are sampled and its next step is planned and sent.
+        let depth = if st.cfg.overlap_micro_batches { 2 } else { 1 };
+        for mb in 0..depth {
+            if st.ranks.is_empty() || st.in_flight.len() >= depth {
+                break;
+            }
+            if st.in_flight.iter().any(|f| f.micro_batch == mb) {
+                continue;
+            }
+            if let Some(plan) = st.schedule(mb).await? {
+                let plan = Arc::new(plan);
+                for r in &st.ranks {
+                    r.send_message(RankMsg::Execute(plan.clone()))?;
+                }
+            }
+        }
+        // Releases (finished, aborted) take effect now, not at the next step.
+        st.flush_kv().await?;
+        Ok(())
+    }
+}
+
+impl SchedulerState {
+    fn submit(&mut self, request: GenerationRequest, events: UnboundedSender<RequestEvent>) {
+        let len = request.prompt_ids.len();
+        let reject = if len == 0 {
+            Some("The prompt is empty.".to_string())
+        } else if len >= self.cfg.max_model_len {
+            Some(format!(
+                "The prompt ({len} tokens) leaves no room to generate within the maximum model length of {} tokens.",
+                self.cfg.max_model_len
+            ))
+        } else if (len + 1).div_ceil(self.cfg.tokens_per_block) > self.cfg.num_blocks {
+            Some(format!(
+                "The prompt ({len} tokens) can never fit in the KV cache ({} tokens).",
+                self.cfg.num_blocks * self.cfg.tokens_per_block
+            ))
+        } else if self.seqs.contains_key(&request.id) {
+            Some(format!("Request id {} is already in use.", request.id))
+        } else {
+            None
+        };
+        if let Some(e) = reject {
+            let _ = events.send(RequestEvent::Error(e));
+            return;
+        }
+        let seed = request
+            .params
+            .seed
+            .unwrap_or(self.cfg.seed ^ request.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let id = request.id;
+        self.seqs.insert(
+            id,
+            Sequence {
+                prompt_len: len,
+                tokens: request.prompt_ids.clone(),
+                num_computed: 0,
+                table: Vec::new(),
+                committed: 0,
+                micro_batch: 0,
+                rng: Rng::new(seed),
+                prompt_logprobs: request.params.prompt_logprobs.map(|_| Vec::new()),
+                request,
+                events,
+            },
+        );
+        self.waiting.push_back(id);
+    }
+
+    /// Ends a sequence now and frees its blocks.
+    fn finish(&mut self, id: u64, reason: FinishReason) {
+        let Some(seq) = self.seqs.remove(&id) else {
+            return;
+        };
+        self.pending_kv.push(KvOp::Release {
+            seq: id,
+            forget: true,
+        });
+        self.running.retain(|&r| r != id);
+        self.waiting.retain(|&w| w != id);
+        let _ = seq.events.send(RequestEvent::Finished {
+            reason,
+            prompt_tokens: seq.prompt_len,
+            completion_tokens: seq.output_len(),
+        });
+    }
+
+    fn fail_all_running(&mut self, error: &str) {
+        self.in_flight.clear();
+        self.pending_kv.clear();
+        for id in std::mem::take(&mut self.running) {
+            if let Some(seq) = self.seqs.remove(&id) {
+                let _ = seq.events.send(RequestEvent::Error(format!(
+                    "The model's rank group failed while serving this request: {error}"
+                )));
+            }
+        }
+        // Waiting requests that had started a prefill lost their KV state too: restart them.
+        for id in &self.waiting {
+            if let Some(seq) = self.seqs.get_mut(id) {
+                seq.table.clear();
+                seq.num_computed = 0;
+            }
+        }
+    }
+
+    fn step_done(&mut self, out: StepOutput) {
+        let Some(idx) = self.in_flight.iter().position(|f| f.step_id == out.step_id) else {
+            tracing::warn!(got = out.step_id, "stale step result ignored");
+            return;
+        };
+        let scheduled = self.in_flight.remove(idx).expect("index found").scheduled;
+        let vocab = out.vocab_size;
+        for s in scheduled {
+            let Some(seq) = self.seqs.get_mut(&s.id) else {
+                continue;
+            }; // aborted meanwhile
+            seq.num_computed += s.n_tokens;
+            // Let the KV-block manager hash the blocks this step filled.
+            self.pending_kv.push(KvOp::Commit {
+                seq: s.id,
+                append: seq.tokens[seq.committed..].to_vec(),
+                num_computed: seq.num_computed,
+            });
+            seq.committed = seq.tokens.len();
+            if let (Some((row0, pos0, rows)), Some(acc)) =
+                (s.prompt_rows, seq.prompt_logprobs.as_mut())
+            {
+                let k = seq.request.params.prompt_logprobs.unwrap_or(0);
+                for i in 0..rows {
+                    // A preempted prefill is recomputed: keep the scores already gathered.
+                    if pos0 + i == acc.len() {
+                        let l = &out.logits[(row0 + i) * vocab..(row0 + i + 1) * vocab];
+                        acc.push(logprobs_of(l, seq.tokens[pos0 + i + 1], k));
+                    }
+                }
+            }
+            let Some(row) = s.logits_row else { continue };
+            let logits = &out.logits[row * vocab..(row + 1) * vocab];
+            let (token, reason) = sample_next(seq, logits, &self.cfg);
+            if let Some(t) = token {
+                seq.tokens.push(t);
+            }
+            let alive = token.is_none_or(|t| {
+                let output = token_output(seq, logits, t);
+                seq.events.send(RequestEvent::Token(output)).is_ok()
+            });
+            match (alive, reason) {
+                (false, _) => self.finish(s.id, FinishReason::Abort),
+                (true, Some(r)) => self.finish(s.id, r),
+                (true, None) => {}
+            }
+        }
+    }
+}
