@@ -242,7 +242,7 @@ fn attend_body(
             m[hh] = new_m;
             // A separate pass so the exponentials vectorize.
             for sc in s.iter_mut() {
-                *sc = (*sc - new_m).exp();
+                *sc = exp(*sc - new_m);
             }
             for (jj, &p) in s.iter().enumerate() {
                 sum[hh] += p;
