@@ -16,12 +16,16 @@ Outputs (all deterministic: fixed seeds, single-threaded torch):
   fixtures/tiny-qwen3/   Qwen3ForCausalLM, q_norm/k_norm, head_dim 16, tied, float16 weights
       each: config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
             generation_config.json, reference.json
+  fixtures/tiny-deepseek/      DeepseekV3ForCausalLM: MLA with q_lora_rank, YaRN, interleaved rope,
+                               MoE (8 experts, grouped top-k, dense first layer), float32 weights
+  fixtures/tiny-deepseek-noq/  DeepseekV3ForCausalLM: plain q_proj, no rope scaling, 4 experts, bf16
   fixtures/tiny_tokenizer_cases.json   encodings + a chat rendering with the shared tiny tokenizer
   fixtures/smollm2/      references for the default GGUF model (models/SmolLM2-135M-Instruct.Q4_1.gguf):
             tokenizer_cases.json, logits.json, chat.json, meta.json
 
 Options: --models-dir DIR (default $DCPSERVE_MODELS_DIR or <repo>/models),
-         --skip-smollm2 (only the tiny models; no GGUF needed).
+         --skip-smollm2 (only the tiny models; no GGUF needed),
+         --only deepseek (only fixtures/tiny-deepseek*; the tokenizer is read from fixtures/tiny-llama).
 """
 
 from __future__ import annotations

@@ -364,18 +364,33 @@ async fn mla_dcp_shards_the_latent_cache() {
     }
 }
 
-#[test]
-#[ignore]
-fn tmp_prefill_timing() {
-    let files = ModelFiles::open(fixture(MODEL)).unwrap();
-    let model = RankModel::load(
-        files.config.clone(),
-        files.tensors.as_ref(),
-        WeightPrecision::F32,
-    )
-    .unwrap();
-    let ids: Vec<u32> = (0..3100).map(|j| (j * 131 % 380) as u32 + 3).collect();
-    let t = std::time::Instant::now();
-    let _ = logprobs_chunked(&model, &ids, 512);
-    eprintln!("prefill 3100: {:?}", t.elapsed());
+/// Greedy continuations through the engine (actor path, concurrent requests) equal
+/// transformers' up to the first near-tie in the reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_deepseek_greedy_through_the_engine() {
+    for name in [MODEL, MODEL_NOQ] {
+        let reference = read_json(fixture(name).join("reference.json"));
+        let engine = Engine::from_path(fixture(name), f32_config())
+            .await
+            .expect(name);
+        let prompts = reference["prompts"].as_array().unwrap();
+        let outs = futures::future::join_all(prompts.iter().map(|p| {
+            let n = ids(&p["greedy"]).len();
+            engine.complete(Prompt::Tokens(ids(&p["ids"])), greedy(n))
+        }))
+        .await;
+        for (p, out) in prompts.iter().zip(outs) {
+            let got = out.expect("completion").token_ids;
+            let want = ids(&p["greedy"]);
+            let margins = floats(&p["greedy_margin"]);
+            let trusted = margins.iter().position(|&m| m < 1e-3).unwrap_or(want.len());
+            assert_eq!(
+                got[..trusted],
+                want[..trusted],
+                "{name} prompt {}: greedy continuation differs",
+                p["name"]
+            );
+            assert_eq!(got.len(), want.len());
+        }
+    }
 }

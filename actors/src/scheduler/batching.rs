@@ -90,10 +90,7 @@ impl SchedulerState {
             if !self.running.contains(&id) {
                 continue; // preempted already, to make room for an older sequence
             }
-            loop {
-                let Some(victim) = self.preempt_last(mb) else {
-                    break;
-                };
+            while let Some(victim) = self.preempt_last(mb) {
                 if let Some(pos) = chosen.iter().position(|&(c, _)| c == victim) {
                     budget += chosen.remove(pos).1;
                 }

@@ -15,7 +15,7 @@ use crate::tensors::TensorSource;
 /// One rank's model.
 pub enum RankModel {
     /// Llama / Qwen2 / Qwen3.
-    Dense(DecoderModel),
+    Dense(Box<DecoderModel>),
     /// DeepSeek-V2 / V3, Kimi K2.
     Mla(Box<MlaModel>),
 }
@@ -49,9 +49,9 @@ impl RankModel {
                 config, tensors, precision, shard,
             )?)))
         } else {
-            Ok(RankModel::Dense(DecoderModel::load_shard(
+            Ok(RankModel::Dense(Box::new(DecoderModel::load_shard(
                 config, tensors, precision, shard,
-            )?))
+            )?)))
         }
     }
 

@@ -178,10 +178,10 @@ unsafe fn attend(
         return;
     }
     let _ = simd;
-    attend_body(b, cache, t, start, end, o, l);
+    attend_body::<Scalar>(b, cache, t, start, end, o, l);
 }
 
-/// [`attend_body`] compiled for AVX2 + FMA (the loops are written to auto-vectorize).
+/// [`attend_body`] with AVX2 + FMA vector primitives.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_avx2(
@@ -193,13 +193,114 @@ unsafe fn attend_avx2(
     out: &mut [f32],
     lse: &mut [f32],
 ) {
-    attend_body(b, cache, t, start, end, out, lse)
+    attend_body::<avx2::Avx2>(b, cache, t, start, end, out, lse)
+}
+
+/// Vector primitives of the attention loop.
+trait Math {
+    /// `Σ a[i]·b[i]` over `a.len()` elements (`b` at least as long).
+    fn dot(a: &[f32], b: &[f32]) -> f32;
+    /// `y += alpha·x` over `y.len()` elements (`x` at least as long).
+    fn axpy(alpha: f32, x: &[f32], y: &mut [f32]);
+}
+
+struct Scalar;
+
+impl Math for Scalar {
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let b = &b[..a.len()];
+        let mut acc = [0.0f32; 8];
+        let n8 = a.len() / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            for l in 0..8 {
+                acc[l] += a[i + l] * b[i + l];
+            }
+            i += 8;
+        }
+        let mut s: f32 = acc.iter().sum();
+        while i < a.len() {
+            s += a[i] * b[i];
+            i += 1;
+        }
+        s
+    }
+
+    #[inline(always)]
+    fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+        let x = &x[..y.len()];
+        for i in 0..y.len() {
+            y[i] += alpha * x[i];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// AVX2 + FMA primitives; only called from `#[target_feature(enable = "avx2,fma")]` code.
+    pub struct Avx2;
+
+    impl super::Math for Avx2 {
+        #[inline(always)]
+        fn dot(a: &[f32], b: &[f32]) -> f32 {
+            let n = a.len();
+            assert!(b.len() >= n);
+            let n8 = n / 8 * 8;
+            // SAFETY: loads stay below n ≤ len of both; the caller enabled AVX2 + FMA.
+            unsafe {
+                let mut acc = _mm256_setzero_ps();
+                let mut i = 0;
+                while i < n8 {
+                    let x = _mm256_loadu_ps(a.as_ptr().add(i));
+                    let y = _mm256_loadu_ps(b.as_ptr().add(i));
+                    acc = _mm256_fmadd_ps(x, y, acc);
+                    i += 8;
+                }
+                let hi = _mm256_extractf128_ps(acc, 1);
+                let lo = _mm256_castps256_ps128(acc);
+                let s4 = _mm_add_ps(hi, lo);
+                let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+                let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+                let mut s = _mm_cvtss_f32(s1);
+                while i < n {
+                    s += a[i] * b[i];
+                    i += 1;
+                }
+                s
+            }
+        }
+
+        #[inline(always)]
+        fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+            let n = y.len();
+            assert!(x.len() >= n);
+            let n8 = n / 8 * 8;
+            // SAFETY: as in `dot`.
+            unsafe {
+                let a = _mm256_set1_ps(alpha);
+                let mut i = 0;
+                while i < n8 {
+                    let xv = _mm256_loadu_ps(x.as_ptr().add(i));
+                    let yv = _mm256_loadu_ps(y.as_ptr().add(i));
+                    _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_fmadd_ps(a, xv, yv));
+                    i += 8;
+                }
+                while i < n {
+                    y[i] += alpha * x[i];
+                    i += 1;
+                }
+            }
+        }
+    }
 }
 
 /// Online softmax over keys in chunks of [`CH`]: score the chunk for every head, then
 /// rescale each head's accumulator once and add the chunk's weighted value prefixes.
 #[inline(always)]
-fn attend_body(
+fn attend_body<M: Math>(
     b: &LatentBatch,
     cache: &[f32],
     t: usize,
@@ -226,30 +327,33 @@ fn attend_body(
         for jj in 0..c {
             let key = &cache[offs[jj]..offs[jj] + d];
             for hh in 0..h {
-                scores[hh * CH + jj] = dot(&q[hh * d..(hh + 1) * d], key) * b.scale;
+                scores[hh * CH + jj] = M::dot(&q[hh * d..(hh + 1) * d], key) * b.scale;
             }
         }
         for hh in 0..h {
             let s = &mut scores[hh * CH..hh * CH + c];
-            let cmax = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut cmax = f32::NEG_INFINITY;
+            for &v in s.iter() {
+                cmax = cmax.max(v);
+            }
             let new_m = m[hh].max(cmax);
             let acc = &mut out[hh * vd..(hh + 1) * vd];
             if m[hh] != new_m && m[hh] != f32::NEG_INFINITY {
                 let corr = (m[hh] - new_m).exp();
                 sum[hh] *= corr;
-                acc.iter_mut().for_each(|a| *a *= corr);
+                for a in acc.iter_mut() {
+                    *a *= corr;
+                }
             }
             m[hh] = new_m;
             // A separate pass so the exponentials vectorize.
-            for sc in s.iter_mut() {
-                *sc = exp(*sc - new_m);
+            for v in s.iter_mut() {
+                *v = exp(*v - new_m);
             }
-            for (jj, &p) in s.iter().enumerate() {
+            for jj in 0..c {
+                let p = s[jj];
                 sum[hh] += p;
-                let v = &cache[offs[jj]..offs[jj] + vd];
-                for (a, &x) in acc.iter_mut().zip(v) {
-                    *a += p * x;
-                }
+                M::axpy(p, &cache[offs[jj]..offs[jj] + vd], acc);
             }
         }
         j0 += c;
@@ -258,7 +362,9 @@ fn attend_body(
         let acc = &mut out[hh * vd..(hh + 1) * vd];
         if sum[hh] > 0.0 {
             let inv = 1.0 / sum[hh];
-            acc.iter_mut().for_each(|a| *a *= inv);
+            for a in acc.iter_mut() {
+                *a *= inv;
+            }
             lse[hh] = m[hh] + sum[hh].ln();
         } else {
             acc.fill(0.0);
@@ -284,24 +390,6 @@ fn exp(x: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
     p * f32::from_bits(((k as i32 + 127) as u32) << 23)
-}
-
-/// Dot product with eight independent partial sums, so it vectorizes without reassociation.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = acc.iter().sum::<f32>();
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
-    }
-    s
 }
 
 #[cfg(test)]

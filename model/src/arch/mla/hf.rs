@@ -229,7 +229,7 @@ pub fn check_mla_config(path: &Path, c: &ModelConfig) -> Result<(), ModelError> 
     if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
         return bad(format!("{name} must be positive"));
     }
-    if mla.qk_rope_head_dim % 2 != 0 {
+    if !mla.qk_rope_head_dim.is_multiple_of(2) {
         return bad(format!(
             "qk_rope_head_dim {} must be even",
             mla.qk_rope_head_dim
@@ -250,7 +250,7 @@ pub fn check_mla_config(path: &Path, c: &ModelConfig) -> Result<(), ModelError> 
         return bad("MLA / MoE dimensions are implausibly large".into());
     }
     if moe.first_k_dense_replace < c.num_hidden_layers {
-        if moe.n_routed_experts == 0 || moe.n_routed_experts % moe.n_group != 0 {
+        if moe.n_routed_experts == 0 || !moe.n_routed_experts.is_multiple_of(moe.n_group) {
             return bad(format!(
                 "n_routed_experts {} must be a positive multiple of n_group {}",
                 moe.n_routed_experts, moe.n_group
@@ -341,4 +341,87 @@ pub fn mla_layer_tensors(c: &ModelConfig, i: usize) -> Vec<(String, Vec<usize>)>
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Architecture, MoeScoring};
+    use crate::hf_config::config_from_json;
+    use std::path::Path;
+
+    /// Kimi K2's published config.json (the keys that matter), in the pre-transformers-5
+    /// layout with `rope_scaling`.
+    fn kimi_k2_json() -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+            "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+            "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
+            "n_shared_experts": 1, "n_routed_experts": 384, "routed_scaling_factor": 2.827,
+            "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc",
+            "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
+            "first_k_dense_replace": 1, "norm_topk_prob": true, "scoring_func": "sigmoid",
+            "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+            "rope_theta": 50000.0, "vocab_size": 163840, "tie_word_embeddings": false,
+            "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0,
+                "mscale": 1.0, "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 4096, "type": "yarn"},
+            "bos_token_id": 163584, "eos_token_id": 163585
+        })
+    }
+
+    #[test]
+    fn parses_kimi_k2() {
+        let c = config_from_json(Path::new("config.json"), &kimi_k2_json()).unwrap();
+        assert_eq!(c.architecture, Architecture::DeepseekV3);
+        let mla = c.mla.as_ref().unwrap();
+        assert_eq!(mla.latent_dim(), 576);
+        assert_eq!(mla.q_lora_rank, Some(1536));
+        assert!(mla.rope_interleave);
+        let y = mla.yarn.as_ref().unwrap();
+        assert_eq!((y.factor, y.original_max_position_embeddings), (32.0, 4096));
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!(moe.n_routed_experts, 384);
+        assert_eq!(moe.scoring, MoeScoring::Sigmoid);
+        assert!(moe.correction_bias && moe.norm_topk_prob);
+        assert_eq!(c.rope_scaling, None);
+    }
+
+    #[test]
+    fn parses_deepseek_v2_lite_routing() {
+        let mut j = kimi_k2_json();
+        let o = j.as_object_mut().unwrap();
+        o.insert(
+            "architectures".into(),
+            serde_json::json!(["DeepseekV2ForCausalLM"]),
+        );
+        o.insert("model_type".into(), "deepseek_v2".into());
+        o.insert("topk_method".into(), "greedy".into());
+        o.insert("scoring_func".into(), "softmax".into());
+        o.insert("q_lora_rank".into(), serde_json::Value::Null);
+        let c = config_from_json(Path::new("config.json"), &j).unwrap();
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!(moe.scoring, MoeScoring::Softmax);
+        assert!(!moe.group_limited && !moe.correction_bias && !moe.norm_topk_prob);
+        assert_eq!(c.mla.as_ref().unwrap().q_lora_rank, None);
+    }
+
+    #[test]
+    fn rejects_bad_shapes_with_errors() {
+        for (key, value) in [
+            ("n_group", serde_json::json!(5)),
+            ("kv_lora_rank", serde_json::json!(0)),
+            ("qk_rope_head_dim", serde_json::json!(63)),
+            ("num_experts_per_tok", serde_json::json!(1000)),
+            ("kv_lora_rank", serde_json::json!("big")),
+        ] {
+            let mut j = kimi_k2_json();
+            j.as_object_mut().unwrap().insert(key.into(), value);
+            let e = config_from_json(Path::new("config.json"), &j);
+            assert!(e.is_err(), "{key} accepted");
+        }
+        let mut j = kimi_k2_json();
+        j["rope_scaling"]["type"] = "longrope".into();
+        assert!(config_from_json(Path::new("config.json"), &j).is_err());
+    }
 }

@@ -70,7 +70,7 @@ impl MlaRope {
         pos: usize,
     ) -> Result<(), ModelError> {
         let (d, half) = (self.dim, self.dim / 2);
-        if stride < offset + d || x.len() % stride != 0 {
+        if stride < offset + d || !x.len().is_multiple_of(stride) {
             return Err(ModelError::Invalid(format!(
                 "rope: vectors of {d} at offset {offset} do not fit rows of {stride} (len {})",
                 x.len()

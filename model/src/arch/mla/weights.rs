@@ -89,7 +89,7 @@ impl MlaWeights {
                 "an MLA model needs its MLA and MoE configuration".into(),
             ));
         };
-        if cfg.num_attention_heads % shard.size != 0 {
+        if !cfg.num_attention_heads.is_multiple_of(shard.size) {
             return Err(ModelError::Invalid(format!(
                 "{} attention heads do not split over {} ranks",
                 cfg.num_attention_heads, shard.size
