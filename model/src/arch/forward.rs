@@ -7,6 +7,7 @@ use dcpserve_kernels::{
     Communicator, InProcessComm, RopeScalingKind, RopeTable, ThreadPool,
 };
 
+use super::dcp::{GroupQueries, ShardMerge};
 use super::kv_cache::KvCache;
 use super::weights::{split_range, DecoderWeights, HeadLayout, TpShard, WeightPrecision};
 use crate::config::{ModelConfig, RopeScaling};
@@ -315,19 +316,14 @@ pub(super) fn gather_vocab(
 /// Buffers of decode-context-parallel attention, reused across layers.
 #[derive(Default)]
 struct DcpScratch {
-    q_gathered: Vec<f32>,
-    q_all: Vec<f32>,
-    out_all: Vec<f32>,
-    lse_all: Vec<f32>,
-    lse_gathered: Vec<f32>,
-    scattered: Vec<f32>,
+    queries: GroupQueries,
+    merge: ShardMerge,
 }
 
 impl DcpScratch {
     /// Attention with the KV cache sharded by position over the DCP group: gather the
-    /// group's queries, attend to the local shard (output + LSE), gather the LSEs, weight
-    /// each partial by exp(LSE_i − LSE) and reduce-scatter over heads so each rank gets
-    /// its own heads' merged output (vLLM's `cp_lse_ag_out_rs`).
+    /// group's queries, attend to the local shard (output + LSE), then merge the shards'
+    /// partials and reduce-scatter over heads so each rank gets its own heads.
     fn attention(
         &mut self,
         pool: &ThreadPool,
@@ -337,74 +333,19 @@ impl DcpScratch {
         v_cache: &[f32],
         attn: &mut [f32],
     ) -> Result<(), ModelError> {
-        let n_ranks = group.size();
         let n = local.token_seq.len();
         let (h, hd) = (local.n_q_heads, local.head_dim);
-        let all_h = n_ranks * h;
-        let row = h * hd;
-        resize(&mut self.q_gathered, n_ranks * n * row);
-        group.all_gather(local.q, &mut self.q_gathered)?;
-        // [rank, token, head, d] → [token, rank·head, d]
-        resize(&mut self.q_all, n * all_h * hd);
-        for r in 0..n_ranks {
-            for t in 0..n {
-                let src = &self.q_gathered[(r * n + t) * row..(r * n + t + 1) * row];
-                self.q_all[(t * all_h + r * h) * hd..(t * all_h + (r + 1) * h) * hd]
-                    .copy_from_slice(src);
-            }
-        }
-        resize(&mut self.out_all, n * all_h * hd);
-        resize(&mut self.lse_all, n * all_h);
+        let all_h = group.size() * h;
+        let q_all = self.queries.gather(group, local.q, n, h, hd)?;
         let batch = AttentionBatch {
-            q: &self.q_all,
+            q: q_all,
             n_q_heads: all_h,
             ..local
         };
-        paged_attention(
-            pool,
-            &batch,
-            k_cache,
-            v_cache,
-            &mut self.out_all,
-            &mut self.lse_all,
-        )?;
-        resize(&mut self.lse_gathered, n_ranks * n * all_h);
-        group.all_gather(&self.lse_all, &mut self.lse_gathered)?;
-        // Scale the local partials by their merge weights, laid out [rank, token, head, d]
-        // so the reduce-scatter hands each rank its own heads.
-        resize(&mut self.scattered, n_ranks * n * row);
-        let stride = n * all_h;
-        for t in 0..n {
-            for j in 0..all_h {
-                let idx = t * all_h + j;
-                let mine = self.lse_all[idx];
-                let max = (0..n_ranks)
-                    .map(|r| self.lse_gathered[r * stride + idx])
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let weight = if mine == f32::NEG_INFINITY || max == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    let sum: f32 = (0..n_ranks)
-                        .map(|r| (self.lse_gathered[r * stride + idx] - max).exp())
-                        .sum();
-                    (mine - (max + sum.ln())).exp()
-                };
-                let (r, jj) = (j / h, j % h);
-                let dst = ((r * n + t) * h + jj) * hd;
-                let src = idx * hd;
-                for d in 0..hd {
-                    self.scattered[dst + d] = self.out_all[src + d] * weight;
-                }
-            }
-        }
-        group.reduce_scatter_sum(&self.scattered, attn)?;
-        Ok(())
+        let (out_all, lse_all) = self.merge.partials(n, all_h, hd);
+        paged_attention(pool, &batch, k_cache, v_cache, out_all, lse_all)?;
+        self.merge.merge_into(group, n, h, hd, attn)
     }
-}
-
-fn resize(v: &mut Vec<f32>, len: usize) {
-    v.clear();
-    v.resize(len, 0.0);
 }
 
 /// RMSNorm applied to every head vector (Qwen3's q/k norm).

@@ -5,6 +5,7 @@
 //! batching): each token carries its sequence, position, KV slot and attention length,
 //! and attention reads the paged KV cache through per-sequence block tables.
 
+mod dcp;
 mod forward;
 mod kv_cache;
 pub mod mla;
