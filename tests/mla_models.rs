@@ -4,106 +4,18 @@
 
 mod common;
 
+use common::equivalence::*;
+use common::reference::check_logprobs;
 use common::*;
-use dcpserve::{Engine, EngineConfig, ParallelConfig, Prompt, TokenOutput};
+use dcpserve::{Engine, Prompt};
 use dcpserve_actors::Placement;
-use dcpserve_kernels::{log_softmax, ThreadPool};
-use dcpserve_model::arch::{kv_bytes_per_token, BatchInput, RankCache, RankModel, WeightPrecision};
+use dcpserve_model::arch::{kv_bytes_per_token, RankCache, RankModel, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
 /// q_lora_rank 24, YaRN, interleaved RoPE, 8 experts, f32 weights.
 const MODEL: &str = "tiny-deepseek";
 /// Plain q_proj, no scaling, rotate-half RoPE, 4 experts, bf16 weights.
 const MODEL_NOQ: &str = "tiny-deepseek-noq";
-
-/// Runs `ids` in chunks of `chunk` tokens over a paged latent cache with a shuffled block
-/// table and returns log-probs at every position.
-fn logprobs_chunked(model: &RankModel, ids: &[u32], chunk: usize) -> Vec<Vec<f32>> {
-    let block = 4;
-    let n_blocks = ids.len().div_ceil(block) + 1;
-    let mut cache = model.new_kv_cache(n_blocks * 2, block);
-    assert!(matches!(cache, RankCache::Latent(_)));
-    let table: Vec<u32> = (0..n_blocks as u32)
-        .map(|b| (b * 7 + 3) % (n_blocks as u32 * 2))
-        .collect();
-    let pool = ThreadPool::new(2);
-    let mut rows = Vec::new();
-    let mut start = 0;
-    while start < ids.len() {
-        let end = (start + chunk).min(ids.len());
-        let positions: Vec<usize> = (start..end).collect();
-        let slots: Vec<usize> = positions
-            .iter()
-            .map(|&p| table[p / block] as usize * block + p % block)
-            .collect();
-        let kv_lens: Vec<u32> = positions.iter().map(|&p| p as u32 + 1).collect();
-        let token_seq = vec![0u32; end - start];
-        let tables = [table.as_slice()];
-        let logits_for: Vec<usize> = (0..end - start).collect();
-        let input = BatchInput {
-            tokens: &ids[start..end],
-            positions: &positions,
-            token_seq: &token_seq,
-            slots: &slots,
-            kv_lens: &kv_lens,
-            block_tables: &tables,
-            logits_for: &logits_for,
-        };
-        let out = model.forward(&pool, &input, &mut cache).expect("forward");
-        for r in 0..end - start {
-            rows.push(log_softmax(
-                &out.logits[r * out.vocab_size..(r + 1) * out.vocab_size],
-            ));
-        }
-        start = end;
-    }
-    rows
-}
-
-fn check_logprobs(name: &str) {
-    let dir = fixture(name);
-    let reference = read_json(dir.join("reference.json"));
-    let files = ModelFiles::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let model = RankModel::load(
-        files.config.clone(),
-        files.tensors.as_ref(),
-        WeightPrecision::F32,
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"));
-    for prompt in reference["prompts"].as_array().unwrap() {
-        let ids = ids(&prompt["ids"]);
-        let positions: Vec<usize> = prompt["positions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p.as_u64().unwrap() as usize)
-            .collect();
-        for chunk in [ids.len(), 5] {
-            let ours = logprobs_chunked(&model, &ids, chunk);
-            let mut worst = 0.0f32;
-            for (row, &pos) in prompt["logprobs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .zip(&positions)
-            {
-                for (a, b) in floats(row).iter().zip(&ours[pos]) {
-                    worst = worst.max((a - b).abs());
-                }
-            }
-            eprintln!(
-                "{name} {} chunk {chunk}: max |Δ logprob| {worst:.2e}",
-                prompt["name"]
-            );
-            assert!(
-                worst <= 1e-3,
-                "{name}, prompt {} (len {}), chunk {chunk}: max |Δ logprob| = {worst}",
-                prompt["name"],
-                ids.len()
-            );
-        }
-    }
-}
 
 #[test]
 fn tiny_deepseek_matches_transformers() {
@@ -119,110 +31,13 @@ fn tiny_deepseek_noq_matches_transformers() {
 // Layouts against the single-rank engine
 // ---------------------------------------------------------------------------------------
 
-const TOL: f32 = 1e-4;
-
-type Run = Vec<Vec<TokenOutput>>;
-
-fn layout(tp: usize, dcp: usize, interleave: usize) -> ParallelConfig {
-    ParallelConfig {
-        tensor_parallel_size: tp,
-        decode_context_parallel_size: dcp,
-        cp_kv_cache_interleave_size: interleave,
-    }
-}
-
-fn cfg(p: ParallelConfig, batched_tokens: usize, kv_bytes: u64) -> EngineConfig {
-    EngineConfig {
-        parallel: p,
-        max_num_batched_tokens: batched_tokens,
-        kv_cache_memory_bytes: Some(kv_bytes),
-        ..f32_config()
-    }
-}
-
-/// Prompts of 1 to `long` tokens (ids avoid the special tokens 0..3).
-fn prompts(vocab: u32, long: usize) -> Vec<Vec<u32>> {
-    [1usize, 7, 40, long]
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| {
-            (0..n)
-                .map(|j| ((j * 131 + i * 71) as u32 % (vocab - 3)) + 3)
-                .collect()
-        })
-        .collect()
-}
-
-async fn generate_all(engine: &Engine, prompts: &[Vec<u32>], n: usize) -> Run {
-    use futures::StreamExt;
-    // Submit everything first so the sequences are batched together.
-    let streams: Vec<_> = prompts
-        .iter()
-        .map(|p| {
-            let mut params = greedy(n);
-            params.logprobs = Some(5);
-            engine.generate(Prompt::Tokens(p.clone()), params)
-        })
-        .collect();
-    let mut out = Vec::new();
-    for s in streams {
-        let mut s = s.expect("generate");
-        let mut toks = Vec::new();
-        while let Some(ev) = s.next().await {
-            match ev.expect("event") {
-                dcpserve::GenerationEvent::Token { token, .. } => toks.push(token),
-                dcpserve::GenerationEvent::Finished { .. } => break,
-            }
-        }
-        out.push(toks);
-    }
-    out
-}
-
-async fn run_stats(
-    model: &str,
-    cfg: EngineConfig,
-    prompts: &[Vec<u32>],
-    n: usize,
-) -> (Run, dcpserve_actors::SchedulerStats) {
-    let engine = Engine::from_path(fixture(model), cfg)
-        .await
-        .expect("engine");
-    let out = generate_all(&engine, prompts, n).await;
-    (out, engine.stats().await.expect("stats"))
-}
-
-async fn run(model: &str, cfg: EngineConfig, prompts: &[Vec<u32>], n: usize) -> Run {
-    run_stats(model, cfg, prompts, n).await.0
-}
-
-fn assert_same(base: &Run, got: &Run, what: &str) {
-    for (p, (a, b)) in base.iter().zip(got).enumerate() {
-        let ids_a: Vec<u32> = a.iter().map(|t| t.token_id).collect();
-        let ids_b: Vec<u32> = b.iter().map(|t| t.token_id).collect();
-        assert_eq!(ids_a, ids_b, "{what}: prompt {p} greedy tokens differ");
-        for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            let d = (x.logprob.unwrap() - y.logprob.unwrap()).abs();
-            assert!(d <= TOL, "{what}: prompt {p} token {i}: |Δ logprob| = {d}");
-            for ((tx, lx), (ty, ly)) in x.top_logprobs.iter().zip(&y.top_logprobs) {
-                if tx == ty {
-                    assert!(
-                        (lx - ly).abs() <= TOL,
-                        "{what}: prompt {p} token {i} top {tx}"
-                    );
-                }
-            }
-        }
-    }
-}
-
 /// tp ∈ {1, 2, 4} with every dcp dividing it and interleave 1, 2 and the block size (16),
 /// on a 3,100-token prompt (plus short ones) prefilled in chunks of 512.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mla_every_layout_equals_single_rank() {
     let prompts = prompts(384, 3100);
     let big = 64 << 20;
-    let base = run(MODEL, cfg(layout(1, 1, 1), 512, big), &prompts, 8).await;
+    let base = run(&fixture(MODEL), cfg(layout(1, 1, 1), 512, big), &prompts, 8).await;
     let layouts = [
         (2, 1, 1),
         (2, 2, 1),
@@ -234,7 +49,13 @@ async fn mla_every_layout_equals_single_rank() {
         (4, 4, 16),
     ];
     for (tp, dcp, i) in layouts {
-        let got = run(MODEL, cfg(layout(tp, dcp, i), 512, big), &prompts, 8).await;
+        let got = run(
+            &fixture(MODEL),
+            cfg(layout(tp, dcp, i), 512, big),
+            &prompts,
+            8,
+        )
+        .await;
         assert_same(&base, &got, &format!("tp={tp} dcp={dcp} I={i}"));
     }
 }
@@ -244,9 +65,21 @@ async fn mla_every_layout_equals_single_rank() {
 async fn mla_noq_layouts_equal_single_rank() {
     let prompts = prompts(384, 1200);
     let big = 64 << 20;
-    let base = run(MODEL_NOQ, cfg(layout(1, 1, 1), 256, big), &prompts, 8).await;
+    let base = run(
+        &fixture(MODEL_NOQ),
+        cfg(layout(1, 1, 1), 256, big),
+        &prompts,
+        8,
+    )
+    .await;
     for (tp, dcp, i) in [(4, 4, 1), (4, 2, 16)] {
-        let got = run(MODEL_NOQ, cfg(layout(tp, dcp, i), 256, big), &prompts, 8).await;
+        let got = run(
+            &fixture(MODEL_NOQ),
+            cfg(layout(tp, dcp, i), 256, big),
+            &prompts,
+            8,
+        )
+        .await;
         assert_same(&base, &got, &format!("noq tp={tp} dcp={dcp} I={i}"));
     }
 }
@@ -261,10 +94,22 @@ async fn mla_dcp_with_forced_preemption_equals_single_rank() {
                 .collect()
         })
         .collect();
-    let base = run(MODEL, cfg(layout(1, 1, 1), 256, 64 << 20), &prompts, 40).await;
+    let base = run(
+        &fixture(MODEL),
+        cfg(layout(1, 1, 1), 256, 64 << 20),
+        &prompts,
+        40,
+    )
+    .await;
     // Per rank: 3 layers × (32 + 8) latent values × 4 bytes = 480 bytes per token.
     let tight = 480 * 16 * 20; // 20 blocks of 16 tokens per rank: 640 tokens under dcp=2
-    let (got, stats) = run_stats(MODEL, cfg(layout(4, 2, 2), 256, tight), &prompts, 40).await;
+    let (got, stats) = run_stats(
+        &fixture(MODEL),
+        cfg(layout(4, 2, 2), 256, tight),
+        &prompts,
+        40,
+    )
+    .await;
     assert!(stats.preemptions > 0, "expected preemptions: {stats:?}");
     assert_same(&base, &got, "tp=4 dcp=2 I=2 with preemption");
 }
@@ -284,7 +129,15 @@ async fn mla_dcp_prefix_cache_hits_equal_single_rank() {
     no_cache.enable_prefix_caching = false;
     let mut base = Vec::new();
     for p in &prompts {
-        base.extend(run(MODEL, no_cache.clone(), std::slice::from_ref(p), 6).await);
+        base.extend(
+            run(
+                &fixture(MODEL),
+                no_cache.clone(),
+                std::slice::from_ref(p),
+                6,
+            )
+            .await,
+        );
     }
     for (tp, dcp, i) in [(2, 2, 1), (4, 4, 2)] {
         let engine = Engine::from_path(fixture(MODEL), cfg(layout(tp, dcp, i), 256, 64 << 20))

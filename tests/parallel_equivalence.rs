@@ -4,23 +4,12 @@
 
 mod common;
 
+use common::equivalence::*;
 use common::*;
-use dcpserve::{Engine, EngineConfig, ParallelConfig, Prompt, TokenOutput};
-
-const TOL: f32 = 1e-4;
-
-type Run = Vec<Vec<TokenOutput>>;
-
-fn layout(tp: usize, dcp: usize, interleave: usize) -> ParallelConfig {
-    ParallelConfig {
-        tensor_parallel_size: tp,
-        decode_context_parallel_size: dcp,
-        cp_kv_cache_interleave_size: interleave,
-    }
-}
+use dcpserve::{Engine, Prompt};
 
 /// Prompts of 1 to `long` tokens (ids avoid the special tokens 0..3).
-fn prompts(vocab: u32, long: usize) -> Vec<Vec<u32>> {
+fn gqa_prompts(vocab: u32, long: usize) -> Vec<Vec<u32>> {
     [1usize, 7, 40, 333, long]
         .iter()
         .enumerate()
@@ -32,78 +21,13 @@ fn prompts(vocab: u32, long: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-async fn run(model: &std::path::Path, cfg: EngineConfig, prompts: &[Vec<u32>], n: usize) -> Run {
-    run_stats(model, cfg, prompts, n).await.0
-}
-
-async fn run_stats(
-    model: &std::path::Path,
-    cfg: EngineConfig,
-    prompts: &[Vec<u32>],
-    n: usize,
-) -> (Run, dcpserve_actors::SchedulerStats) {
-    let engine = Engine::from_path(model, cfg).await.expect("engine");
-    // Submit everything first so the sequences are batched together.
-    let futs: Vec<_> = prompts
-        .iter()
-        .map(|p| {
-            let mut params = greedy(n);
-            params.logprobs = Some(5);
-            engine.generate(Prompt::Tokens(p.clone()), params)
-        })
-        .collect();
-    let mut out = Vec::new();
-    for s in futs {
-        use futures::StreamExt;
-        let mut s = s.expect("generate");
-        let mut toks = Vec::new();
-        while let Some(ev) = s.next().await {
-            match ev.expect("event") {
-                dcpserve::GenerationEvent::Token { token, .. } => toks.push(token),
-                dcpserve::GenerationEvent::Finished { .. } => break,
-            }
-        }
-        out.push(toks);
-    }
-    (out, engine.stats().await.expect("stats"))
-}
-
-fn assert_same(base: &Run, got: &Run, what: &str) {
-    for (p, (a, b)) in base.iter().zip(got).enumerate() {
-        let ids_a: Vec<u32> = a.iter().map(|t| t.token_id).collect();
-        let ids_b: Vec<u32> = b.iter().map(|t| t.token_id).collect();
-        assert_eq!(ids_a, ids_b, "{what}: prompt {p} greedy tokens differ");
-        for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            let d = (x.logprob.unwrap() - y.logprob.unwrap()).abs();
-            assert!(d <= TOL, "{what}: prompt {p} token {i}: |Δ logprob| = {d}");
-            for ((tx, lx), (ty, ly)) in x.top_logprobs.iter().zip(&y.top_logprobs) {
-                if tx == ty {
-                    assert!(
-                        (lx - ly).abs() <= TOL,
-                        "{what}: prompt {p} token {i} top {tx}"
-                    );
-                }
-            }
-        }
-    }
-}
-
-fn cfg(p: ParallelConfig, batched_tokens: usize, kv_bytes: u64) -> EngineConfig {
-    EngineConfig {
-        parallel: p,
-        max_num_batched_tokens: batched_tokens,
-        kv_cache_memory_bytes: Some(kv_bytes),
-        ..f32_config()
-    }
-}
-
 /// Tiny GQA model (8 query heads, 2 KV heads, block size 16): tp ∈ {1, 2, 4, 8} with
 /// every allowed dcp and interleave 1, 2 and the block size; a 3,100-token prompt
 /// prefilled in chunks of 512.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_gqa_every_layout_equals_single_rank() {
     let model = fixture("tiny-llama");
-    let prompts = prompts(384, 3100);
+    let prompts = gqa_prompts(384, 3100);
     let big = 64 << 20;
     let base = run(&model, cfg(layout(1, 1, 1), 512, big), &prompts, 12).await;
     let layouts = [
@@ -149,8 +73,8 @@ async fn dcp_with_forced_preemption_equals_single_rank() {
 async fn default_model_tp9_equals_single_rank() {
     let model = default_model();
     let prompts = vec![
-        prompts(49152, 300)[2].clone(),
-        prompts(49152, 300)[4].clone(),
+        gqa_prompts(49152, 300)[2].clone(),
+        gqa_prompts(49152, 300)[4].clone(),
     ];
     let big = 256 << 20;
     let base = run(&model, cfg(layout(1, 1, 1), 2048, big), &prompts, 6).await;

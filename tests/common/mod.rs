@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+pub mod equivalence;
+pub mod reference;
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

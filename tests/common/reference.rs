@@ -1,0 +1,97 @@
+//! Single-rank logits against the fixtures' Hugging Face references.
+
+use dcpserve_kernels::{log_softmax, ThreadPool};
+use dcpserve_model::arch::{BatchInput, RankModel, WeightPrecision};
+use dcpserve_model::ModelFiles;
+
+use super::{fixture, floats, ids, read_json};
+
+/// Runs `ids` in chunks of `chunk` tokens over a paged latent cache with a shuffled block
+/// table and returns log-probs at every position.
+pub fn logprobs_chunked(model: &RankModel, ids: &[u32], chunk: usize) -> Vec<Vec<f32>> {
+    let block = 4;
+    let n_blocks = ids.len().div_ceil(block) + 1;
+    let mut cache = model.new_kv_cache(n_blocks * 2, block);
+    let table: Vec<u32> = (0..n_blocks as u32)
+        .map(|b| (b * 7 + 3) % (n_blocks as u32 * 2))
+        .collect();
+    let pool = ThreadPool::new(2);
+    let mut rows = Vec::new();
+    let mut start = 0;
+    while start < ids.len() {
+        let end = (start + chunk).min(ids.len());
+        let positions: Vec<usize> = (start..end).collect();
+        let slots: Vec<usize> = positions
+            .iter()
+            .map(|&p| table[p / block] as usize * block + p % block)
+            .collect();
+        let kv_lens: Vec<u32> = positions.iter().map(|&p| p as u32 + 1).collect();
+        let token_seq = vec![0u32; end - start];
+        let tables = [table.as_slice()];
+        let logits_for: Vec<usize> = (0..end - start).collect();
+        let input = BatchInput {
+            tokens: &ids[start..end],
+            positions: &positions,
+            token_seq: &token_seq,
+            slots: &slots,
+            kv_lens: &kv_lens,
+            block_tables: &tables,
+            logits_for: &logits_for,
+        };
+        let out = model.forward(&pool, &input, &mut cache).expect("forward");
+        for r in 0..end - start {
+            rows.push(log_softmax(
+                &out.logits[r * out.vocab_size..(r + 1) * out.vocab_size],
+            ));
+        }
+        start = end;
+    }
+    rows
+}
+
+/// Compares the model's log-probabilities with the fixture's transformers reference
+/// (within 1e-3), over the whole prompt at once and in chunks of 5 tokens.
+pub fn check_logprobs(name: &str) {
+    let dir = fixture(name);
+    let reference = read_json(dir.join("reference.json"));
+    let files = ModelFiles::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let model = RankModel::load(
+        files.config.clone(),
+        files.tensors.as_ref(),
+        WeightPrecision::F32,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    for prompt in reference["prompts"].as_array().unwrap() {
+        let ids = ids(&prompt["ids"]);
+        let positions: Vec<usize> = prompt["positions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_u64().unwrap() as usize)
+            .collect();
+        for chunk in [ids.len(), 5] {
+            let ours = logprobs_chunked(&model, &ids, chunk);
+            let mut worst = 0.0f32;
+            for (row, &pos) in prompt["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(&positions)
+            {
+                for (a, b) in floats(row).iter().zip(&ours[pos]) {
+                    worst = worst.max((a - b).abs());
+                }
+            }
+            eprintln!(
+                "{name} {} chunk {chunk}: max |Δ logprob| {worst:.2e}",
+                prompt["name"]
+            );
+            assert!(
+                worst <= 1e-3,
+                "{name}, prompt {} (len {}), chunk {chunk}: max |Δ logprob| = {worst}",
+                prompt["name"],
+                ids.len()
+            );
+        }
+    }
+}
