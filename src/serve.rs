@@ -243,7 +243,11 @@ impl ModelBackend for EngineBackend {
         Box::pin(async move {
             let s = engine.stats().await.ok()?;
             let used = s.total_blocks.saturating_sub(s.free_blocks);
-            // Block tables are global, so every rank holds the same share of its cache.
+            // Fraction of virtual KV blocks in use. Block tables are global: the scheduler
+            // allocates each virtual block on every rank at once (each rank holds its shard of
+            // the block's tokens), so all ranks have the same number of blocks in use and this
+            // one number is every rank's usage. It is exported once per rank for dashboards
+            // that expect a per-rank series, but the values are equal by construction.
             let usage = if s.total_blocks == 0 {
                 0.0
             } else {

@@ -452,31 +452,91 @@ async fn api_key_is_required_when_set() {
     assert_eq!(get(addr, "/health").await.status, 200);
 }
 
+/// The value of the series `name{labels}` in a Prometheus text exposition (0 when absent).
+fn series_value(body: &str, series: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_after_a_short_load() {
-    let (addr, _e) = server().await;
+    // The recorder is global to the test process: a model name of its own keeps this test's
+    // counters apart from the other tests' requests.
+    let engine = tiny_engine().await;
+    let mut router = dcpserve_api::ModelRouter::new();
+    router
+        .add(dcpserve_api::ModelSlot::new(
+            "tiny-metrics",
+            std::sync::Arc::new(dcpserve::serve::EngineBackend::new(
+                engine.clone(),
+                1,
+                "fixtures/tiny-llama",
+            )),
+            dcpserve_api::SamplingDefaults::default(),
+            64,
+        ))
+        .unwrap();
+    let addr = start(router, None).await;
+    let body = |extra: Value| {
+        let mut v = greedy(extra);
+        v["model"] = json!("tiny-metrics");
+        v
+    };
+    let prompt_series = "dcpserve:prompt_tokens_total{model_name=\"tiny-metrics\"}";
+    let success_series =
+        "dcpserve:request_success_total{model_name=\"tiny-metrics\",finished_reason=\"length\"}";
+    let generation_series = "dcpserve:generation_tokens_total{model_name=\"tiny-metrics\"}";
+
     for i in 0..3 {
         let r = post(
             addr,
             "/v1/completions",
-            &greedy(json!({"prompt": format!("load {i}")})),
+            &body(json!({"prompt": format!("load {i}")})),
         )
         .await;
         assert_eq!(r.status, 200);
     }
+    let before = get(addr, "/metrics").await.body;
+
+    // One request with two choices: its prompt and itself count once, its tokens twice.
+    let r = post(
+        addr,
+        "/v1/completions",
+        &body(json!({"prompt": "Once upon a time", "n": 2})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let usage = r.json()["usage"].clone();
+    let prompt_tokens = usage["prompt_tokens"].as_f64().unwrap();
+    assert_eq!(usage["completion_tokens"], 16);
+
     let m = get(addr, "/metrics").await;
     assert_eq!(m.status, 200);
+    let delta = |series: &str| series_value(&m.body, series) - series_value(&before, series);
+    assert_eq!(delta(prompt_series), prompt_tokens, "{}", m.body);
+    assert_eq!(delta(success_series), 1.0, "{}", m.body);
+    assert_eq!(delta(generation_series), 16.0, "{}", m.body);
+    assert_eq!(
+        series_value(&m.body, success_series),
+        4.0,
+        "three requests, then one with n=2:\n{}",
+        m.body
+    );
+
     for needle in [
-        "dcpserve:request_success_total{model_name=\"tiny\",finished_reason=\"length\"}",
-        "dcpserve:prompt_tokens_total{model_name=\"tiny\"}",
-        "dcpserve:generation_tokens_total{model_name=\"tiny\"}",
-        "dcpserve:time_to_first_token_seconds_bucket{model_name=\"tiny\"",
-        "dcpserve:inter_token_latency_seconds_bucket{model_name=\"tiny\"",
-        "dcpserve:e2e_request_latency_seconds_count{model_name=\"tiny\"}",
-        "dcpserve:kv_cache_usage_perc{model_name=\"tiny\",rank=\"0\"}",
-        "dcpserve:num_requests_running{model_name=\"tiny\"}",
-        "dcpserve:num_requests_waiting{model_name=\"tiny\"}",
-        "dcpserve:num_preemptions_total{model_name=\"tiny\"}",
+        success_series,
+        prompt_series,
+        generation_series,
+        "dcpserve:time_to_first_token_seconds_bucket{model_name=\"tiny-metrics\"",
+        "dcpserve:inter_token_latency_seconds_bucket{model_name=\"tiny-metrics\"",
+        "dcpserve:e2e_request_latency_seconds_count{model_name=\"tiny-metrics\"} 4",
+        "dcpserve:kv_cache_usage_perc{model_name=\"tiny-metrics\",rank=\"0\"}",
+        "dcpserve:num_requests_running{model_name=\"tiny-metrics\"}",
+        "dcpserve:num_requests_waiting{model_name=\"tiny-metrics\"}",
+        "dcpserve:num_preemptions_total{model_name=\"tiny-metrics\"}",
+        "dcpserve:prefix_cache_hit_rate{model_name=\"tiny-metrics\"}",
+        "dcpserve:time_in_collectives_seconds{model_name=\"tiny-metrics\",rank=\"0\"}",
     ] {
         assert!(m.body.contains(needle), "{needle} missing:\n{}", m.body);
     }

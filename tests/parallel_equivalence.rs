@@ -22,8 +22,8 @@ fn gqa_prompts(vocab: u32, long: usize) -> Vec<Vec<u32>> {
 }
 
 /// Tiny GQA model (8 query heads, 2 KV heads, block size 16): tp ∈ {1, 2, 4, 8} with
-/// every allowed dcp and interleave 1, 2 and the block size; a 3,100-token prompt
-/// prefilled in chunks of 512.
+/// every allowed dcp (tp=4: dcp 2; tp=8: dcp 2 and 4) and interleave 1, 2 and the
+/// block size; a 3,100-token prompt prefilled in chunks of 512.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_gqa_every_layout_equals_single_rank() {
     let model = fixture("tiny-llama");
@@ -37,13 +37,44 @@ async fn tiny_gqa_every_layout_equals_single_rank() {
         (4, 2, 2),
         (4, 2, 16),
         (8, 1, 1),
+        (8, 2, 1),
         (8, 2, 2),
+        (8, 2, 16),
         (8, 4, 1),
+        (8, 4, 2),
         (8, 4, 16),
     ];
     for (tp, dcp, i) in layouts {
         let got = run(&model, cfg(layout(tp, dcp, i), 512, big), &prompts, 12).await;
         assert_same(&base, &got, &format!("tp={tp} dcp={dcp} I={i}"));
+    }
+}
+
+/// Qwen2 (q/k/v biases; 8 query heads, 2 KV heads, bfloat16 weights run in float32):
+/// sharding the biases with their heads gives the single-rank outputs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_qwen2_sharded_equals_single_rank() {
+    let model = fixture("tiny-qwen2");
+    let prompts = prompts(384, 600);
+    let big = 64 << 20;
+    let base = run(&model, cfg(layout(1, 1, 1), 512, big), &prompts, 12).await;
+    for (tp, dcp, i) in [(2, 1, 1), (4, 2, 1), (8, 4, 2)] {
+        let got = run(&model, cfg(layout(tp, dcp, i), 512, big), &prompts, 12).await;
+        assert_same(&base, &got, &format!("qwen2 tp={tp} dcp={dcp} I={i}"));
+    }
+}
+
+/// Qwen3 (per-head q/k RMSNorm; 4 query heads, 2 KV heads, head_dim 16, float16
+/// weights run in float32): tp=2, and tp=4 with dcp=2 at interleave 1 and the block size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_qwen3_sharded_equals_single_rank() {
+    let model = fixture("tiny-qwen3");
+    let prompts = prompts(384, 600);
+    let big = 64 << 20;
+    let base = run(&model, cfg(layout(1, 1, 1), 512, big), &prompts, 12).await;
+    for (tp, dcp, i) in [(2, 1, 1), (4, 2, 1), (4, 2, 16)] {
+        let got = run(&model, cfg(layout(tp, dcp, i), 512, big), &prompts, 12).await;
+        assert_same(&base, &got, &format!("qwen3 tp={tp} dcp={dcp} I={i}"));
     }
 }
 

@@ -82,7 +82,15 @@ impl Actor for ModelSupervisor {
         let cfg = &args.files.config;
         let e = &args.engine;
         let tp = e.parallel.tensor_parallel_size;
-        let max_model_len = e.max_model_len.unwrap_or(cfg.max_position_embeddings);
+        if let Some(len) = e.max_model_len {
+            if len > cfg.max_position_embeddings {
+                return Err(format!(
+                    "User-specified max_model_len ({len}) is greater than the derived max_model_len (max_position_embeddings={} in the model's config).",
+                    cfg.max_position_embeddings
+                )
+                .into());
+            }
+        }
         let budget = e
             .kv_cache_memory_bytes
             .unwrap_or_else(|| default_kv_bytes(tp));
@@ -95,6 +103,25 @@ impl Actor for ModelSupervisor {
             e.block_size,
             budget,
         );
+        let capacity_total =
+            cap.num_blocks * e.block_size * e.parallel.decode_context_parallel_size;
+        let max_model_len = match e.max_model_len {
+            Some(len) if len > capacity_total => {
+                return Err(format!(
+                    "The model's max seq len ({len}) is larger than the maximum number of tokens that can be stored in KV cache ({capacity_total}). Try increasing `--kv-cache-memory-bytes` or decreasing `--max-model-len`."
+                )
+                .into());
+            }
+            Some(len) => len,
+            None if cfg.max_position_embeddings > capacity_total => {
+                tracing::warn!(
+                    "max_model_len lowered from the model's {} to the KV cache's {capacity_total} tokens",
+                    cfg.max_position_embeddings
+                );
+                capacity_total
+            }
+            None => cfg.max_position_embeddings,
+        };
         let (num_blocks, tokens_per_rank, per_token) = (
             cap.num_blocks,
             cap.tokens_per_rank,

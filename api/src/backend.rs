@@ -32,7 +32,8 @@ pub struct BackendStats {
     pub running: usize,
     /// Sequences waiting for admission (including preempted ones).
     pub waiting: usize,
-    /// KV-cache usage in `[0, 1]`, one entry per rank.
+    /// Fraction of virtual KV-cache blocks in use, in `[0, 1]`, one entry per rank (equal on
+    /// all ranks when block tables are global, as in the engine).
     pub kv_cache_usage: Vec<f64>,
     /// Sequences preempted since start.
     pub preemptions: u64,

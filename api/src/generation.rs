@@ -10,13 +10,16 @@ use futures::stream::{BoxStream, StreamExt};
 
 use crate::backend::{BackendEvent, EventStream};
 use crate::errors::ApiError;
-use crate::metrics::SequenceTimer;
+use crate::metrics::{RequestTimer, SequenceTimer};
 use crate::router::{ModelSlot, Permit};
 
 /// One choice to generate.
 pub struct ChoiceSpec {
     /// Index of the choice in the response.
     pub index: usize,
+    /// Which prompt of the request this choice continues: the choices of one prompt are
+    /// accounted (prompt tokens, finished requests) as one request.
+    pub prompt: usize,
     pub prompt_ids: Vec<u32>,
     pub params: GenerationParams,
 }
@@ -55,8 +58,17 @@ pub fn start(
     let stop = Arc::new(stop);
     let hold = stop.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
     let mut runners = Vec::with_capacity(specs.len());
+    let mut requests: Vec<(usize, Arc<RequestTimer>)> = Vec::new();
     for spec in specs {
         let prompt_len = spec.prompt_ids.len();
+        let request = match requests.iter().find(|(p, _)| *p == spec.prompt) {
+            Some((_, r)) => r.clone(),
+            None => {
+                let r = RequestTimer::new(&slot.name, arrival, prompt_len);
+                requests.push((spec.prompt, r.clone()));
+                r
+            }
+        };
         let inner = slot
             .backend
             .generate(spec.prompt_ids, spec.params)
@@ -70,7 +82,7 @@ pub fn start(
             emitted: 0,
             tokens: 0,
             prompt_len,
-            timer: SequenceTimer::new(&slot.name, arrival),
+            timer: SequenceTimer::new(request),
             done: false,
         });
     }
@@ -149,7 +161,7 @@ impl Drop for Runner {
     fn drop(&mut self) {
         if !self.done {
             // The client went away (or another choice failed) before this one finished.
-            self.timer.finish("abort", self.prompt_len);
+            self.timer.finish("abort");
         }
     }
 }
@@ -165,7 +177,7 @@ impl Runner {
     fn end(&mut self, reason: &'static str) -> Finish {
         self.done = true;
         self.inner = None;
-        self.timer.finish(reason, self.prompt_len);
+        self.timer.finish(reason);
         Finish {
             reason,
             prompt_tokens: self.prompt_len,

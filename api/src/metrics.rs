@@ -5,7 +5,7 @@
 //! waiting, KV usage, preemptions) are read from each model when `/metrics` is rendered,
 //! so an idle server costs nothing.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -68,7 +68,11 @@ fn describe() {
         "Sequences admitted by the HTTP layer and not yet finished."
     );
     describe_counter!(REJECTED, "Requests refused because the queue was full.");
-    describe_gauge!(KV_USAGE, "KV-cache usage per rank (1 = full).");
+    describe_gauge!(
+        KV_USAGE,
+        "Fraction of virtual KV-cache blocks in use (1 = full), per rank; block tables are \
+         global, so it is the same on every rank."
+    );
     describe_counter!(PREEMPTIONS, "Sequences preempted (recomputed later).");
     describe_gauge!(
         PREFIX_HIT_RATE,
@@ -78,9 +82,18 @@ fn describe() {
         COLLECTIVES,
         "Seconds spent in collectives since start, per rank."
     );
-    describe_counter!(SUCCESS, "Finished requests by finish reason.");
-    describe_counter!(PROMPT_TOKENS, "Prefilled prompt tokens.");
-    describe_counter!(GENERATION_TOKENS, "Generated tokens.");
+    describe_counter!(
+        SUCCESS,
+        "Finished requests (each prompt with its n choices counts once) by finish reason."
+    );
+    describe_counter!(
+        PROMPT_TOKENS,
+        "Prompt tokens of finished requests (once per request)."
+    );
+    describe_counter!(
+        GENERATION_TOKENS,
+        "Generated tokens, summed over all choices."
+    );
     describe_histogram!(TTFT, "Seconds from arrival to the first token.");
     describe_histogram!(ITL, "Seconds between consecutive tokens of a sequence.");
     describe_histogram!(E2E, "Seconds from arrival to the last token.");
@@ -96,22 +109,95 @@ pub fn set_outstanding(model: &str, n: usize) {
     gauge!(OUTSTANDING, "model_name" => model.to_string()).set(n as f64);
 }
 
-/// Latency and token accounting of one sequence (one choice).
+/// Accounting of one request: one prompt and the `n` choices generated from it. Its prompt
+/// tokens, the finished request and its end-to-end latency are recorded once (as vLLM counts
+/// requests), when the last of its choices' [`SequenceTimer`]s is gone.
+pub struct RequestTimer {
+    state: std::sync::Mutex<RequestState>,
+}
+
+struct RequestState {
+    model: String,
+    start: std::time::Instant,
+    prompt_tokens: usize,
+    /// The request's reason so far: the most severe of its choices' reasons.
+    reason: Option<&'static str>,
+    /// When the last choice so far ended.
+    ended: Option<std::time::Instant>,
+}
+
+/// Order of the finish reasons when choices of one request end differently: the request
+/// reports the most severe one.
+fn severity(reason: &str) -> u8 {
+    match reason {
+        "stop" => 0,
+        "length" => 1,
+        "abort" => 2,
+        _ => 3,
+    }
+}
+
+impl RequestTimer {
+    /// Starts timing a request of `prompt_tokens` tokens at its arrival.
+    pub fn new(model: &str, arrival: std::time::Instant, prompt_tokens: usize) -> Arc<Self> {
+        Arc::new(Self {
+            state: std::sync::Mutex::new(RequestState {
+                model: model.to_string(),
+                start: arrival,
+                prompt_tokens,
+                reason: None,
+                ended: None,
+            }),
+        })
+    }
+
+    fn choice_finished(&self, reason: &'static str) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.reason.is_none_or(|r| severity(reason) > severity(r)) {
+            s.reason = Some(reason);
+        }
+        s.ended = Some(std::time::Instant::now());
+    }
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let m = s.model.clone();
+        // A request whose choices never ran (one failed to start) counts as aborted.
+        let reason = s.reason.unwrap_or("abort");
+        let ended = s.ended.unwrap_or_else(std::time::Instant::now);
+        counter!(SUCCESS, "model_name" => m.clone(), "finished_reason" => reason).increment(1);
+        counter!(PROMPT_TOKENS, "model_name" => m.clone()).increment(s.prompt_tokens as u64);
+        histogram!(E2E, "model_name" => m).record((ended - s.start).as_secs_f64());
+    }
+}
+
+/// Latency and token accounting of one sequence (one choice); the request it belongs to is
+/// accounted by the shared [`RequestTimer`].
 pub struct SequenceTimer {
     model: String,
     start: std::time::Instant,
     last: Option<std::time::Instant>,
     tokens: u64,
+    request: Arc<RequestTimer>,
+    finished: bool,
 }
 
 impl SequenceTimer {
-    /// Starts timing at the request's arrival.
-    pub fn new(model: &str, arrival: std::time::Instant) -> Self {
+    /// Starts timing a choice of `request` (timed from the request's arrival).
+    pub fn new(request: Arc<RequestTimer>) -> Self {
+        let (model, start) = {
+            let s = request.state.lock().unwrap_or_else(|e| e.into_inner());
+            (s.model.clone(), s.start)
+        };
         Self {
-            model: model.to_string(),
-            start: arrival,
+            model,
+            start,
             last: None,
             tokens: 0,
+            request,
+            finished: false,
         }
     }
 
@@ -128,13 +214,15 @@ impl SequenceTimer {
         self.tokens += 1;
     }
 
-    /// The sequence ended with `reason` (`stop`, `length`, `abort`, `error`).
-    pub fn finish(&mut self, reason: &'static str, prompt_tokens: usize) {
-        let m = self.model.clone();
-        counter!(SUCCESS, "model_name" => m.clone(), "finished_reason" => reason).increment(1);
-        counter!(PROMPT_TOKENS, "model_name" => m.clone()).increment(prompt_tokens as u64);
-        counter!(GENERATION_TOKENS, "model_name" => m.clone()).increment(self.tokens);
-        histogram!(E2E, "model_name" => m).record(self.start.elapsed().as_secs_f64());
+    /// The sequence ended with `reason` (`stop`, `length`, `abort`, `error`); later calls are
+    /// ignored. Generation tokens count per choice; the request counts once, in
+    /// [`RequestTimer`].
+    pub fn finish(&mut self, reason: &'static str) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        counter!(GENERATION_TOKENS, "model_name" => self.model.clone()).increment(self.tokens);
+        self.request.choice_finished(reason);
     }
 }
 

@@ -252,6 +252,75 @@ mod tests {
     }
 
     #[test]
+    fn gqa_dcp_group_must_not_span_two_kv_heads() {
+        // 12 query heads / 2 KV heads: tp=6 gives 6 / 2 = 3 ranks per KV head; dcp=2 passes
+        // every earlier check (6 % 2 == 0, 2 <= 3, 6 query heads per KV head % 2 == 0)
+        // but a group of 2 ranks cannot tile 3 ranks per KV head.
+        let e = layout(6, 2, 1).validate(gqa(12, 2), 16).unwrap_err();
+        assert_eq!(
+            e.0,
+            "`--tensor-parallel-size` (6) // KV heads (2) = 3 must be divisible by `--decode-context-parallel-size` (2) so that a DCP group never spans two KV heads."
+        );
+        // The same model with tp=4 (2 ranks per KV head) is fine.
+        layout(4, 2, 1).validate(gqa(12, 2), 16).unwrap();
+    }
+
+    fn mla(q: usize) -> AttentionKind {
+        AttentionKind::Mla {
+            num_attention_heads: q,
+        }
+    }
+
+    #[test]
+    fn mla_query_heads_must_divide_by_tp() {
+        let e = layout(3, 1, 1).validate(mla(16), 16).unwrap_err();
+        assert_eq!(
+            e.0,
+            "Total number of attention heads (16) must be divisible by tensor parallel size (3)."
+        );
+        // With dcp the head check still applies (tp % dcp passes first).
+        let e = layout(6, 3, 1).validate(mla(4), 16).unwrap_err();
+        assert_eq!(
+            e.0,
+            "Total number of attention heads (4) must be divisible by tensor parallel size (6)."
+        );
+    }
+
+    #[test]
+    fn mla_only_needs_tp_divisible_by_dcp() {
+        // No KV-head limits: dcp may be as large as tp.
+        for (tp, dcp, i) in [
+            (1, 1, 1),
+            (8, 1, 1),
+            (8, 2, 1),
+            (8, 4, 2),
+            (8, 8, 1),
+            (8, 8, 16),
+        ] {
+            layout(tp, dcp, i).validate(mla(16), 16).unwrap();
+        }
+        let e = layout(8, 3, 1).validate(mla(16), 16).unwrap_err();
+        assert_eq!(e.0, "tp_size=8 must be divisible by dcp_size=3.");
+        // The block-size constraint applies to MLA too.
+        let e = layout(8, 8, 32).validate(mla(16), 16).unwrap_err();
+        assert_eq!(
+            e.0,
+            "Block_size(16) should be greater than or equal to and divisible by cp_kv_cache_interleave_size (32)."
+        );
+    }
+
+    #[test]
+    fn zero_sizes_are_rejected() {
+        let msg = "tensor_parallel_size, decode_context_parallel_size and cp_kv_cache_interleave_size must be at least 1.";
+        for (tp, dcp, i) in [(0, 1, 1), (1, 0, 1), (1, 1, 0)] {
+            let e = layout(tp, dcp, i).validate(gqa(8, 2), 16).unwrap_err();
+            assert_eq!(e.0, msg, "tp={tp} dcp={dcp} I={i}");
+            let e = layout(tp, dcp, i).validate(mla(16), 16).unwrap_err();
+            assert_eq!(e.0, msg, "MLA tp={tp} dcp={dcp} I={i}");
+        }
+    }
+
+    #[test]
     fn dcp_rank_is_tp_rank_mod_dcp() {
         let p = layout(8, 4, 1);
         let ranks: Vec<usize> = (0..8).map(|r| p.rank_layout(r).dcp_rank).collect();

@@ -190,12 +190,22 @@ impl Communicator for InProcessComm {
     }
 
     fn all_gather(&self, input: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
-        let n = self.size();
-        let counts = vec![input.len(); n];
-        if out.len() != n * input.len() {
-            return Err(len_error("all_gather output", n * input.len(), out.len()));
+        let (n, c) = (self.size(), input.len());
+        if out.len() != n * c {
+            return Err(len_error("all_gather output", n * c, out.len()));
         }
-        self.all_gather_varying(input, &counts, out)
+        self.timed(|| {
+            self.publish(input);
+            self.barrier()?;
+            for r in 0..n {
+                let src = self.slot(r);
+                if src.len() != c {
+                    return Err(len_error("all_gather peer", c, src.len()));
+                }
+                out[r * c..(r + 1) * c].copy_from_slice(src);
+            }
+            self.barrier()
+        })
     }
 
     fn all_gather_varying(

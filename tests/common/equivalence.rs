@@ -86,13 +86,29 @@ pub async fn run(
 }
 
 pub fn assert_same(base: &Run, got: &Run, what: &str) {
+    assert_eq!(
+        base.len(),
+        got.len(),
+        "{what}: number of prompts with output differs"
+    );
     for (p, (a, b)) in base.iter().zip(got).enumerate() {
+        assert_eq!(
+            a.len(),
+            b.len(),
+            "{what}: prompt {p} produced a different number of tokens"
+        );
+        assert!(!a.is_empty(), "{what}: prompt {p} produced no tokens");
         let ids_a: Vec<u32> = a.iter().map(|t| t.token_id).collect();
         let ids_b: Vec<u32> = b.iter().map(|t| t.token_id).collect();
         assert_eq!(ids_a, ids_b, "{what}: prompt {p} greedy tokens differ");
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             let d = (x.logprob.unwrap() - y.logprob.unwrap()).abs();
             assert!(d <= TOL, "{what}: prompt {p} token {i}: |Δ logprob| = {d}");
+            assert_eq!(
+                x.top_logprobs.len(),
+                y.top_logprobs.len(),
+                "{what}: prompt {p} token {i}: number of top logprobs differs"
+            );
             for ((tx, lx), (ty, ly)) in x.top_logprobs.iter().zip(&y.top_logprobs) {
                 if tx == ty {
                     assert!(

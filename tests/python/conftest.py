@@ -16,6 +16,35 @@ DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY = ROOT / "fixtures" / "tiny-llama"
 
 
+def _log_tail(log: pathlib.Path, lines: int = 40) -> str:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError as e:
+        return f"(no log at {log}: {e})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str, log: pathlib.Path, timeout: float = 60.0):
+    """Waits for `url`/health to answer; raises with the log's tail if the server exits or
+    is not healthy within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"dcpserve serve exited with {proc.returncode} before it was healthy; "
+                f"last lines of {log}:\n{_log_tail(log)}"
+            )
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(
+        f"dcpserve serve was not healthy at {url} after {timeout:.0f} s; "
+        f"last lines of {log}:\n{_log_tail(log)}"
+    )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -71,22 +100,23 @@ threads = 1
 """
     )
     port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "serve", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    # The server's output goes to a file: a pipe nobody reads could fill and block it.
+    log = cfg.parent / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [binary, "serve", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise RuntimeError(proc.stderr.read().decode())
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
+        _wait_healthy(proc, url, log)
         yield url + "/v1"
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -20,15 +20,22 @@ LOG=target/python-serve.log
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
 
+HEALTHY=0
 for _ in $(seq 1 300); do
     if "$VENV/bin/python" -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=1)" 2>/dev/null; then
+        HEALTHY=1
         break
     fi
     if ! kill -0 "$SERVER" 2>/dev/null; then
-        echo "dcpserve serve exited:"; cat "$LOG"; exit 1
+        echo "dcpserve serve exited:" >&2; tail -n 40 "$LOG" >&2; exit 1
     fi
     sleep 0.2
 done
+if [ "$HEALTHY" != 1 ]; then
+    echo "dcpserve serve was not healthy on port $PORT; last lines of $LOG:" >&2
+    tail -n 40 "$LOG" >&2
+    exit 1
+fi
 
 export DCPSERVE_BASE_URL="http://127.0.0.1:$PORT/v1"
 export DCPSERVE_BIN="$BIN"

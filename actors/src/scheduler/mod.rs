@@ -221,6 +221,18 @@ impl SchedulerState {
                 "The prompt ({len} tokens) can never fit in the KV cache ({} tokens).",
                 self.cfg.num_blocks * self.cfg.tokens_per_block
             ))
+        } else if (len + request.params.max_tokens)
+            .min(self.cfg.max_model_len)
+            .div_ceil(self.cfg.tokens_per_block)
+            > self.cfg.num_blocks
+        {
+            // Alone in the cache it would still run out of blocks and preempt itself forever.
+            Some(format!(
+                "The request needs up to {} tokens of KV cache ({len} in the prompt, {} to generate) but the KV cache holds {} tokens.",
+                (len + request.params.max_tokens).min(self.cfg.max_model_len),
+                request.params.max_tokens,
+                self.cfg.num_blocks * self.cfg.tokens_per_block
+            ))
         } else if self.seqs.contains_key(&request.id) {
             Some(format!("Request id {} is already in use.", request.id))
         } else {

@@ -64,6 +64,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
             params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
             ChoiceSpec {
                 index: i,
+                prompt: 0,
                 prompt_ids: ids.clone(),
                 params,
             }

@@ -79,6 +79,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
             }
             specs.push(ChoiceSpec {
                 index: p * n + i,
+                prompt: p,
                 prompt_ids: ids.clone(),
                 params,
             });

@@ -181,6 +181,16 @@ pub fn mla_moe_from_json(
         // transformers' V2 router never renormalizes the top-k weights.
         (MoeScoring::Softmax, grouped, false, false)
     } else {
+        // Only V3's router (sigmoid scores, bias-corrected grouped top-k) is implemented:
+        // refuse other settings rather than route differently from the checkpoint.
+        let scoring = k.str_opt("scoring_func").unwrap_or("sigmoid");
+        let method = topk_method.unwrap_or("noaux_tc");
+        if scoring != "sigmoid" || method != "noaux_tc" {
+            return Err(ModelError::unsupported(
+                path,
+                format!("DeepSeek-V3 routing scoring_func {scoring:?} / topk_method {method:?} (supported: sigmoid / noaux_tc)"),
+            ));
+        }
         (
             MoeScoring::Sigmoid,
             true,
