@@ -152,6 +152,34 @@ impl Engine {
         })
     }
 
+    /// Builds the engine of one `[[models]]` entry of a multi-model TOML config file (the
+    /// entry named `name`, or the first), with that entry's layout and limits.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> anyhow::Result<()> {
+    /// let engine = dcpserve::Engine::from_config_file("examples/multi-model.toml", Some("smollm2")).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_config_file(
+        path: impl AsRef<std::path::Path>,
+        name: Option<&str>,
+    ) -> Result<Self> {
+        let cfg = dcpserve_api::config::ServeConfig::load(path.as_ref())?;
+        let entry = match name {
+            None => cfg.models.first(),
+            Some(n) => cfg.models.iter().find(|m| m.name.as_deref() == Some(n)),
+        }
+        .ok_or_else(|| anyhow!("The model `{}` does not exist.", name.unwrap_or_default()))?;
+        let model_path = entry.path.clone().unwrap_or_else(crate::default_model_path);
+        let served = entry.name.clone().unwrap_or_else(|| {
+            model_path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into())
+        });
+        Self::from_path_named(served, model_path, entry.engine_config()?).await
+    }
+
     /// The served model's name.
     pub fn name(&self) -> &str {
         &self.inner.name

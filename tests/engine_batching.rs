@@ -226,3 +226,27 @@ async fn a_failed_rank_in_a_dcp_group_restarts_the_group() {
     .token_ids;
     assert_eq!(got, want);
 }
+
+/// The embedded engine built from a multi-model config file takes that entry's layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_from_a_config_file_entry() {
+    let dir = std::env::temp_dir().join(format!("dcpserve-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let toml = format!(
+        "[[models]]\nname = \"a\"\npath = \"{0}\"\ndtype = \"float32\"\nkv_cache_memory_bytes = 8388608\n\n[[models]]\nname = \"b\"\npath = \"{0}\"\ndtype = \"float32\"\ntensor_parallel_size = 4\ndecode_context_parallel_size = 2\nkv_cache_memory_bytes = 8388608\n",
+        fixture("tiny-llama").display()
+    );
+    let path = dir.join("models.toml");
+    std::fs::write(&path, toml).unwrap();
+    let a = Engine::from_config_file(&path, Some("a")).await.unwrap();
+    let b = Engine::from_config_file(&path, Some("b")).await.unwrap();
+    assert_eq!(a.name(), "a");
+    assert_eq!(b.kv_capacity().1, 2 * b.kv_capacity().0, "dcp=2 doubles the total");
+    let p = Prompt::Tokens(prompts()[3].clone());
+    let ta = a.complete(p.clone(), greedy(6)).await.unwrap().token_ids;
+    let tb = b.complete(p, greedy(6)).await.unwrap().token_ids;
+    assert_eq!(ta, tb);
+    let err = Engine::from_config_file(&path, Some("zzz")).await.err().unwrap();
+    assert_eq!(err.to_string(), "The model `zzz` does not exist.");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -14,7 +14,19 @@ use crate::error::KernelError;
 
 /// The collectives one rank of a group can take part in. Every rank of the group must
 /// make the same calls in the same order (as with NCCL).
+///
+/// Semantics are NCCL's: a call is ordered after the rank's earlier work on its stream and
+/// before its later work, and calls between [`Communicator::group_start`] and
+/// [`Communicator::group_end`] may be fused and complete together. A device
+/// implementation enqueues on the rank's stream and returns at once; the in-process one
+/// has no stream, so each call completes before it returns and grouping is a no-op.
 pub trait Communicator: Send + Sync {
+    /// Opens a group of calls that may be issued together (`ncclGroupStart`).
+    fn group_start(&self) {}
+    /// Closes the group (`ncclGroupEnd`).
+    fn group_end(&self) -> Result<(), KernelError> {
+        Ok(())
+    }
     /// This rank's index in the group.
     fn rank(&self) -> usize;
     /// Ranks in the group.
