@@ -114,10 +114,11 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Self> {
         config.validate_limits()?;
-        let files = tokio::task::spawn_blocking(move || ModelFiles::open(&path))
+        // The layout is checked against the model's shape before any weight is read.
+        let config_path = path.clone();
+        let mc = tokio::task::spawn_blocking(move || ModelFiles::read_config(&config_path))
             .await?
             .map_err(|e| anyhow!("{e}"))?;
-        let mc = &files.config;
         // MLA's one latent "head" is shared by all query heads: only tp % dcp matters.
         let attention = if mc.mla.is_some() {
             AttentionKind::Mla {
@@ -130,6 +131,9 @@ impl Engine {
             }
         };
         config.parallel.validate(attention, config.block_size)?;
+        let files = tokio::task::spawn_blocking(move || ModelFiles::open(&path))
+            .await?
+            .map_err(|e| anyhow!("{e}"))?;
         let files = Arc::new(files);
         let args = SupervisorArgs {
             name: name.clone(),

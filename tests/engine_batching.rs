@@ -241,12 +241,19 @@ async fn an_engine_from_a_config_file_entry() {
     let a = Engine::from_config_file(&path, Some("a")).await.unwrap();
     let b = Engine::from_config_file(&path, Some("b")).await.unwrap();
     assert_eq!(a.name(), "a");
-    assert_eq!(b.kv_capacity().1, 2 * b.kv_capacity().0, "dcp=2 doubles the total");
+    assert_eq!(
+        b.kv_capacity().1,
+        2 * b.kv_capacity().0,
+        "dcp=2 doubles the total"
+    );
     let p = Prompt::Tokens(prompts()[3].clone());
     let ta = a.complete(p.clone(), greedy(6)).await.unwrap().token_ids;
     let tb = b.complete(p, greedy(6)).await.unwrap().token_ids;
     assert_eq!(ta, tb);
-    let err = Engine::from_config_file(&path, Some("zzz")).await.err().unwrap();
+    let err = Engine::from_config_file(&path, Some("zzz"))
+        .await
+        .err()
+        .unwrap();
     assert_eq!(err.to_string(), "The model `zzz` does not exist.");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,8 +19,10 @@ pub enum CollectiveMsg {
     Comms(usize, RpcReplyPort<RankComms>),
     /// Seconds each rank has spent in collectives so far.
     SecondsInCollectives(RpcReplyPort<Vec<f64>>),
-    /// A rank failed: make every pending and future collective of this group fail.
-    Poison,
+    /// A rank failed: make every pending and future collective of this group fail. The
+    /// reply comes once the group is poisoned (ask before stopping the actor: a stop
+    /// overtakes queued messages).
+    Poison(RpcReplyPort<()>),
 }
 
 pub struct CollectiveActor;
@@ -82,10 +84,11 @@ impl Actor for CollectiveActor {
                     .collect();
                 let _ = port.send(secs);
             }
-            CollectiveMsg::Poison => {
+            CollectiveMsg::Poison(port) => {
                 for c in st.world.iter().chain(&st.dcp) {
                     c.poison();
                 }
+                let _ = port.send(());
             }
         }
         Ok(())

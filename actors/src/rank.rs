@@ -32,6 +32,8 @@ pub enum RankMsg {
 pub struct RankArgs {
     pub rank: usize,
     pub tp_size: usize,
+    /// Which rank group this rank belongs to (restarts so far).
+    pub generation: u64,
     pub comms: RankComms,
     pub files: Arc<ModelFiles>,
     pub precision: WeightPrecision,
@@ -154,9 +156,10 @@ fn compute_thread(
             Job::Step(plan) => plan,
             Job::Fault => {
                 let err = "injected fault".to_string();
-                let _ = args
-                    .scheduler
-                    .send_message(SchedulerMsg::StepFailed { error: err.clone() });
+                let _ = args.scheduler.send_message(SchedulerMsg::StepFailed {
+                    generation: args.generation,
+                    error: err.clone(),
+                });
                 let _ = myself.send_message(RankMsg::ComputeFailed(err));
                 return;
             }
@@ -184,6 +187,7 @@ fn compute_thread(
         };
         tracing::error!(rank = args.rank, "{error}");
         let _ = args.scheduler.send_message(SchedulerMsg::StepFailed {
+            generation: args.generation,
             error: error.clone(),
         });
         let _ = myself.send_message(RankMsg::ComputeFailed(error));

@@ -250,7 +250,9 @@ impl Actor for ModelSupervisor {
             .send_message(SchedulerMsg::RanksLost(why))?;
         // Survivors blocked in a collective with the dead rank must fail, not wait.
         if let Some(c) = state.collective.take() {
-            let _ = c.send_message(CollectiveMsg::Poison);
+            if let Err(e) = ractor::call!(c, CollectiveMsg::Poison) {
+                tracing::error!("could not poison the failed group's collectives: {e}");
+            }
             c.stop(Some("rank group restart".into()));
         }
         for r in state.ranks.drain(..) {
@@ -277,6 +279,7 @@ impl SupervisorState {
             let args = RankArgs {
                 rank,
                 tp_size: tp,
+                generation: self.info.restarts,
                 comms,
                 files: self.args.files.clone(),
                 precision: self.args.precision,
@@ -314,9 +317,10 @@ impl SupervisorState {
         }
         self.ranks = ranks;
         self.collective = Some(collective);
-        self.info
-            .scheduler
-            .send_message(SchedulerMsg::SetRanks(self.ranks.clone()))?;
+        self.info.scheduler.send_message(SchedulerMsg::SetRanks(
+            self.info.restarts,
+            self.ranks.clone(),
+        ))?;
         Ok(())
     }
 }

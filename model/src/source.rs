@@ -72,6 +72,27 @@ impl ModelFiles {
         Ok(files)
     }
 
+    /// Reads only the model's configuration (`config.json`, or a GGUF header's metadata),
+    /// so a serving layout can be checked before any weight is read.
+    pub fn read_config(path: impl AsRef<Path>) -> Result<ModelConfig, ModelError> {
+        let path = path.as_ref();
+        if path.is_dir() && path.join("config.json").is_file() {
+            return load_hf_config(path);
+        }
+        let gguf = if path.is_dir() {
+            single_gguf_in(path)?
+        } else {
+            path.to_path_buf()
+        };
+        if !gguf.exists() {
+            return Err(ModelError::MissingFile {
+                path: gguf,
+                what: "no such model file or folder".into(),
+            });
+        }
+        crate::gguf_config::config_from_gguf(&crate::gguf::GgufFile::open(&gguf)?)
+    }
+
     fn open_hf_dir(dir: &Path) -> Result<Self, ModelError> {
         let mut config = load_hf_config(dir)?;
         let tensors = SafetensorsSource::open_dir(dir)?;

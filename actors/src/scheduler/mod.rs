@@ -60,10 +60,13 @@ pub enum SchedulerMsg {
     Abort(u64),
     StepDone(Box<StepOutput>),
     StepFailed {
+        /// The rank group the failing rank belonged to: a group already replaced (its
+        /// survivors fail once the group is poisoned) must not bring the new one down.
+        generation: u64,
         error: String,
     },
     /// A (new) rank group is up.
-    SetRanks(Vec<ActorRef<RankMsg>>),
+    SetRanks(u64, Vec<ActorRef<RankMsg>>),
     /// The rank group died: end every request that had KV state.
     RanksLost(String),
     Stats(RpcReplyPort<SchedulerStats>),
@@ -122,6 +125,8 @@ pub struct SchedulerState {
     running: Vec<u64>,
     seqs: HashMap<u64, Sequence>,
     ranks: Vec<ActorRef<RankMsg>>,
+    /// Which rank group `ranks` is (the supervisor counts restarts).
+    generation: u64,
     /// Steps sent to the ranks and not yet answered, oldest first (ranks run them in order).
     in_flight: VecDeque<InFlight>,
     next_step: u64,
@@ -146,6 +151,7 @@ impl Actor for Scheduler {
             running: Vec::new(),
             seqs: HashMap::new(),
             ranks: Vec::new(),
+            generation: 0,
             in_flight: VecDeque::new(),
             next_step: 0,
             stats: SchedulerStats::default(),
@@ -162,14 +168,18 @@ impl Actor for Scheduler {
             SchedulerMsg::Submit { request, events } => st.submit(request, events),
             SchedulerMsg::Abort(id) => st.finish(id, FinishReason::Abort),
             SchedulerMsg::StepDone(out) => st.step_done(*out),
-            SchedulerMsg::StepFailed { error } | SchedulerMsg::RanksLost(error) => {
+            SchedulerMsg::StepFailed { generation, .. } if generation != st.generation => {}
+            SchedulerMsg::StepFailed { error, .. } | SchedulerMsg::RanksLost(error) => {
                 // Nothing more goes to this group until the supervisor installs a new one.
                 st.ranks.clear();
                 st.fail_all_running(&error);
                 // The new group starts with empty KV memory: cached hashes would lie.
                 ractor::call!(st.kv, KvManagerMsg::Reset)?;
             }
-            SchedulerMsg::SetRanks(ranks) => st.ranks = ranks,
+            SchedulerMsg::SetRanks(generation, ranks) => {
+                st.generation = generation;
+                st.ranks = ranks;
+            }
             SchedulerMsg::Stats(port) => {
                 st.flush_kv().await?;
                 let kv = ractor::call!(st.kv, KvManagerMsg::Stats)?;
@@ -195,8 +205,16 @@ impl Actor for Scheduler {
             }
             if let Some(plan) = st.schedule(mb).await? {
                 let plan = Arc::new(plan);
-                for r in &st.ranks {
-                    r.send_message(RankMsg::Execute(plan.clone()))?;
+                let delivered = st
+                    .ranks
+                    .iter()
+                    .all(|r| r.send_message(RankMsg::Execute(plan.clone())).is_ok());
+                if !delivered {
+                    // A rank died before its failure reached us: the group is lost either
+                    // way; the supervisor installs a new one.
+                    st.ranks.clear();
+                    st.fail_all_running("a rank stopped");
+                    ractor::call!(st.kv, KvManagerMsg::Reset)?;
                 }
             }
         }
