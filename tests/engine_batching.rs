@@ -58,6 +58,19 @@ async fn batched_chunked_and_preempted_outputs_equal_solo_runs() {
         "chunked prefill + batching"
     );
 
+    // Two micro-batches in ping-pong: same outputs.
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 16,
+        overlap_micro_batches: true,
+        ..f32_config()
+    };
+    let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+    assert_eq!(
+        run_all(&engine, &prompts, 24).await,
+        want,
+        "ping-pong micro-batches"
+    );
+
     // KV for about half the sequences: some must be preempted and recomputed.
     let per_block = 2 * 2 * 2 * 8 * 4 * 16; // K+V, layers, kv heads, head dim, f32, block
     let cfg = EngineConfig {

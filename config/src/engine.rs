@@ -68,7 +68,8 @@ impl Default for EngineConfig {
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
             enable_prefix_caching: true,
-            overlap_micro_batches: true,
+            // Measured slower on CPU ranks (each half-batch re-reads the weights): opt-in.
+            overlap_micro_batches: false,
             num_threads: None,
             seed: 0,
         }

@@ -1,8 +1,9 @@
 //! The scheduler actor: continuous batching under a token budget, chunked prefill,
 //! prefix-cache hits, preemption by recompute, and sampling of each step's logits.
 //!
-//! Sequences run in two micro-batches in ping-pong: up to two steps are in flight, and
-//! while the ranks compute one, the other's logits are sampled and its next plan sent.
+//! With `overlap_micro_batches`, sequences run in two micro-batches in ping-pong: up to
+//! two steps are in flight, and while the ranks compute one, the other's logits are
+//! sampled and its next plan sent. Otherwise one step is in flight at a time.
 //! KV blocks are owned by the KV-block-manager actor, asked once per step.
 
 mod batching;
