@@ -1,0 +1,343 @@
+//! Unit tests.
+use super::*;
+
+struct Lcg(u64);
+impl Lcg {
+    fn u(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn f(&mut self) -> f32 {
+        (self.u() % 20001) as f32 / 10000.0 - 1.0
+    }
+}
+
+/// A cache holding `lens[s]` tokens per sequence in shuffled blocks.
+struct Setup {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    tables: Vec<Vec<u32>>,
+    dense_k: Vec<Vec<f32>>, // per sequence [len, nkv, hd]
+    dense_v: Vec<Vec<f32>>,
+}
+
+fn setup(g: &mut Lcg, lens: &[usize], nkv: usize, hd: usize, bs: usize) -> Setup {
+    let row = nkv * hd;
+    let total_blocks: usize = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 3;
+    let mut ids: Vec<u32> = (0..total_blocks as u32).collect();
+    for i in (1..ids.len()).rev() {
+        let j = (g.u() as usize) % (i + 1);
+        ids.swap(i, j);
+    }
+    let mut k = vec![f32::NAN; total_blocks * bs * row]; // unused slots are NaN
+    let mut v = k.clone();
+    let mut tables = Vec::new();
+    let (mut dk, mut dv) = (Vec::new(), Vec::new());
+    let mut next = 0;
+    for &len in lens {
+        let nb = len.div_ceil(bs);
+        let t: Vec<u32> = ids[next..next + nb].to_vec();
+        next += nb;
+        let kk: Vec<f32> = (0..len * row).map(|_| g.f()).collect();
+        let vv: Vec<f32> = (0..len * row).map(|_| g.f()).collect();
+        let slots: Vec<usize> = (0..len).map(|j| t[j / bs] as usize * bs + j % bs).collect();
+        write_kv(&mut k, &mut v, nkv, hd, &slots, &kk, &vv).unwrap();
+        tables.push(t);
+        dk.push(kk);
+        dv.push(vv);
+    }
+    Setup {
+        k,
+        v,
+        tables,
+        dense_k: dk,
+        dense_v: dv,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    q: &[f32],
+    nq: usize,
+    nkv: usize,
+    hd: usize,
+    scale: f32,
+    dk: &[f32],
+    dv: &[f32],
+    kv_len: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let r = nq / nkv;
+    let mut o = vec![0.0; nq * hd];
+    let mut lse = vec![f64::NEG_INFINITY; nq];
+    for h in 0..nq {
+        let g = h / r;
+        let s: Vec<f64> = (0..kv_len)
+            .map(|j| {
+                (0..hd)
+                    .map(|d| q[h * hd + d] as f64 * dk[(j * nkv + g) * hd + d] as f64)
+                    .sum::<f64>()
+                    * scale as f64
+            })
+            .collect();
+        if kv_len == 0 {
+            continue;
+        }
+        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        lse[h] = m + z.ln();
+        for j in 0..kv_len {
+            let p = (s[j] - m).exp() / z;
+            for d in 0..hd {
+                o[h * hd + d] += p * dv[(j * nkv + g) * hd + d] as f64;
+            }
+        }
+    }
+    (o, lse)
+}
+
+fn run_case(
+    nq: usize,
+    nkv: usize,
+    hd: usize,
+    bs: usize,
+    lens: &[usize],
+    threads: usize,
+    seed: u64,
+) {
+    // Tokens: for each sequence the last 3 positions (causal), plus kv_len 0 tokens.
+    let mut tokens = Vec::new();
+    for (s, &len) in lens.iter().enumerate() {
+        for back in 0..3usize {
+            tokens.push((s as u32, len.saturating_sub(back) as u32));
+        }
+    }
+    check(nq, nkv, hd, bs, lens, &tokens, threads, seed, 2.0);
+}
+
+/// Runs `tokens` (`(seq, kv_len)`) through both kernels; compares each with the
+/// f64 reference (1e-4) and the SIMD kernel with the scalar one (2e-5).
+#[allow(clippy::too_many_arguments)]
+fn check(
+    nq: usize,
+    nkv: usize,
+    hd: usize,
+    bs: usize,
+    lens: &[usize],
+    tokens: &[(u32, u32)],
+    threads: usize,
+    seed: u64,
+    qscale: f32,
+) {
+    let mut g = Lcg(seed);
+    let su = setup(&mut g, lens, nkv, hd, bs);
+    let tseq: Vec<u32> = tokens.iter().map(|t| t.0).collect();
+    let tlen: Vec<u32> = tokens.iter().map(|t| t.1).collect();
+    let n = tseq.len();
+    let q: Vec<f32> = (0..n * nq * hd).map(|_| g.f() * qscale).collect();
+    let tables: Vec<&[u32]> = su.tables.iter().map(|t| t.as_slice()).collect();
+    let b = AttentionBatch {
+        q: &q,
+        n_q_heads: nq,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        block_size: bs,
+        scale: 1.0 / (hd as f32).sqrt(),
+        token_seq: &tseq,
+        token_kv_len: &tlen,
+        block_tables: &tables,
+    };
+    let pool = ThreadPool::new(threads);
+    let mut results = Vec::new();
+    for simd in [false, crate::cpu::use_avx512()] {
+        let mut out = vec![f32::NAN; n * nq * hd];
+        let mut lse = vec![f32::NAN; n * nq];
+        paged_attention_impl(&pool, &b, &su.k, &su.v, &mut out, &mut lse, simd).unwrap();
+        for t in 0..n {
+            let s = tseq[t] as usize;
+            let (ro, rl) = reference(
+                &q[t * nq * hd..(t + 1) * nq * hd],
+                nq,
+                nkv,
+                hd,
+                b.scale,
+                &su.dense_k[s],
+                &su.dense_v[s],
+                tlen[t] as usize,
+            );
+            for h in 0..nq {
+                let got = lse[t * nq + h];
+                if rl[h] == f64::NEG_INFINITY {
+                    assert_eq!(got, f32::NEG_INFINITY);
+                } else {
+                    assert!((got as f64 - rl[h]).abs() < 1e-4, "lse {got} vs {}", rl[h]);
+                }
+            }
+            for (a, e) in out[t * nq * hd..(t + 1) * nq * hd].iter().zip(&ro) {
+                assert!((*a as f64 - e).abs() < 1e-4, "out {a} vs {e}");
+            }
+        }
+        results.push((out, lse));
+    }
+    let ((so, sl), (vo, vl)) = (&results[0], &results[1]);
+    for (a, e) in vo.iter().zip(so).chain(vl.iter().zip(sl)) {
+        assert!(
+            a == e || (a - e).abs() < 2e-5,
+            "simd {a} vs scalar {e} (nq={nq} nkv={nkv} hd={hd} bs={bs})"
+        );
+    }
+}
+
+#[test]
+fn prefill_tiles_and_odd_head_dims() {
+    // Causal prefill chunks (tiles of several tokens of one sequence), decode tokens
+    // of other sequences and empty tokens in one batch.
+    for &(nq, nkv, hd, bs) in &[
+        (4, 1, 64, 16),
+        (4, 1, 128, 16),
+        (8, 2, 20, 5),
+        (3, 3, 72, 16),
+        (2, 1, 136, 7),
+        (16, 1, 8, 16),
+        (1, 1, 48, 3),
+    ] {
+        let lens = [300usize, 90, 17];
+        let mut tokens = Vec::new();
+        for i in 0..40u32 {
+            tokens.push((0, 261 + i)); // last 40 positions of sequence 0
+        }
+        tokens.push((1, 90));
+        tokens.push((2, 0));
+        tokens.push((2, 17));
+        for i in 0..9u32 {
+            tokens.push((1, 1 + i * 10)); // sparse, non-monotone within a tile
+        }
+        for threads in [1, 2] {
+            check(nq, nkv, hd, bs, &lens, &tokens, threads, 5 + hd as u64, 2.0);
+        }
+    }
+}
+
+#[test]
+fn large_scores_and_splits() {
+    // Scores of magnitude ~30 move the running max often; long contexts split.
+    for &(nq, nkv, hd) in &[(4, 1, 64), (8, 1, 64), (4, 4, 128), (2, 2, 16)] {
+        let lens = [2500usize];
+        let tokens = [(0u32, 2500u32), (0, 2499), (0, 1)];
+        for threads in [1, 2, 3] {
+            check(nq, nkv, hd, 16, &lens, &tokens, threads, 77, 30.0);
+        }
+        check(nq, nkv, hd, 16, &lens, &[(0, 2500)], 2, 78, 30.0);
+    }
+}
+
+#[test]
+fn matches_dense_reference() {
+    for &(nq, nkv) in &[(4, 4), (9, 3), (8, 2)] {
+        for &bs in &[1, 16] {
+            run_case(nq, nkv, 16, bs, &[0, 1, 37, 70], 2, (nq * 100 + bs) as u64);
+        }
+    }
+    run_case(9, 3, 64, 16, &[5, 130], 1, 7);
+}
+
+#[test]
+fn long_sequence_split_matches() {
+    run_case(3, 1, 64, 16, &[3000], 2, 11);
+    run_case(4, 2, 32, 16, &[2100], 3, 12);
+}
+
+#[test]
+fn sharded_kv_merge_equals_full() {
+    // DCP-style: position p lives on shard p % n_shards; attend each shard, merge.
+    let (nq, nkv, hd, bs, len) = (6, 2, 32, 4, 45usize);
+    for n_shards in [1usize, 2, 3, 8] {
+        let mut g = Lcg(99 + n_shards as u64);
+        let full = setup(&mut g, &[len], nkv, hd, bs);
+        let q: Vec<f32> = (0..nq * hd).map(|_| g.f()).collect();
+        let scale = 0.2;
+        let pool = ThreadPool::new(2);
+        let mut outs = vec![vec![0.0f32; nq * hd]; n_shards];
+        let mut lses = vec![vec![0.0f32; nq]; n_shards];
+        for sh in 0..n_shards {
+            let pos: Vec<usize> = (sh..len).step_by(n_shards).collect();
+            let row = nkv * hd;
+            let kk: Vec<f32> = pos
+                .iter()
+                .flat_map(|&p| full.dense_k[0][p * row..(p + 1) * row].to_vec())
+                .collect();
+            let vv: Vec<f32> = pos
+                .iter()
+                .flat_map(|&p| full.dense_v[0][p * row..(p + 1) * row].to_vec())
+                .collect();
+            let nb = pos.len().div_ceil(bs).max(1);
+            let table: Vec<u32> = (0..nb as u32).rev().collect();
+            let mut kc = vec![0.0; nb * bs * row];
+            let mut vc = kc.clone();
+            let slots: Vec<usize> = (0..pos.len())
+                .map(|j| table[j / bs] as usize * bs + j % bs)
+                .collect();
+            write_kv(&mut kc, &mut vc, nkv, hd, &slots, &kk, &vv).unwrap();
+            let tables: [&[u32]; 1] = [&table];
+            let b = AttentionBatch {
+                q: &q,
+                n_q_heads: nq,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                block_size: bs,
+                scale,
+                token_seq: &[0],
+                token_kv_len: &[pos.len() as u32],
+                block_tables: &tables,
+            };
+            paged_attention(&pool, &b, &kc, &vc, &mut outs[sh], &mut lses[sh]).unwrap();
+        }
+        let po: Vec<&[f32]> = outs.iter().map(|v| v.as_slice()).collect();
+        let pl: Vec<&[f32]> = lses.iter().map(|v| v.as_slice()).collect();
+        let mut out = vec![0.0; nq * hd];
+        let mut lse = vec![0.0; nq];
+        merge_partials(&po, &pl, nq, hd, &mut out, &mut lse).unwrap();
+        let (ro, rl) = reference(
+            &q,
+            nq,
+            nkv,
+            hd,
+            scale,
+            &full.dense_k[0],
+            &full.dense_v[0],
+            len,
+        );
+        for (a, e) in out.iter().zip(&ro) {
+            assert!((*a as f64 - e).abs() < 1e-5);
+        }
+        for (a, e) in lse.iter().zip(&rl) {
+            assert!((*a as f64 - e).abs() < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn merge_all_empty_and_errors() {
+    let nan = [f32::NAN; 2];
+    let (mut out, mut lse) = ([1.0; 2], [1.0; 1]);
+    merge_partials(&[&nan], &[&[f32::NEG_INFINITY]], 1, 2, &mut out, &mut lse).unwrap();
+    assert_eq!(out, [0.0, 0.0]);
+    assert_eq!(lse, [f32::NEG_INFINITY]);
+    assert!(merge_partials(&[&nan], &[&[0.0, 0.0]], 1, 2, &mut out, &mut lse).is_err());
+    let bt: [&[u32]; 1] = [&[5]];
+    let b = AttentionBatch {
+        q: &[0.0; 2],
+        n_q_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 2,
+        block_size: 1,
+        scale: 1.0,
+        token_seq: &[0],
+        token_kv_len: &[1],
+        block_tables: &bt,
+    };
+    let pool = ThreadPool::new(1);
+    assert!(paged_attention(&pool, &b, &[0.0; 4], &[0.0; 4], &mut out, &mut lse).is_err());
+}
