@@ -32,6 +32,44 @@ pub struct BatchInput<'a> {
     pub logits_for: &'a [usize],
 }
 
+impl BatchInput<'_> {
+    /// The number of tokens, once every per-token array is checked to have that length.
+    pub fn checked_len(&self) -> Result<usize, ModelError> {
+        let n = self.tokens.len();
+        let lens = [
+            self.positions.len(),
+            self.token_seq.len(),
+            self.slots.len(),
+            self.kv_lens.len(),
+        ];
+        if lens.iter().any(|&l| l != n) {
+            return Err(ModelError::Invalid(format!(
+                "batch arrays disagree in length: {n} tokens but {lens:?}"
+            )));
+        }
+        Ok(n)
+    }
+
+    /// The tokens' embeddings (`[n, hidden]`), refusing ids outside the vocabulary.
+    pub(crate) fn embed(
+        &self,
+        table: &dcpserve_kernels::WeightMatrix,
+        vocab: usize,
+        hidden: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut x = vec![0.0f32; self.tokens.len() * hidden];
+        for (i, &t) in self.tokens.iter().enumerate() {
+            if t as usize >= vocab {
+                return Err(ModelError::Invalid(format!(
+                    "token id {t} is outside the vocabulary ({vocab})"
+                )));
+            }
+            table.dequantize_row(t as usize, &mut x[i * hidden..(i + 1) * hidden])?;
+        }
+        Ok(x)
+    }
+}
+
 /// Logits of the requested tokens, row-major `[logits_for.len(), vocab]`.
 pub struct ForwardOutput {
     pub logits: Vec<f32>,
@@ -150,35 +188,14 @@ impl DecoderModel {
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, ModelError> {
         let cfg = &self.config;
-        let n = input.tokens.len();
-        let lens = [
-            input.positions.len(),
-            input.token_seq.len(),
-            input.slots.len(),
-            input.kv_lens.len(),
-        ];
-        if lens.iter().any(|&l| l != n) {
-            return Err(ModelError::Invalid(format!(
-                "batch arrays disagree in length: {n} tokens but {lens:?}"
-            )));
-        }
+        let n = input.checked_len()?;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (nq, nkv) = (self.heads.q_heads, self.heads.kv_heads);
         let q_dim = nq * hd;
         let kv_dim = nkv * hd;
         let w = &self.weights;
 
-        let mut x = vec![0.0f32; n * h];
-        for (i, &t) in input.tokens.iter().enumerate() {
-            if t as usize >= cfg.vocab_size {
-                return Err(ModelError::Invalid(format!(
-                    "token id {t} is outside the vocabulary ({})",
-                    cfg.vocab_size
-                )));
-            }
-            w.embed_tokens
-                .dequantize_row(t as usize, &mut x[i * h..(i + 1) * h])?;
-        }
+        let mut x = input.embed(&w.embed_tokens, cfg.vocab_size, h)?;
 
         let mut normed = vec![0.0f32; n * h];
         let mut q = vec![0.0f32; n * q_dim];

@@ -100,18 +100,7 @@ impl MlaModel {
         cache: &mut LatentCache,
     ) -> Result<ForwardOutput, ModelError> {
         let cfg = &self.config;
-        let n = input.tokens.len();
-        let lens = [
-            input.positions.len(),
-            input.token_seq.len(),
-            input.slots.len(),
-            input.kv_lens.len(),
-        ];
-        if lens.iter().any(|&l| l != n) {
-            return Err(ModelError::Invalid(format!(
-                "batch arrays disagree in length: {n} tokens but {lens:?}"
-            )));
-        }
+        let n = input.checked_len()?;
         if cache.latent_dim != self.mla.latent_dim() || cache.num_layers() != cfg.num_hidden_layers
         {
             return Err(ModelError::Invalid(
@@ -119,18 +108,7 @@ impl MlaModel {
             ));
         }
         let h = cfg.hidden_size;
-        let mut x = vec![0.0f32; n * h];
-        for (i, &t) in input.tokens.iter().enumerate() {
-            if t as usize >= cfg.vocab_size {
-                return Err(ModelError::Invalid(format!(
-                    "token id {t} is outside the vocabulary ({})",
-                    cfg.vocab_size
-                )));
-            }
-            self.weights
-                .embed_tokens
-                .dequantize_row(t as usize, &mut x[i * h..(i + 1) * h])?;
-        }
+        let mut x = input.embed(&self.weights.embed_tokens, cfg.vocab_size, h)?;
         let mut b = self.buffers(n);
         let mut dcp = LatentDcp::default();
         for li in 0..self.weights.layers.len() {
