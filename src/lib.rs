@@ -14,9 +14,11 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bench_client;
 pub mod dcp_bench;
 mod engine;
 pub mod engine_bench;
+pub mod planner;
 pub mod serve;
 pub mod synthetic;
 

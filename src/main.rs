@@ -27,10 +27,14 @@ enum Command {
     Generate(GenerateArgs),
     /// Serve models over an OpenAI-compatible HTTP API.
     Serve(dcpserve::serve::ServeArgs),
-    /// Measure prefill and decode throughput (one JSON line on stdout).
+    /// Benchmark an OpenAI-compatible server (ours or a peer's), as `vllm bench serve` does.
+    Bench(dcpserve::bench_client::BenchServeArgs),
+    /// Plan capacity: every valid (tp, dcp) layout of a model on given hardware.
+    Plan(dcpserve::planner::PlanArgs),
     /// Decode context parallelism in miniature: long-context step time and capacity, dcp=1 vs dcp=tp.
     #[command(name = "bench-dcp")]
     BenchDcp(BenchDcpArgs),
+    /// Measure prefill and decode throughput (one JSON line on stdout).
     #[command(name = "bench-engine")]
     BenchEngine(BenchArgs),
 }
@@ -205,6 +209,8 @@ fn main() -> Result<()> {
         match cli.command {
             Command::Generate(a) => generate(a).await,
             Command::Serve(a) => dcpserve::serve::run(a).await,
+            Command::Bench(a) => dcpserve::bench_client::run(a).await,
+            Command::Plan(a) => dcpserve::planner::run(a),
             Command::BenchDcp(a) => {
                 let spec = dcpserve::dcp_bench::DcpBenchSpec {
                     tp: a.tp,
