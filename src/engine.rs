@@ -114,23 +114,17 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Self> {
         config.validate_limits()?;
+        // vLLM's defaults (e.g. n-gram sizes) are filled in once, here.
+        let mut config = config;
+        config.speculative = config.speculative.map(|s| s.normalized()).transpose()?;
         // The layout is checked against the model's shape before any weight is read.
         let config_path = path.clone();
         let mc = tokio::task::spawn_blocking(move || ModelFiles::read_config(&config_path))
             .await?
             .map_err(|e| anyhow!("{e}"))?;
-        // MLA's one latent "head" is shared by all query heads: only tp % dcp matters.
-        let attention = if mc.mla.is_some() {
-            AttentionKind::Mla {
-                num_attention_heads: mc.num_attention_heads,
-            }
-        } else {
-            AttentionKind::Gqa {
-                num_attention_heads: mc.num_attention_heads,
-                num_key_value_heads: mc.num_key_value_heads,
-            }
-        };
+        let attention = attention_kind(&mc);
         config.parallel.validate(attention, config.block_size)?;
+        let draft = crate::speculation::open_draft_model(&config, &mc).await?;
         let files = tokio::task::spawn_blocking(move || ModelFiles::open(&path))
             .await?
             .map_err(|e| anyhow!("{e}"))?;
@@ -140,6 +134,7 @@ impl Engine {
             files: files.clone(),
             precision: precision(config.dtype),
             engine: config,
+            draft,
         };
         let (supervisor, _) = ractor::Actor::spawn(None, ModelSupervisor, args)
             .await
@@ -408,6 +403,21 @@ impl Drop for GenerationStream {
     fn drop(&mut self) {
         if !self.done {
             let _ = self.scheduler.send_message(SchedulerMsg::Abort(self.id));
+        }
+    }
+}
+
+/// The attention shape that decides which layouts a model allows.
+pub(crate) fn attention_kind(mc: &dcpserve_model::ModelConfig) -> AttentionKind {
+    // MLA's one latent "head" is shared by all query heads: only tp % dcp matters.
+    if mc.mla.is_some() {
+        AttentionKind::Mla {
+            num_attention_heads: mc.num_attention_heads,
+        }
+    } else {
+        AttentionKind::Gqa {
+            num_attention_heads: mc.num_attention_heads,
+            num_key_value_heads: mc.num_key_value_heads,
         }
     }
 }

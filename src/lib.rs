@@ -20,10 +20,13 @@ mod engine;
 pub mod engine_bench;
 pub mod planner;
 pub mod serve;
+mod speculation;
 pub mod synthetic;
 
 pub use dcpserve_actors::{FinishReason, GenerationParams, TokenOutput};
-pub use dcpserve_config::{DType, EngineConfig, ParallelConfig};
+pub use dcpserve_config::{
+    DType, EngineConfig, ParallelConfig, SpeculativeConfig, SpeculativeMethod,
+};
 pub use dcpserve_kernels::SamplingParams;
 pub use dcpserve_model::ChatMessage;
 pub use engine::{Completion, Engine, GenerationEvent, GenerationStream, Prompt};

@@ -55,6 +55,8 @@ pub enum KvOp {
         append: Vec<u32>,
         num_computed: usize,
     },
+    /// Return the blocks past the first `num_tokens` tokens (held for rejected drafts).
+    Truncate { seq: u64, num_tokens: usize },
     /// Free the sequence's blocks; `forget` drops its tokens too (finish/abort), otherwise
     /// they are kept for re-admission (preemption).
     Release { seq: u64, forget: bool },
@@ -182,6 +184,13 @@ impl KvService {
                 st.tokens.extend(append);
                 self.mgr
                     .commit_full_blocks(&mut st.blocks, &st.tokens, num_computed);
+                KvReply::Done
+            }
+            KvOp::Truncate { seq, num_tokens } => {
+                let Some(st) = self.seqs.get_mut(&seq) else {
+                    return KvReply::UnknownSeq;
+                };
+                self.mgr.truncate(&mut st.blocks, num_tokens);
                 KvReply::Done
             }
             KvOp::Release { seq, forget } => {

@@ -7,7 +7,7 @@
 //! use std::sync::Arc;
 //! use dcpserve_actors::{ModelSupervisor, SupervisorArgs, SupervisorMsg};
 //! let files = Arc::new(dcpserve_model::ModelFiles::open("models/SmolLM2-135M-Instruct.Q4_1.gguf")?);
-//! let args = SupervisorArgs { name: "smollm2".into(), files, engine: Default::default(), precision: Default::default() };
+//! let args = SupervisorArgs { name: "smollm2".into(), files, engine: Default::default(), precision: Default::default(), draft: None };
 //! let (sup, _) = ractor::Actor::spawn(None, ModelSupervisor, args).await?;
 //! let info = ractor::call!(sup, SupervisorMsg::Info)?;
 //! println!("{} KV tokens", info.kv_tokens_total);
@@ -22,10 +22,14 @@ pub mod plan;
 pub mod rank;
 pub mod request;
 pub mod scheduler;
+pub mod speculative;
 pub mod supervisor;
 
 pub use block_manager::KvBlockManager;
 pub use placement::Placement;
 pub use request::{FinishReason, GenerationParams, GenerationRequest, RequestEvent, TokenOutput};
-pub use scheduler::{Scheduler, SchedulerConfig, SchedulerMsg, SchedulerStats};
+pub use scheduler::{
+    Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SchedulerStats, SpecStats,
+    SpeculationLimits,
+};
 pub use supervisor::{ModelInfo, ModelSupervisor, SupervisorArgs, SupervisorMsg};

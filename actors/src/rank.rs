@@ -40,7 +40,40 @@ pub struct RankArgs {
     pub placement: Placement,
     pub num_blocks: usize,
     pub threads: usize,
-    pub scheduler: ActorRef<SchedulerMsg>,
+    /// Where rank 0 sends step results and every rank its failures.
+    pub reports: StepSink,
+}
+
+/// What a rank group tells whoever drives it.
+pub enum StepReport {
+    Done(Box<StepOutput>),
+    Failed { generation: u64, error: String },
+}
+
+/// Where a rank group's step results go: the model's scheduler, or a draft proposer that
+/// drives its own group.
+#[derive(Clone)]
+pub enum StepSink {
+    Scheduler(ActorRef<SchedulerMsg>),
+    Channel(tokio::sync::mpsc::UnboundedSender<StepReport>),
+}
+
+impl StepSink {
+    fn send(&self, report: StepReport) {
+        match self {
+            StepSink::Scheduler(s) => {
+                let _ = s.send_message(match report {
+                    StepReport::Done(out) => SchedulerMsg::StepDone(out),
+                    StepReport::Failed { generation, error } => {
+                        SchedulerMsg::StepFailed { generation, error }
+                    }
+                });
+            }
+            StepSink::Channel(tx) => {
+                let _ = tx.send(report);
+            }
+        }
+    }
 }
 
 pub struct RankActor;
@@ -156,7 +189,7 @@ fn compute_thread(
             Job::Step(plan) => plan,
             Job::Fault => {
                 let err = "injected fault".to_string();
-                let _ = args.scheduler.send_message(SchedulerMsg::StepFailed {
+                args.reports.send(StepReport::Failed {
                     generation: args.generation,
                     error: err.clone(),
                 });
@@ -172,13 +205,11 @@ fn compute_thread(
         let error = match result {
             Ok(Ok(out)) => {
                 if args.rank == 0 {
-                    let _ =
-                        args.scheduler
-                            .send_message(SchedulerMsg::StepDone(Box::new(StepOutput {
-                                step_id: plan.step_id,
-                                logits: out.logits,
-                                vocab_size: out.vocab_size,
-                            })));
+                    args.reports.send(StepReport::Done(Box::new(StepOutput {
+                        step_id: plan.step_id,
+                        logits: out.logits,
+                        vocab_size: out.vocab_size,
+                    })));
                 }
                 continue;
             }
@@ -186,7 +217,7 @@ fn compute_thread(
             Err(p) => format!("panic in step {}: {}", plan.step_id, panic_text(&p)),
         };
         tracing::error!(rank = args.rank, "{error}");
-        let _ = args.scheduler.send_message(SchedulerMsg::StepFailed {
+        args.reports.send(StepReport::Failed {
             generation: args.generation,
             error: error.clone(),
         });

@@ -12,8 +12,14 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 use crate::collective::{CollectiveActor, CollectiveMsg};
 use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs, KvManagerMsg};
 use crate::placement::Placement;
-use crate::rank::{RankActor, RankArgs, RankMsg};
-use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerMsg};
+use crate::rank::{RankActor, RankArgs, RankMsg, StepSink};
+use crate::scheduler::{
+    Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SpeculationLimits,
+};
+use crate::speculative::{
+    DraftActor, DraftModelProposer, DraftModelSpec, DraftProposer, NgramProposer,
+};
+use dcpserve_config::{ParallelConfig, SpeculativeMethod};
 
 /// What the supervisor needs to bring a model up.
 pub struct SupervisorArgs {
@@ -21,6 +27,8 @@ pub struct SupervisorArgs {
     pub files: Arc<ModelFiles>,
     pub engine: EngineConfig,
     pub precision: WeightPrecision,
+    /// The draft model's files, for `--speculative-config` with method `draft_model`.
+    pub draft: Option<Arc<ModelFiles>>,
 }
 
 /// Facts about a running model, for the engine facade.
@@ -67,6 +75,60 @@ fn default_kv_bytes(ranks: usize) -> u64 {
         .map(|kb| kb * 1024)
         .unwrap_or(4 << 30);
     (available / 4 / ranks as u64).min(8 << 30)
+}
+
+/// The draft proposer `--speculative-config` asks for, if any. A draft model gets the
+/// same KV budget per rank as the target and the same compute threads (the two never
+/// compute at the same time).
+async fn draft_proposer(
+    args: &SupervisorArgs,
+    kv_budget_per_rank: u64,
+    threads: usize,
+) -> Result<Option<Box<dyn DraftProposer>>, ActorProcessingErr> {
+    let Some(spec) = &args.engine.speculative else {
+        return Ok(None);
+    };
+    let proposer: Box<dyn DraftProposer> = match spec.method {
+        SpeculativeMethod::Ngram => Box::new(NgramProposer::new(
+            spec.prompt_lookup_min.unwrap_or(5),
+            spec.prompt_lookup_max.unwrap_or(5),
+        )),
+        SpeculativeMethod::DraftModel => {
+            let files = args
+                .draft
+                .clone()
+                .ok_or("the draft_model method needs the draft model's files")?;
+            let parallel = ParallelConfig {
+                tensor_parallel_size: spec.draft_tensor_parallel_size.unwrap_or(1),
+                decode_context_parallel_size: spec.draft_decode_context_parallel_size.unwrap_or(1),
+                cp_kv_cache_interleave_size: 1,
+            };
+            let e = &args.engine;
+            let cap = kv_capacity(
+                &files.config,
+                parallel.tensor_parallel_size,
+                parallel.decode_context_parallel_size,
+                e.block_size,
+                kv_budget_per_rank,
+            );
+            let spec = DraftModelSpec {
+                parallel,
+                precision: args.precision,
+                block_size: e.block_size,
+                num_blocks: cap.num_blocks,
+                threads_per_rank: (threads / parallel.tensor_parallel_size).max(1),
+                seed: e.seed,
+            };
+            Box::new(DraftModelProposer::spawn(files, spec).await?)
+        }
+        SpeculativeMethod::Mtp => {
+            return Err(
+                "Speculative method `mtp` is not implemented yet: use `ngram` or `draft_model`."
+                    .into(),
+            )
+        }
+    };
+    Ok(Some(proposer))
 }
 
 impl Actor for ModelSupervisor {
@@ -145,6 +207,10 @@ impl Actor for ModelSupervisor {
             seed: e.seed,
             enable_prefix_caching: e.enable_prefix_caching,
             overlap_micro_batches: e.overlap_micro_batches,
+            speculation: e.speculative.as_ref().map(|s| SpeculationLimits {
+                num_speculative_tokens: s.num_speculative_tokens,
+                adaptive: s.is_adaptive(),
+            }),
         };
         // The KV-block manager and the scheduler outlive rank-group restarts.
         let (kv, _) = Actor::spawn_linked(
@@ -158,16 +224,28 @@ impl Actor for ModelSupervisor {
             myself.get_cell(),
         )
         .await?;
-        let (scheduler, _) = Actor::spawn_linked(
-            None,
-            Scheduler,
-            (sched_cfg.clone(), kv.clone()),
-            myself.get_cell(),
-        )
-        .await?;
         let threads = e
             .num_threads
             .unwrap_or_else(dcpserve_kernels::available_cores);
+        let draft = match draft_proposer(&args, budget, threads).await? {
+            Some(p) => Some(
+                Actor::spawn_linked(None, DraftActor, p, myself.get_cell())
+                    .await?
+                    .0,
+            ),
+            None => None,
+        };
+        let (scheduler, _) = Actor::spawn_linked(
+            None,
+            Scheduler,
+            SchedulerArgs {
+                config: sched_cfg.clone(),
+                kv: kv.clone(),
+                draft,
+            },
+            myself.get_cell(),
+        )
+        .await?;
         let mut state = SupervisorState {
             info: ModelInfo {
                 scheduler,
@@ -291,7 +369,7 @@ impl SupervisorState {
                 },
                 num_blocks: self.sched_cfg.num_blocks,
                 threads: self.threads_per_rank,
-                scheduler: self.info.scheduler.clone(),
+                reports: StepSink::Scheduler(self.info.scheduler.clone()),
             };
             spawns.push(Actor::spawn_linked(
                 None,

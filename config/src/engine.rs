@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::parallel::{ConfigError, ParallelConfig};
+use crate::speculative::SpeculativeConfig;
 
 /// Precision in which weights are kept on the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -55,6 +56,8 @@ pub struct EngineConfig {
     pub num_threads: Option<usize>,
     /// Default seed for requests that set none.
     pub seed: u64,
+    /// Speculative decoding (`--speculative-config`); `None` decodes one token per step.
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl Default for EngineConfig {
@@ -72,6 +75,7 @@ impl Default for EngineConfig {
             overlap_micro_batches: false,
             num_threads: None,
             seed: 0,
+            speculative: None,
         }
     }
 }

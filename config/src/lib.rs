@@ -11,6 +11,8 @@
 
 mod engine;
 mod parallel;
+mod speculative;
 
 pub use engine::{DType, EngineConfig};
 pub use parallel::{AttentionKind, ConfigError, ParallelConfig, RankLayout};
+pub use speculative::{SpeculativeConfig, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};

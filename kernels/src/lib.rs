@@ -14,6 +14,7 @@ pub mod ops;
 pub mod pool;
 pub mod quant;
 pub mod sampling;
+pub mod spec_sampling;
 pub mod weights;
 
 pub use attention::{merge_partials, paged_attention, write_kv, AttentionBatch};

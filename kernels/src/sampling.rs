@@ -93,25 +93,39 @@ fn desc(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
         .then(a.1.cmp(&b.1))
 }
 
-/// Samples a token id: temperature → top-k → top-p → min-p → renormalize → draw.
-///
-/// ```
-/// use dcpserve_kernels::{sample, Rng, SamplingParams};
-/// let mut rng = Rng::new(42);
-/// let greedy = SamplingParams { temperature: 0.0, ..Default::default() };
-/// assert_eq!(sample(&[0.1, 2.0, -1.0], &greedy, &mut rng), 1);
-/// ```
-pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
+/// The tokens sampling may draw, after temperature → top-k → top-p → min-p.
+pub(crate) enum Support {
+    /// Only one token can come out (greedy, top-k 1, or degenerate logits).
+    Greedy(u32),
+    /// Every token, weighted by `exp((l - max) / t)`.
+    All { max: f32, inv_t: f32 },
+    /// These `(logit, id)` candidates, weighted the same way.
+    Filtered {
+        cand: Vec<(f32, u32)>,
+        max: f32,
+        inv_t: f32,
+    },
+}
+
+impl Support {
+    /// Unnormalized weight of a logit under this support's temperature.
+    pub(crate) fn weight(max: f32, inv_t: f32, l: f32) -> f32 {
+        ((l - max) * inv_t).exp()
+    }
+}
+
+/// Applies the sampling filters of `params` to `logits`.
+pub(crate) fn support(logits: &[f32], params: &SamplingParams) -> Support {
     let t = params.temperature;
     if logits.is_empty() || t.is_nan() || t < 1e-5 || params.top_k == 1 {
-        return argmax(logits);
+        return Support::Greedy(argmax(logits));
     }
     let inv_t = 1.0 / t;
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY || max.is_nan() {
-        return argmax(logits);
+        return Support::Greedy(argmax(logits));
     }
-    let weight = |l: f32| ((l - max) * inv_t).exp();
+    let weight = |l: f32| Support::weight(max, inv_t, l);
     let v = logits.len();
     let top_k = if params.top_k == 0 {
         v
@@ -124,22 +138,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
         params.top_p
     };
     if top_k == v && top_p >= 1.0 && params.min_p <= 0.0 {
-        // No filtering: draw directly, no sort.
-        let total: f64 = logits.iter().map(|&l| weight(l) as f64).sum();
-        let u = rng.next_f64() * total;
-        let mut acc = 0.0f64;
-        let mut last = argmax(logits);
-        for (i, &l) in logits.iter().enumerate() {
-            let w = weight(l) as f64;
-            if w > 0.0 {
-                acc += w;
-                last = i as u32;
-                if u < acc {
-                    return i as u32;
-                }
-            }
-        }
-        return last;
+        return Support::All { max, inv_t };
     }
     let mut cand: Vec<(f32, u32)> = logits
         .iter()
@@ -188,18 +187,58 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
         let thr = params.min_p * top;
         cand.retain(|c| weight(c.0) >= thr);
     }
-    let total: f64 = cand.iter().map(|c| weight(c.0) as f64).sum();
-    let u = rng.next_f64() * total;
-    let mut acc = 0.0f64;
-    for c in &cand {
-        acc += weight(c.0) as f64;
-        if u < acc {
-            return c.1;
+    if cand.is_empty() {
+        return Support::Greedy(argmax(logits));
+    }
+    Support::Filtered { cand, max, inv_t }
+}
+
+/// Samples a token id: temperature → top-k → top-p → min-p → renormalize → draw.
+///
+/// ```
+/// use dcpserve_kernels::{sample, Rng, SamplingParams};
+/// let mut rng = Rng::new(42);
+/// let greedy = SamplingParams { temperature: 0.0, ..Default::default() };
+/// assert_eq!(sample(&[0.1, 2.0, -1.0], &greedy, &mut rng), 1);
+/// ```
+pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
+    match support(logits, params) {
+        Support::Greedy(t) => t,
+        Support::All { max, inv_t } => {
+            // No filtering: draw directly, no sort.
+            let weight = |l: f32| Support::weight(max, inv_t, l);
+            let total: f64 = logits.iter().map(|&l| weight(l) as f64).sum();
+            let u = rng.next_f64() * total;
+            let mut acc = 0.0f64;
+            let mut last = argmax(logits);
+            for (i, &l) in logits.iter().enumerate() {
+                let w = weight(l) as f64;
+                if w > 0.0 {
+                    acc += w;
+                    last = i as u32;
+                    if u < acc {
+                        return i as u32;
+                    }
+                }
+            }
+            last
+        }
+        Support::Filtered { cand, max, inv_t } => {
+            let weight = |l: f32| Support::weight(max, inv_t, l);
+            let total: f64 = cand.iter().map(|c| weight(c.0) as f64).sum();
+            let u = rng.next_f64() * total;
+            let mut acc = 0.0f64;
+            for c in &cand {
+                acc += weight(c.0) as f64;
+                if u < acc {
+                    return c.1;
+                }
+            }
+            cand.iter()
+                .min_by(|a, b| desc(a, b))
+                .map_or(argmax(logits), |c| c.1)
         }
     }
-    cand.iter()
-        .min_by(|a, b| desc(a, b))
-        .map_or(argmax(logits), |c| c.1)
 }
 
 /// Applies repetition, frequency and presence penalties to `logits` in place, as vLLM does

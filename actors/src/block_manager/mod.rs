@@ -368,6 +368,21 @@ impl KvBlockManager {
         seq.num_committed = full;
     }
 
+    /// Frees the blocks of `seq` past those that `num_tokens` tokens need (never a
+    /// committed one): speculative decoding grows a table for drafts that may be rejected.
+    pub fn truncate(&mut self, seq: &mut SeqBlocks, num_tokens: usize) {
+        let keep = self.blocks_for(num_tokens).max(seq.num_committed);
+        while seq.table.len() > keep {
+            let b = seq.table.pop().expect("len > keep");
+            let rc = &mut self.ref_counts[b as usize];
+            assert!(*rc > 0, "double free of block {b}");
+            *rc -= 1;
+            if *rc == 0 {
+                self.push_front(b);
+            }
+        }
+    }
+
     /// Releases every block of `seq` (in reverse order) and empties its table; blocks
     /// no longer referenced go to the free queue, cached ones stay hittable.
     pub fn release(&mut self, seq: &mut SeqBlocks) {

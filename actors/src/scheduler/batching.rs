@@ -39,7 +39,9 @@ impl SchedulerState {
         if let Some(seq) = self.seqs.get_mut(&id) {
             seq.table.clear();
             seq.num_computed = 0;
+            seq.spec.clear_draft();
         }
+        self.release_draft(id);
         self.pending_kv.push(KvOp::Release {
             seq: id,
             forget: false,
@@ -49,21 +51,64 @@ impl SchedulerState {
         Some(id)
     }
 
+    /// Preempts the newest sequences of micro-batch `mb` until `id` can grow by `n`
+    /// tokens (then it joins `chosen`) or `id` itself is preempted. Tokens of preempted
+    /// sequences return to `budget`.
+    async fn preempt_for(
+        &mut self,
+        mb: usize,
+        id: u64,
+        n: usize,
+        budget: &mut usize,
+        chosen: &mut Vec<(u64, usize)>,
+    ) -> Result<(), ActorProcessingErr> {
+        while let Some(victim) = self.preempt_last(mb) {
+            if let Some(pos) = chosen.iter().position(|&(c, _)| c == victim) {
+                *budget += chosen.remove(pos).1;
+            }
+            if victim == id {
+                *budget += n;
+                break;
+            }
+            let mut ops = std::mem::take(&mut self.pending_kv);
+            ops.push(KvOp::Grow {
+                seq: id,
+                num_tokens: self.seqs[&id].num_computed + n,
+            });
+            if let Some(KvReply::Grown { table }) = self.kv_step(ops).await?.pop() {
+                self.seqs.get_mut(&id).expect("running").table = table;
+                chosen.push((id, n));
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Builds the next step of micro-batch `mb`, or `None` when it has nothing to do.
     pub(super) async fn schedule(
         &mut self,
         mb: usize,
     ) -> Result<Option<StepPlan>, ActorProcessingErr> {
         let mut budget = self.cfg.max_num_batched_tokens;
+        self.propose_drafts(mb, budget).await?;
 
         // Running sequences of this micro-batch, oldest first: grow their KV for this step.
         let mut ops = std::mem::take(&mut self.pending_kv);
         let queued = ops.len();
         let mut wanted: Vec<(u64, usize)> = Vec::new();
         for &id in &self.running {
-            let seq = &self.seqs[&id];
-            let n = (seq.tokens.len() - seq.num_computed).min(budget);
-            if n == 0 || seq.micro_batch != mb {
+            let seq = self.seqs.get_mut(&id).expect("running");
+            if seq.micro_batch != mb {
+                continue;
+            }
+            let want = seq.tokens.len() + seq.spec.draft.len() - seq.num_computed;
+            let n = want.min(budget);
+            if n < want {
+                // Out of budget: verify fewer drafts (or none).
+                let keep = (seq.num_computed + n).saturating_sub(seq.tokens.len());
+                seq.spec.truncate_draft(keep);
+            }
+            if n == 0 {
                 continue;
             }
             ops.push(KvOp::Grow {
@@ -90,14 +135,13 @@ impl SchedulerState {
             if !self.running.contains(&id) {
                 continue; // preempted already, to make room for an older sequence
             }
-            while let Some(victim) = self.preempt_last(mb) {
-                if let Some(pos) = chosen.iter().position(|&(c, _)| c == victim) {
-                    budget += chosen.remove(pos).1;
-                }
-                if victim == id {
-                    budget += n;
-                    break;
-                }
+            // Drafts are optional: drop them before preempting anyone for them.
+            let seq = self.seqs.get_mut(&id).expect("running");
+            if !seq.spec.draft.is_empty() {
+                let drafted = seq.spec.draft.len();
+                seq.spec.clear_draft();
+                let n = n - drafted;
+                budget += drafted;
                 let mut ops = std::mem::take(&mut self.pending_kv);
                 ops.push(KvOp::Grow {
                     seq: id,
@@ -106,9 +150,14 @@ impl SchedulerState {
                 if let Some(KvReply::Grown { table }) = self.kv_step(ops).await?.pop() {
                     self.seqs.get_mut(&id).expect("running").table = table;
                     chosen.push((id, n));
-                    break;
+                    continue;
                 }
+                self.preempt_for(mb, id, n, &mut budget, &mut chosen)
+                    .await?;
+                continue;
             }
+            self.preempt_for(mb, id, n, &mut budget, &mut chosen)
+                .await?;
         }
         // Keep `chosen` in running order (preemption may have reordered nothing, but
         // retries append at the end).
@@ -181,8 +230,14 @@ impl SchedulerState {
             // Prompt logprobs need the logits of every position that predicts a prompt token.
             let first_prompt_row = plan.logits_for.len();
             let wants_prompt = seq.prompt_logprobs.is_some();
+            let known = seq.tokens.len();
             for p in start..start + n {
-                plan.tokens.push(seq.tokens[p]);
+                // Past the known tokens come the drafts being verified.
+                plan.tokens.push(if p < known {
+                    seq.tokens[p]
+                } else {
+                    seq.spec.draft[p - known]
+                });
                 plan.positions.push(p);
                 plan.token_seq.push(s_idx as u32);
                 if wants_prompt && p + 1 < seq.prompt_len {
@@ -197,9 +252,13 @@ impl SchedulerState {
                 )
             });
             plan.block_tables.push(seq.table.clone());
-            let logits_row = if start + n == seq.tokens.len() {
-                plan.logits_for.push(plan.tokens.len() - 1);
-                Some(plan.logits_for.len() - 1)
+            // Logits of the last known token and of every draft after it.
+            let draft_len = (start + n).saturating_sub(known);
+            let logits_row = if start + n >= known {
+                let first = plan.logits_for.len();
+                let last_token = plan.tokens.len() - 1;
+                plan.logits_for.extend(last_token - draft_len..=last_token);
+                Some(first)
             } else {
                 None
             };
@@ -208,6 +267,7 @@ impl SchedulerState {
                 n_tokens: n,
                 logits_row,
                 prompt_rows,
+                draft_len,
             });
         }
         self.in_flight.push_back(InFlight {

@@ -8,6 +8,7 @@
 
 mod batching;
 mod sampling;
+mod speculation;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -20,7 +21,10 @@ use crate::kv_manager_actor::{KvManagerMsg, KvOp};
 use crate::plan::StepOutput;
 use crate::rank::RankMsg;
 use crate::request::{FinishReason, GenerationRequest, RequestEvent, TokenOutput};
-use sampling::{logprobs_of, sample_next, token_output};
+use crate::speculative::DraftMsg;
+use sampling::logprobs_of;
+use speculation::SpecState;
+pub use speculation::{SpecStats, SpeculationLimits};
 
 /// Limits the scheduler works within.
 #[derive(Debug, Clone)]
@@ -36,6 +40,8 @@ pub struct SchedulerConfig {
     pub enable_prefix_caching: bool,
     /// Two micro-batches in ping-pong (two steps in flight) instead of one step at a time.
     pub overlap_micro_batches: bool,
+    /// Speculative decoding, when a draft actor proposes tokens.
+    pub speculation: Option<SpeculationLimits>,
 }
 
 /// Counters others may read.
@@ -50,6 +56,8 @@ pub struct SchedulerStats {
     /// Prompt tokens looked up in the prefix cache, and how many were found.
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
+    /// Drafted and accepted tokens (all zero without speculative decoding).
+    pub speculation: SpecStats,
 }
 
 /// Messages the scheduler understands.
@@ -89,6 +97,7 @@ struct Sequence {
     /// Scores of prompt tokens gathered so far, while the request wants them and its first
     /// token has not been sent (entry `i` scores prompt token `i + 1`).
     prompt_logprobs: Option<Vec<TokenOutput>>,
+    spec: SpecState,
 }
 
 impl Sequence {
@@ -106,6 +115,8 @@ struct Scheduled {
     /// Prompt logprobs: (first logits row, position of that row, rows), one row per chunk
     /// position that predicts a prompt token.
     prompt_rows: Option<(usize, usize, usize)>,
+    /// Draft tokens verified in this step (their rows follow `logits_row`).
+    draft_len: usize,
 }
 
 /// A step the ranks are computing.
@@ -116,6 +127,14 @@ struct InFlight {
 }
 
 pub struct Scheduler;
+
+/// What the scheduler starts with.
+pub struct SchedulerArgs {
+    pub config: SchedulerConfig,
+    pub kv: ActorRef<KvManagerMsg>,
+    /// The draft actor, when speculative decoding is on.
+    pub draft: Option<ActorRef<DraftMsg>>,
+}
 
 pub struct SchedulerState {
     cfg: SchedulerConfig,
@@ -132,19 +151,26 @@ pub struct SchedulerState {
     in_flight: VecDeque<InFlight>,
     next_step: u64,
     stats: SchedulerStats,
+    /// The draft actor, when speculative decoding is on.
+    draft: Option<ActorRef<DraftMsg>>,
 }
 
 impl Actor for Scheduler {
     type Msg = SchedulerMsg;
     type State = SchedulerState;
-    type Arguments = (SchedulerConfig, ActorRef<KvManagerMsg>);
+    type Arguments = SchedulerArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<SchedulerMsg>,
-        (cfg, kv): (SchedulerConfig, ActorRef<KvManagerMsg>),
+        SchedulerArgs {
+            config: cfg,
+            kv,
+            draft,
+        }: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
         Ok(SchedulerState {
+            draft,
             kv,
             pending_kv: Vec::new(),
             cfg,
@@ -277,6 +303,7 @@ impl SchedulerState {
                 micro_batch: 0,
                 rng: Rng::new(seed),
                 prompt_logprobs: request.params.prompt_logprobs.map(|_| Vec::new()),
+                spec: SpecState::new(self.cfg.speculation.as_ref()),
                 request,
                 events,
             },
@@ -295,6 +322,7 @@ impl SchedulerState {
         });
         self.running.retain(|&r| r != id);
         self.waiting.retain(|&w| w != id);
+        self.release_draft(id);
         let _ = seq.events.send(RequestEvent::Finished {
             reason,
             prompt_tokens: seq.prompt_len,
@@ -333,13 +361,6 @@ impl SchedulerState {
                 continue;
             }; // aborted meanwhile
             seq.num_computed += s.n_tokens;
-            // Let the KV-block manager hash the blocks this step filled.
-            self.pending_kv.push(KvOp::Commit {
-                seq: s.id,
-                append: seq.tokens[seq.committed..].to_vec(),
-                num_computed: seq.num_computed,
-            });
-            seq.committed = seq.tokens.len();
             if let (Some((row0, pos0, rows)), Some(acc)) =
                 (s.prompt_rows, seq.prompt_logprobs.as_mut())
             {
@@ -352,20 +373,26 @@ impl SchedulerState {
                     }
                 }
             }
-            let Some(row) = s.logits_row else { continue };
-            let logits = &out.logits[row * vocab..(row + 1) * vocab];
-            let (token, reason) = sample_next(seq, logits, &self.cfg);
-            if let Some(t) = token {
-                seq.tokens.push(t);
+            let mut ended = None;
+            let mut accepted = 0;
+            if let Some(row) = s.logits_row {
+                let rows: Vec<&[f32]> = (row..=row + s.draft_len)
+                    .map(|r| &out.logits[r * vocab..(r + 1) * vocab])
+                    .collect();
+                (accepted, ended) = SchedulerState::accept_tokens(seq, &rows, &self.cfg);
+                // Only accepted drafts keep their KV.
+                seq.num_computed -= s.draft_len - accepted;
             }
-            let alive = token.is_none_or(|t| {
-                let output = token_output(seq, logits, t);
-                seq.events.send(RequestEvent::Token(output)).is_ok()
+            // Let the KV-block manager hash the blocks this step filled.
+            self.pending_kv.push(KvOp::Commit {
+                seq: s.id,
+                append: seq.tokens[seq.committed..].to_vec(),
+                num_computed: seq.num_computed,
             });
-            match (alive, reason) {
-                (false, _) => self.finish(s.id, FinishReason::Abort),
-                (true, Some(r)) => self.finish(s.id, r),
-                (true, None) => {}
+            seq.committed = seq.tokens.len();
+            self.record_verification(s.id, s.draft_len, accepted);
+            if let Some(reason) = ended {
+                self.finish(s.id, reason);
             }
         }
     }

@@ -2,29 +2,38 @@
 //! log-probabilities.
 
 use dcpserve_kernels::sampling::apply_penalties;
+use dcpserve_kernels::spec_sampling::{verify_draft, Verdict};
 use dcpserve_kernels::{log_softmax, sample};
 
 use super::{SchedulerConfig, Sequence};
 use crate::request::{FinishReason, TokenOutput};
 
-/// Samples the next token and decides whether the sequence ends with it.
-pub(super) fn sample_next(
+/// A draft token to verify at this position, and the draft distribution it came from
+/// (`None` for deterministic proposers).
+pub(super) type DraftToken<'a> = (u32, Option<&'a [f32]>);
+
+/// Samples the next token (or verifies `draft` by rejection sampling, which draws from the
+/// same distribution) and decides whether the sequence ends with it. Returns the token,
+/// whether it is the draft token, and the finish reason.
+pub(super) fn next_token(
     seq: &mut Sequence,
     logits: &[f32],
     cfg: &SchedulerConfig,
-) -> (Option<u32>, Option<FinishReason>) {
+    draft: Option<DraftToken<'_>>,
+) -> (u32, bool, Option<FinishReason>) {
     let p = &seq.request.params;
     let is_stop =
         |t: u32| (!p.ignore_eos && cfg.eos_token_ids.contains(&t)) || p.stop_token_ids.contains(&t);
     let penalized =
         p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0;
     let mask_stops = seq.output_len() < p.min_tokens;
-    let token = if penalized || mask_stops {
-        let mut masked = logits.to_vec();
+    let masked;
+    let logits = if penalized || mask_stops {
+        let mut m = logits.to_vec();
         if penalized {
             let (prompt, output) = seq.tokens.split_at(seq.prompt_len);
             apply_penalties(
-                &mut masked,
+                &mut m,
                 prompt,
                 output,
                 p.presence_penalty,
@@ -33,15 +42,23 @@ pub(super) fn sample_next(
             );
         }
         if mask_stops {
-            for (t, l) in masked.iter_mut().enumerate() {
+            for (t, l) in m.iter_mut().enumerate() {
                 if is_stop(t as u32) {
                     *l = f32::NEG_INFINITY;
                 }
             }
         }
-        sample(&masked, &p.sampling, &mut seq.rng)
+        masked = m;
+        &masked[..]
     } else {
-        sample(logits, &p.sampling, &mut seq.rng)
+        logits
+    };
+    let (token, accepted) = match draft {
+        None => (sample(logits, &p.sampling, &mut seq.rng), false),
+        Some((d, q)) => match verify_draft(logits, &p.sampling, d, q, &mut seq.rng) {
+            Verdict::Accepted => (d, true),
+            Verdict::Rejected(t) => (t, false),
+        },
     };
     let out_len = seq.output_len() + 1;
     let reason = if is_stop(token) {
@@ -51,7 +68,7 @@ pub(super) fn sample_next(
     } else {
         None
     };
-    (Some(token), reason)
+    (token, accepted, reason)
 }
 
 pub(super) fn token_output(seq: &mut Sequence, logits: &[f32], token: u32) -> TokenOutput {

@@ -1,0 +1,88 @@
+//! The draft actor: owns a proposer and answers the scheduler's per-step requests.
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::{Draft, DraftProposer, DraftRequest};
+
+/// Messages the draft actor understands.
+pub enum DraftMsg {
+    /// Drafts for this step's decoding sequences (an empty draft for any it cannot serve).
+    Propose(Vec<DraftRequest>, RpcReplyPort<Vec<Draft>>),
+    /// The sequence ended or was preempted.
+    Release(u64),
+}
+
+pub struct DraftActor;
+
+pub struct DraftState {
+    proposer: Box<dyn DraftProposer>,
+    /// Set when the proposer failed: speculation stops, decoding goes on without it.
+    broken: Option<String>,
+}
+
+impl Actor for DraftActor {
+    type Msg = DraftMsg;
+    type State = DraftState;
+    type Arguments = Box<dyn DraftProposer>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<DraftMsg>,
+        proposer: Box<dyn DraftProposer>,
+    ) -> Result<DraftState, ActorProcessingErr> {
+        Ok(DraftState {
+            proposer,
+            broken: None,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<DraftMsg>,
+        msg: DraftMsg,
+        st: &mut DraftState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            DraftMsg::Propose(batch, port) => {
+                let empty = || {
+                    batch
+                        .iter()
+                        .map(|r| Draft {
+                            seq: r.seq,
+                            ..Default::default()
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let drafts = if st.broken.is_some() {
+                    empty()
+                } else {
+                    match st.proposer.propose(&batch).await {
+                        Ok(d) if d.len() == batch.len() => d,
+                        Ok(d) => {
+                            st.broken = Some(format!(
+                                "{} proposer answered {} drafts for {} requests",
+                                st.proposer.method(),
+                                d.len(),
+                                batch.len()
+                            ));
+                            empty()
+                        }
+                        Err(e) => {
+                            st.broken = Some(e);
+                            empty()
+                        }
+                    }
+                };
+                if let Some(why) = &st.broken {
+                    tracing::error!(
+                        "speculative decoding ({}) disabled: {why}",
+                        st.proposer.method()
+                    );
+                }
+                let _ = port.send(drafts);
+            }
+            DraftMsg::Release(seq) => st.proposer.release(seq),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,64 @@
+//! Speculative decoding: draft proposers behind one interface, run by a draft actor that
+//! the scheduler asks once per step.
+//!
+//! A proposer suggests up to k tokens per decoding sequence; the scheduler verifies them
+//! in one target step through the same paged / DCP attention path as chunked prefill
+//! (a multi-token query per sequence), keeps the longest accepted prefix plus one token
+//! from the target, and rolls back the KV slots of the rest.
+//!
+//! ```
+//! use dcpserve_actors::speculative::{DraftProposer, DraftRequest, NgramProposer};
+//! # futures::executor::block_on(async {
+//! let mut ngram = NgramProposer::new(2, 3);
+//! let req = DraftRequest { seq: 1, tokens: vec![5, 6, 7, 8, 5, 6], num_tokens: 2, sampling: Default::default() };
+//! let drafts = ngram.propose(std::slice::from_ref(&req)).await.unwrap();
+//! assert_eq!(drafts[0].tokens, vec![7, 8]);
+//! # });
+//! ```
+
+mod actor;
+mod draft_model;
+mod ngram;
+
+use futures::future::BoxFuture;
+
+pub use actor::{DraftActor, DraftMsg};
+pub use draft_model::{DraftModelProposer, DraftModelSpec};
+pub use ngram::NgramProposer;
+
+/// One sequence that may be drafted for this step.
+#[derive(Debug, Clone)]
+pub struct DraftRequest {
+    pub seq: u64,
+    /// Every known token of the sequence (prompt and output so far).
+    pub tokens: Vec<u32>,
+    /// Most draft tokens wanted.
+    pub num_tokens: usize,
+    /// The request's sampling: a draft model samples its drafts the same way.
+    pub sampling: dcpserve_kernels::SamplingParams,
+}
+
+/// Draft tokens for one sequence (possibly none).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Draft {
+    pub seq: u64,
+    pub tokens: Vec<u32>,
+    /// The draft distribution each token was drawn from (one vocabulary-sized row per
+    /// token), for rejection sampling; `None` for deterministic proposers.
+    pub probs: Option<Vec<Vec<f32>>>,
+}
+
+/// Something that proposes draft tokens: n-gram lookup, a draft model, an MTP module.
+pub trait DraftProposer: Send + 'static {
+    /// Drafts for each request, in order.
+    fn propose<'a>(
+        &'a mut self,
+        batch: &'a [DraftRequest],
+    ) -> BoxFuture<'a, Result<Vec<Draft>, String>>;
+
+    /// The sequence ended or was preempted: drop any state kept for it.
+    fn release(&mut self, _seq: u64) {}
+
+    /// The method's name as `--speculative-config` spells it.
+    fn method(&self) -> &'static str;
+}

@@ -1,0 +1,56 @@
+//! Checking `--speculative-config` against the target model and opening a draft model,
+//! before any weight is read.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use dcpserve_config::{EngineConfig, ParallelConfig, SpeculativeMethod};
+use dcpserve_model::{ModelConfig, ModelFiles};
+
+use crate::engine::attention_kind;
+
+/// The draft model's files when the config asks for `draft_model`; `None` otherwise.
+/// Refuses methods and draft models that cannot work with this target.
+pub(crate) async fn open_draft_model(
+    config: &EngineConfig,
+    target: &ModelConfig,
+) -> Result<Option<Arc<ModelFiles>>> {
+    let Some(spec) = &config.speculative else {
+        return Ok(None);
+    };
+    match spec.method {
+        SpeculativeMethod::Ngram => Ok(None),
+        SpeculativeMethod::Mtp => {
+            bail!("Speculative method `mtp` is not implemented yet: use `ngram` or `draft_model`.")
+        }
+        SpeculativeMethod::DraftModel => {
+            let path = spec
+                .model
+                .clone()
+                .expect("normalized draft_model has a model");
+            let p = path.clone();
+            let draft = tokio::task::spawn_blocking(move || ModelFiles::read_config(&p))
+                .await?
+                .map_err(|e| anyhow!("draft model: {e}"))?;
+            if draft.vocab_size != target.vocab_size {
+                bail!(
+                    "The draft model's vocabulary ({} tokens) differs from the target model's ({} tokens): draft_model needs the same tokenizer.",
+                    draft.vocab_size,
+                    target.vocab_size
+                );
+            }
+            let parallel = ParallelConfig {
+                tensor_parallel_size: spec.draft_tensor_parallel_size.unwrap_or(1),
+                decode_context_parallel_size: spec.draft_decode_context_parallel_size.unwrap_or(1),
+                cp_kv_cache_interleave_size: 1,
+            };
+            parallel
+                .validate(attention_kind(&draft), config.block_size)
+                .map_err(|e| anyhow!("draft model: {e}"))?;
+            let files = tokio::task::spawn_blocking(move || ModelFiles::open(&path))
+                .await?
+                .map_err(|e| anyhow!("draft model: {e}"))?;
+            Ok(Some(Arc::new(files)))
+        }
+    }
+}
