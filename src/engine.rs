@@ -76,6 +76,7 @@ struct Inner {
     info: ModelInfo,
     supervisor: ActorRef<SupervisorMsg>,
     next_id: AtomicU64,
+    speculates: bool,
 }
 
 impl Drop for Inner {
@@ -129,6 +130,7 @@ impl Engine {
             .await?
             .map_err(|e| anyhow!("{e}"))?;
         let files = Arc::new(files);
+        let speculates = config.speculative.is_some();
         let args = SupervisorArgs {
             name: name.clone(),
             files: files.clone(),
@@ -147,6 +149,7 @@ impl Engine {
                 info,
                 supervisor,
                 next_id: AtomicU64::new(1),
+                speculates,
             }),
         })
     }
@@ -177,6 +180,11 @@ impl Engine {
                 .unwrap_or_else(|| "model".into())
         });
         Self::from_path_named(served, model_path, entry.engine_config()?).await
+    }
+
+    /// Whether this engine decodes speculatively (`--speculative-config`).
+    pub fn speculates(&self) -> bool {
+        self.inner.speculates
     }
 
     /// The served model's name.

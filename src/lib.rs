@@ -20,6 +20,7 @@ mod engine;
 pub mod engine_bench;
 pub mod planner;
 pub mod serve;
+pub mod spec_bench;
 mod speculation;
 pub mod synthetic;
 

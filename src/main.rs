@@ -37,6 +37,9 @@ enum Command {
     /// Measure prefill and decode throughput (one JSON line on stdout).
     #[command(name = "bench-engine")]
     BenchEngine(BenchArgs),
+    /// Decode speed with n-gram speculation vs without, on workloads that repeat their context.
+    #[command(name = "bench-spec")]
+    BenchSpec(BenchSpecArgs),
 }
 
 #[derive(Args)]
@@ -65,6 +68,18 @@ struct BenchDcpArgs {
     /// Compute threads in all.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+}
+
+#[derive(Args)]
+struct BenchSpecArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Most tokens generated per request.
+    #[arg(long, default_value_t = 160)]
+    max_tokens: usize,
+    /// Runs of each workload per engine (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
 }
 
 #[derive(Args)]
@@ -106,6 +121,14 @@ struct EngineArgs {
     /// Compute threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Speculative decoding as JSON, as vLLM's --speculative-config (bench-spec's default:
+    /// n-gram lookup of 4 tokens, n from 2 to 4).
+    #[arg(long, value_parser = parse_speculative_config)]
+    speculative_config: Option<dcpserve::SpeculativeConfig>,
+}
+
+fn parse_speculative_config(s: &str) -> Result<dcpserve::SpeculativeConfig, String> {
+    dcpserve::SpeculativeConfig::from_json(s).map_err(|e| e.to_string())
 }
 
 #[derive(Args)]
@@ -152,6 +175,7 @@ impl EngineArgs {
             kv_cache_memory_bytes: self.kv_cache_memory_bytes,
             max_model_len: self.max_model_len,
             num_threads: self.threads,
+            speculative: self.speculative_config.clone(),
             ..Default::default()
         };
         Ok((path, cfg))
@@ -223,6 +247,19 @@ fn main() -> Result<()> {
                     threads: a.threads,
                 };
                 print!("{}", dcpserve::dcp_bench::run(&spec).await?);
+                Ok(())
+            }
+            Command::BenchSpec(a) => {
+                let (path, mut cfg) = a.engine.config()?;
+                let spec = match cfg.speculative.take() {
+                    Some(s) => s,
+                    None => dcpserve::SpeculativeConfig::from_json(
+                        r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}"#,
+                    )?,
+                };
+                let table =
+                    dcpserve::spec_bench::run(&path, cfg, spec, a.max_tokens, a.repeats).await?;
+                print!("{table}");
                 Ok(())
             }
             Command::BenchEngine(a) => {

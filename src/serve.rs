@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _, Result};
 use clap::Args;
 use dcpserve_actors::GenerationParams;
+use dcpserve_api::backend::SpeculationCounters;
 use dcpserve_api::{
     config, AppState, BackendEvent, BackendStats, EventStream, ModelBackend, ModelEntry,
     ModelRouter, ModelSlot, SamplingDefaults, ServeConfig,
@@ -19,7 +20,7 @@ use dcpserve_model::ChatMessage;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 
-use crate::{Engine, EngineConfig, GenerationEvent};
+use crate::{Engine, EngineConfig, GenerationEvent, SpeculativeConfig};
 
 /// Flags of `dcpserve serve`, named as vLLM names them.
 #[derive(Args, Debug, Clone, Default)]
@@ -83,6 +84,15 @@ pub struct ServeArgs {
     /// Compute threads of the model (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Speculative decoding as JSON, as vLLM spells it: e.g.
+    /// '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}' or
+    /// '{"method": "draft_model", "model": PATH, "num_speculative_tokens": 3}'.
+    #[arg(long, value_parser = parse_speculative_config)]
+    pub speculative_config: Option<SpeculativeConfig>,
+}
+
+fn parse_speculative_config(s: &str) -> Result<SpeculativeConfig, String> {
+    SpeculativeConfig::from_json(s).map_err(|e| e.to_string())
 }
 
 /// Rewrites vLLM's multi-letter short flags (`-tp 2`, `-dcp 2`) into their long forms,
@@ -121,6 +131,7 @@ impl ServeArgs {
             },
             seed: self.seed,
             threads: self.threads,
+            speculative_config: self.speculative_config.clone(),
             sampling: SamplingDefaults::default(),
         }
     }
@@ -261,6 +272,12 @@ impl ModelBackend for EngineBackend {
                 prefix_cache_hit_rate: (s.prefix_cache_queries > 0)
                     .then(|| s.prefix_cache_hits as f64 / s.prefix_cache_queries as f64),
                 collective_seconds: engine.seconds_in_collectives().await.unwrap_or_default(),
+                speculation: engine.speculates().then(|| SpeculationCounters {
+                    num_drafts: s.speculation.num_drafts,
+                    num_draft_tokens: s.speculation.num_draft_tokens,
+                    num_accepted_tokens: s.speculation.num_accepted_tokens,
+                    drafts_by_accepted: s.speculation.accepted_histogram.clone(),
+                }),
             })
         })
     }

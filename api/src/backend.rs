@@ -41,6 +41,19 @@ pub struct BackendStats {
     pub prefix_cache_hit_rate: Option<f64>,
     /// Seconds spent in collectives since start, per rank, when the engine tracks it.
     pub collective_seconds: Vec<f64>,
+    /// Speculative decoding counters, when the model speculates.
+    pub speculation: Option<SpeculationCounters>,
+}
+
+/// Drafted and accepted tokens of a speculating model, since start.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpeculationCounters {
+    /// Verification steps with at least one draft token.
+    pub num_drafts: u64,
+    pub num_draft_tokens: u64,
+    pub num_accepted_tokens: u64,
+    /// `drafts_by_accepted[a]`: drafts of which exactly `a` tokens were accepted.
+    pub drafts_by_accepted: Vec<u64>,
 }
 
 /// A served model: tokenizer, chat template, limits and generation.

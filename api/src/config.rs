@@ -14,6 +14,8 @@
 //! decode_context_parallel_size = 1
 //! kv_cache_memory_bytes = 268435456
 //! max_model_len = 2048
+//! # optional, as vLLM's --speculative-config (a draft model path is relative to this file)
+//! speculative_config = { method = "ngram", num_speculative_tokens = 4, prompt_lookup_max = 4 }
 //!
 //! [models.sampling]             # defaults for fields a request leaves out
 //! temperature = 0.7
@@ -24,7 +26,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dcpserve_config::{ConfigError, DType, EngineConfig, ParallelConfig};
+use dcpserve_config::{ConfigError, DType, EngineConfig, ParallelConfig, SpeculativeConfig};
 use serde::Deserialize;
 
 /// Default port, as vLLM's.
@@ -75,6 +77,8 @@ pub struct ModelEntry {
     pub seed: Option<u64>,
     /// Compute threads of this model (default: all cores).
     pub threads: Option<usize>,
+    /// Speculative decoding, as vLLM's `--speculative-config`.
+    pub speculative_config: Option<SpeculativeConfig>,
     #[serde(default)]
     pub sampling: SamplingDefaults,
 }
@@ -116,6 +120,11 @@ impl ModelEntry {
                 .unwrap_or(d.enable_prefix_caching),
             num_threads: self.threads,
             seed: self.seed.unwrap_or(d.seed),
+            speculative: self
+                .speculative_config
+                .clone()
+                .map(SpeculativeConfig::normalized)
+                .transpose()?,
             ..d
         };
         cfg.validate_limits()?;
@@ -143,6 +152,11 @@ impl ServeConfig {
             if let Some(p) = &m.path {
                 if p.is_relative() {
                     m.path = Some(base.join(p));
+                }
+            }
+            if let Some(draft) = m.speculative_config.as_mut().and_then(|s| s.model.as_mut()) {
+                if draft.is_relative() {
+                    *draft = base.join(&*draft);
                 }
             }
         }
@@ -174,6 +188,33 @@ impl ServeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn speculative_config_in_a_model_entry() {
+        let cfg = ServeConfig::from_toml(
+            r#"
+            [[models]]
+            name = "a"
+            speculative_config = { method = "ngram", num_speculative_tokens = 3, prompt_lookup_max = 2 }
+            "#,
+        )
+        .unwrap();
+        let spec = cfg.models[0].engine_config().unwrap().speculative.unwrap();
+        assert_eq!(spec.num_speculative_tokens, 3);
+        // vLLM's rule: a missing bound takes the other's value.
+        assert_eq!(
+            (spec.prompt_lookup_min, spec.prompt_lookup_max),
+            (Some(2), Some(2))
+        );
+        let bad = ServeConfig::from_toml(
+            r#"
+            [[models]]
+            speculative_config = { method = "ngram", num_speculative_tokens = 0 }
+            "#,
+        )
+        .unwrap_err();
+        assert!(bad.0.contains("num_speculative_tokens"), "{bad}");
+    }
 
     #[test]
     fn parses_the_documented_shape() {

@@ -26,6 +26,10 @@ pub const GENERATION_TOKENS: &str = "dcpserve:generation_tokens_total";
 pub const TTFT: &str = "dcpserve:time_to_first_token_seconds";
 pub const ITL: &str = "dcpserve:inter_token_latency_seconds";
 pub const E2E: &str = "dcpserve:e2e_request_latency_seconds";
+pub const SPEC_DRAFTS: &str = "dcpserve:spec_decode_num_drafts_total";
+pub const SPEC_DRAFT_TOKENS: &str = "dcpserve:spec_decode_num_draft_tokens_total";
+pub const SPEC_ACCEPTED_TOKENS: &str = "dcpserve:spec_decode_num_accepted_tokens_total";
+pub const SPEC_ACCEPTANCE: &str = "dcpserve:spec_decode_drafts_by_accepted_tokens_total";
 
 /// Latency buckets in seconds (vLLM's, trimmed).
 const BUCKETS: &[f64] = &[
@@ -93,6 +97,16 @@ fn describe() {
     describe_counter!(
         GENERATION_TOKENS,
         "Generated tokens, summed over all choices."
+    );
+    describe_counter!(
+        SPEC_DRAFTS,
+        "Speculative verification steps with draft tokens."
+    );
+    describe_counter!(SPEC_DRAFT_TOKENS, "Draft tokens proposed and verified.");
+    describe_counter!(SPEC_ACCEPTED_TOKENS, "Draft tokens accepted.");
+    describe_counter!(
+        SPEC_ACCEPTANCE,
+        "Drafts by how many of their tokens were accepted (label accepted_tokens): the acceptance-length histogram."
     );
     describe_histogram!(TTFT, "Seconds from arrival to the first token.");
     describe_histogram!(ITL, "Seconds between consecutive tokens of a sequence.");
@@ -246,6 +260,16 @@ pub async fn render(router: &ModelRouter) -> String {
         for (rank, secs) in s.collective_seconds.iter().enumerate() {
             // `metrics` counters are integers: a running total in seconds is a gauge.
             gauge!(COLLECTIVES, "model_name" => m.clone(), "rank" => rank.to_string()).set(*secs);
+        }
+        if let Some(sp) = &s.speculation {
+            counter!(SPEC_DRAFTS, "model_name" => m.clone()).absolute(sp.num_drafts);
+            counter!(SPEC_DRAFT_TOKENS, "model_name" => m.clone()).absolute(sp.num_draft_tokens);
+            counter!(SPEC_ACCEPTED_TOKENS, "model_name" => m.clone())
+                .absolute(sp.num_accepted_tokens);
+            for (a, n) in sp.drafts_by_accepted.iter().enumerate() {
+                counter!(SPEC_ACCEPTANCE, "model_name" => m.clone(), "accepted_tokens" => a.to_string())
+                    .absolute(*n);
+            }
         }
         set_outstanding(&slot.name, slot.outstanding());
     }

@@ -1,0 +1,84 @@
+//! A speculating model behind the HTTP API: the same completion as without speculation,
+//! and the drafted / accepted counters on `/metrics`.
+
+mod api_util;
+
+use api_util::*;
+use dcpserve::{Engine, EngineConfig, SpeculativeConfig};
+use serde_json::json;
+
+async fn engine(speculative: Option<SpeculativeConfig>) -> Engine {
+    let cfg = EngineConfig {
+        dtype: dcpserve::DType::Float32,
+        num_threads: Some(2),
+        kv_cache_memory_bytes: Some(16 << 20),
+        speculative,
+        ..Default::default()
+    };
+    Engine::from_path_named("tiny".into(), tiny_path(), cfg)
+        .await
+        .expect("tiny-llama loads")
+}
+
+/// The value of a series in a Prometheus text exposition.
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculating_server_answers_the_same_and_counts_drafts() {
+    let spec = SpeculativeConfig::from_json(
+        r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}"#,
+    )
+    .unwrap();
+    // A prompt that repeats itself (token ids), so that lookup finds drafts.
+    let prompt: Vec<u32> = (0..12u32)
+        .map(|j| j * 29 % 380 + 3)
+        .cycle()
+        .take(48)
+        .collect();
+    let body = json!({"model": "tiny", "prompt": prompt, "temperature": 0, "max_tokens": 32,
+                      "ignore_eos": true, "logprobs": 1});
+
+    let plain = start(router_for(&engine(None).await, 8), None).await;
+    let want = post(plain, "/v1/completions", &body).await;
+    assert_eq!(want.status, 200, "{}", want.body);
+
+    let fast = start(router_for(&engine(Some(spec)).await, 8), None).await;
+    let got = post(fast, "/v1/completions", &body).await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    let text = |r: &Resp| r.json()["choices"][0]["text"].clone();
+    let tokens = |r: &Resp| r.json()["choices"][0]["logprobs"]["tokens"].clone();
+    assert_eq!(text(&want), text(&got));
+    assert_eq!(tokens(&want), tokens(&got));
+
+    let m = get(fast, "/metrics").await.body;
+    let label = "{model_name=\"tiny\"}";
+    let drafts = series(&m, &format!("dcpserve:spec_decode_num_drafts_total{label}"))
+        .expect("drafts series");
+    let drafted = series(
+        &m,
+        &format!("dcpserve:spec_decode_num_draft_tokens_total{label}"),
+    )
+    .expect("draft tokens series");
+    let accepted = series(
+        &m,
+        &format!("dcpserve:spec_decode_num_accepted_tokens_total{label}"),
+    )
+    .expect("accepted tokens series");
+    assert!(
+        drafts > 0.0 && drafted >= drafts && accepted <= drafted,
+        "{m}"
+    );
+    // The acceptance histogram counts every draft once.
+    let by_accepted: f64 = m
+        .lines()
+        .filter(|l| {
+            l.starts_with("dcpserve:spec_decode_drafts_by_accepted_tokens_total{")
+                && l.contains("model_name=\"tiny\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(by_accepted, drafts, "{m}");
+}
