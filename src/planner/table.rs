@@ -21,7 +21,7 @@ pub fn thousands(n: usize) -> String {
     out
 }
 
-const HEADER: [&str; 12] = [
+const HEADER: [&str; 13] = [
     "layout",
     "dp",
     "weights/rank",
@@ -29,6 +29,7 @@ const HEADER: [&str; 12] = [
     "KV tokens/rank",
     "KV tokens total",
     "max conc",
+    "conc",
     "KV used",
     "read/step W+KV",
     "coll/step",
@@ -67,9 +68,9 @@ pub fn render(cfg: &ModelConfig, hw: &Hardware, o: &PlanOptions, rows: &[LayoutR
     );
     let _ = writeln!(
         s,
-        "           max conc = requests that fit at their final length (prompt + output, in blocks of block size × dcp); KV used = the concurrency's share of the cache (over 100%: the rest waits)"
+        "           max conc = requests that fit at their final length (prompt + output, in blocks of block size × dcp); conc = requests the roofline runs (--concurrency, at most max conc); KV used = the share of the cache --concurrency needs (over 100%: the rest waits)"
     );
-    let mut table: Vec<[String; 12]> = vec![HEADER.map(String::from)];
+    let mut table: Vec<[String; 13]> = vec![HEADER.map(String::from)];
     let mut invalid = Vec::new();
     for row in rows {
         let name = format!("tp{} dcp{}", row.layout.tp, row.layout.dcp);
@@ -82,6 +83,7 @@ pub fn render(cfg: &ModelConfig, hw: &Hardware, o: &PlanOptions, rows: &[LayoutR
                 thousands(e.capacity.tokens_per_rank),
                 thousands(e.capacity.tokens_total),
                 thousands(e.max_concurrency),
+                thousands(e.running),
                 format!("{:.0}%", e.kv_fraction * 100.0),
                 format!(
                     "{:.2}+{:.2} GB",
@@ -121,7 +123,7 @@ pub fn render(cfg: &ModelConfig, hw: &Hardware, o: &PlanOptions, rows: &[LayoutR
         let _ = writeln!(s, "{}", cells.join("  ").trim_end());
     }
     if !invalid.is_empty() {
-        let _ = writeln!(s, "\ninvalid layouts:");
+        let _ = writeln!(s, "\nlayouts that cannot run:");
         for line in invalid {
             let _ = writeln!(s, "{line}");
         }
