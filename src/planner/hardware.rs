@@ -55,7 +55,7 @@ pub struct Hardware {
 }
 
 /// Overrides of a preset's figures from the command line (`None` keeps the preset's).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct HardwareOverrides {
     pub ranks: Option<usize>,
     pub mem_per_rank_gb: Option<f64>,
@@ -66,6 +66,23 @@ pub struct HardwareOverrides {
     pub gpu_memory_utilization: f64,
     pub activation_reserve_gb: Option<f64>,
     pub kv_cache_memory_bytes: Option<u64>,
+}
+
+impl Default for HardwareOverrides {
+    /// The presets as they are, at vLLM's default memory utilization of 0.9.
+    fn default() -> Self {
+        HardwareOverrides {
+            ranks: None,
+            mem_per_rank_gb: None,
+            mem_bw_gbs: None,
+            link_bw_gbs: None,
+            peak_tflops: None,
+            collective_latency_us: None,
+            gpu_memory_utilization: 0.9,
+            activation_reserve_gb: None,
+            kv_cache_memory_bytes: None,
+        }
+    }
 }
 
 /// A `/proc/meminfo` field in bytes.

@@ -180,13 +180,7 @@ fn kv_capacity_in_a_narrow_format_counts_whole_blocks() {
 #[test]
 fn kimi_tp8_holds_a_full_latent_copy_per_gpu_and_dcp8_eight_times_the_tokens() {
     let cfg = kimi();
-    let hw = Hardware::new(
-        HardwarePreset::B200,
-        &HardwareOverrides {
-            gpu_memory_utilization: 0.9,
-            ..Default::default()
-        },
-    );
+    let hw = Hardware::new(HardwarePreset::B200, &HardwareOverrides::default());
     let o = options(
         WeightDtype::Nvfp4,
         KvDtype::Fp8,
