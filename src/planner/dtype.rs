@@ -1,0 +1,93 @@
+//! Storage formats of weights and of the KV cache, and what one value costs in each.
+
+use clap::ValueEnum;
+
+/// How the weights of linear layers are stored. Sizes include the block scales each
+/// format carries, because those are read on every step too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WeightDtype {
+    #[value(name = "f32")]
+    F32,
+    #[value(name = "bf16", alias = "f16")]
+    Bf16,
+    /// FP8 with per-block (128×128) scales, whose 4 bytes per 16,384 weights are ignored.
+    #[value(name = "fp8")]
+    Fp8,
+    /// NVIDIA NVFP4: 4-bit values plus one FP8 scale per 16 values (4.5 bits).
+    #[value(name = "nvfp4")]
+    Nvfp4,
+    /// OCP MXFP4: 4-bit values plus one 8-bit scale per 32 values (4.25 bits).
+    #[value(name = "mxfp4")]
+    Mxfp4,
+    /// INT4 with one bf16 scale per 32 values (4.5 bits), as Kimi K2 Thinking ships.
+    #[value(name = "int4")]
+    Int4,
+    /// GGUF Q8_0: 32 int8 values plus an f16 scale (8.5 bits).
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// GGUF Q4_0: 32 4-bit values plus an f16 scale (4.5 bits).
+    #[value(name = "q4_0")]
+    Q4_0,
+    /// GGUF Q4_1: 32 4-bit values plus an f16 scale and an f16 minimum (5 bits).
+    #[value(name = "q4_1")]
+    Q4_1,
+}
+
+impl WeightDtype {
+    /// Bits one weight costs, scales included.
+    pub fn bits_per_param(self) -> f64 {
+        match self {
+            WeightDtype::F32 => 32.0,
+            WeightDtype::Bf16 => 16.0,
+            WeightDtype::Fp8 => 8.0,
+            WeightDtype::Nvfp4 => 4.0 + 8.0 / 16.0,
+            WeightDtype::Mxfp4 => 4.0 + 8.0 / 32.0,
+            WeightDtype::Int4 => 4.0 + 16.0 / 32.0,
+            WeightDtype::Q8_0 => (32.0 * 8.0 + 16.0) / 32.0,
+            WeightDtype::Q4_0 => (32.0 * 4.0 + 16.0) / 32.0,
+            WeightDtype::Q4_1 => (32.0 * 4.0 + 2.0 * 16.0) / 32.0,
+        }
+    }
+
+    /// Bytes of `params` weights in this format.
+    pub fn bytes(self, params: u64) -> f64 {
+        params as f64 * self.bits_per_param() / 8.0
+    }
+
+    /// The name the command line uses.
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// How the KV cache stores one value. dcpserve's CPU ranks store f32 today; the others
+/// are what GPU engines use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvDtype {
+    #[value(name = "f32")]
+    F32,
+    #[value(name = "bf16", alias = "f16", alias = "auto")]
+    Bf16,
+    #[value(name = "fp8", alias = "fp8_e4m3")]
+    Fp8,
+}
+
+impl KvDtype {
+    /// Bytes per stored value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::Bf16 => 2,
+            KvDtype::Fp8 => 1,
+        }
+    }
+
+    /// The name the command line uses.
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+}
