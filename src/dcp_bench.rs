@@ -19,6 +19,9 @@ use crate::{
 /// Settings of one `bench-dcp` run.
 pub struct DcpBenchSpec {
     pub tp: usize,
+    /// Query heads of the synthetic MQA model (one KV head): 8 is a GQA ratio of 8:1 as
+    /// in large models; fewer make attention memory-bound on CPU cores.
+    pub query_heads: usize,
     pub context: usize,
     pub decode_tokens: usize,
     pub capacity_context: usize,
@@ -28,11 +31,11 @@ pub struct DcpBenchSpec {
     pub threads: usize,
 }
 
-fn model_spec(context: usize) -> SyntheticSpec {
+fn model_spec(context: usize, query_heads: usize) -> SyntheticSpec {
     SyntheticSpec {
         hidden: 256,
         layers: 4,
-        heads: 8,
+        heads: query_heads,
         kv_heads: 1,
         head_dim: 64,
         intermediate: 512,
@@ -124,7 +127,7 @@ async fn max_running(engine: &Engine, context: usize, count: usize) -> Result<us
 /// Runs the benchmark and returns a printable report.
 pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
     let dir = std::env::temp_dir().join(format!("dcpserve-bench-dcp-{}", std::process::id()));
-    let mspec = model_spec(spec.context.max(spec.capacity_context));
+    let mspec = model_spec(spec.context.max(spec.capacity_context), spec.query_heads);
     write_synthetic_llama(&dir, &mspec)?;
     let per_token = 2 * mspec.layers * mspec.head_dim * 4; // one KV head per rank, f32 K+V
     let mut report = String::new();

@@ -50,6 +50,9 @@ struct BenchDcpArgs {
     /// History length of the step-time measurement.
     #[arg(long, default_value_t = 16384)]
     context: usize,
+    /// Query heads of the synthetic model (it has one KV head; must divide by tp).
+    #[arg(long, default_value_t = 8)]
+    query_heads: usize,
     /// Decode steps measured (the median is reported).
     #[arg(long, default_value_t = 32)]
     decode_tokens: usize,
@@ -238,6 +241,7 @@ fn main() -> Result<()> {
             Command::BenchDcp(a) => {
                 let spec = dcpserve::dcp_bench::DcpBenchSpec {
                     tp: a.tp,
+                    query_heads: a.query_heads,
                     context: a.context,
                     decode_tokens: a.decode_tokens,
                     capacity_context: a.capacity_context,
