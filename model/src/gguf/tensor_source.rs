@@ -67,7 +67,7 @@ pub fn hf_name_for_gguf(name: &str) -> Option<String> {
 /// instead of un-permuting here. Tensors without a Hugging Face name (e.g.
 /// `rope_freqs.weight`) are listed under their GGUF name. `deepseek2` files also serve
 /// per-expert windows of stacked expert tensors and a `kv_b_proj` rebuilt from split
-/// `attn_k_b` / `attn_v_b` (see [`mla_tensors`](super::mla_tensors)).
+/// `attn_k_b` / `attn_v_b` (module `gguf::mla_tensors`).
 #[derive(Debug, Clone)]
 pub struct GgufTensorSource {
     file: Arc<GgufFile>,
