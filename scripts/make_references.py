@@ -19,13 +19,15 @@ Outputs (all deterministic: fixed seeds, single-threaded torch):
   fixtures/tiny-deepseek/      DeepseekV3ForCausalLM: MLA with q_lora_rank, YaRN, interleaved rope,
                                MoE (8 experts, grouped top-k, dense first layer), float32 weights
   fixtures/tiny-deepseek-noq/  DeepseekV3ForCausalLM: plain q_proj, no rope scaling, 4 experts, bf16
+      each also: model.gguf (deepseek2, by llama.cpp's convert_hf_to_gguf.py) + model.gguf.json
   fixtures/tiny_tokenizer_cases.json   encodings + a chat rendering with the shared tiny tokenizer
   fixtures/smollm2/      references for the default GGUF model (models/SmolLM2-135M-Instruct.Q4_1.gguf):
             tokenizer_cases.json, logits.json, chat.json, meta.json
 
 Options: --models-dir DIR (default $DCPSERVE_MODELS_DIR or <repo>/models),
          --skip-smollm2 (only the tiny models; no GGUF needed),
-         --only deepseek (only fixtures/tiny-deepseek*; the tokenizer is read from fixtures/tiny-llama).
+         --only deepseek (only fixtures/tiny-deepseek*; the tokenizer is read from fixtures/tiny-llama),
+         --only deepseek-gguf (only their model.gguf, by llama.cpp's converter: scripts/reference/gguf_deepseek.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from reference.gguf_deepseek import build_deepseek_ggufs
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
@@ -871,7 +875,7 @@ def main() -> None:
     ap.add_argument("--skip-smollm2", action="store_true")
     ap.add_argument(
         "--only",
-        choices=["deepseek"],
+        choices=["deepseek", "deepseek-gguf"],
         help="build only this group of fixtures (deepseek: fixtures/tiny-deepseek*), leaving the others as they are",
     )
     args = ap.parse_args()
@@ -881,11 +885,14 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     FIXTURES.mkdir(exist_ok=True)
 
-    if args.only == "deepseek":
-        build_deepseek_all()
+    if args.only in ("deepseek", "deepseek-gguf"):
+        if args.only == "deepseek":
+            build_deepseek_all()
+        build_deepseek_ggufs(FIXTURES)
         return
     build_tiny_all()
     build_deepseek_all()
+    build_deepseek_ggufs(FIXTURES)
     if not args.skip_smollm2:
         build_smollm2(args.models_dir.resolve())
 

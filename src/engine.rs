@@ -328,6 +328,16 @@ impl Engine {
         )?)
     }
 
+    /// Diagnostic: what each rank's KV cache has stored since the rank group started, in
+    /// rank order (token rows written per layer — latent caches only — and bytes per
+    /// token). Under DCP each rank of a group holds only its share of every sequence.
+    pub async fn kv_storage_per_rank(&self) -> Result<Vec<dcpserve_model::arch::KvStorage>> {
+        Ok(ractor::call!(
+            self.inner.supervisor,
+            SupervisorMsg::KvStorage
+        )?)
+    }
+
     /// Test hook: makes rank `n` fail on its next step (the supervisor restarts the group).
     #[doc(hidden)]
     pub fn inject_rank_fault(&self, n: usize) -> Result<()> {

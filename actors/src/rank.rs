@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use dcpserve_kernels::ThreadPool;
-use dcpserve_model::arch::{RankComms, RankModel, TpShard, WeightPrecision};
+use dcpserve_model::arch::{KvStorage, RankComms, RankModel, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 
 use crate::placement::Placement;
@@ -26,6 +26,9 @@ pub enum RankMsg {
     ComputeFailed(String),
     /// Test hook: make the compute thread panic on its next step.
     InjectFault,
+    /// Diagnostic: what this rank's KV cache has stored, answered after the steps already
+    /// queued have run.
+    KvStorage(RpcReplyPort<KvStorage>),
 }
 
 /// Everything a rank needs to come up.
@@ -87,6 +90,7 @@ pub struct RankState {
 enum Job {
     Step(SharedPlan),
     Fault,
+    Storage(RpcReplyPort<KvStorage>),
 }
 
 impl Actor for RankActor {
@@ -131,6 +135,9 @@ impl Actor for RankActor {
                 .send(Job::Fault)
                 .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
             RankMsg::ComputeFailed(e) => return Err(format!("rank {}: {e}", state.rank).into()),
+            RankMsg::KvStorage(reply) => jobs
+                .send(Job::Storage(reply))
+                .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
         }
         Ok(())
     }
@@ -195,6 +202,10 @@ fn compute_thread(
                 });
                 let _ = myself.send_message(RankMsg::ComputeFailed(err));
                 return;
+            }
+            Job::Storage(reply) => {
+                let _ = reply.send(cache.storage());
+                continue;
             }
         };
         let result = catch_unwind(AssertUnwindSafe(|| {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use dcpserve_config::EngineConfig;
-use dcpserve_model::arch::{kv_capacity, WeightPrecision};
+use dcpserve_model::arch::{kv_capacity, KvStorage, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
@@ -48,6 +48,8 @@ pub enum SupervisorMsg {
     SecondsInCollectives(RpcReplyPort<Vec<f64>>),
     /// Test hook: make rank `n` fail on its next step.
     InjectFault(usize),
+    /// Diagnostic: what each rank's KV cache has stored, in rank order.
+    KvStorage(RpcReplyPort<Vec<KvStorage>>),
 }
 
 pub struct ModelSupervisor;
@@ -288,6 +290,13 @@ impl Actor for ModelSupervisor {
                 if let Some(r) = state.ranks.get(n) {
                     r.send_message(RankMsg::InjectFault)?;
                 }
+            }
+            SupervisorMsg::KvStorage(port) => {
+                let mut all = Vec::with_capacity(state.ranks.len());
+                for r in &state.ranks {
+                    all.push(ractor::call!(r, RankMsg::KvStorage)?);
+                }
+                let _ = port.send(all);
             }
         }
         Ok(())

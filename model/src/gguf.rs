@@ -744,11 +744,14 @@ fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, ModelError> {
     })
 }
 
+mod mla_tensors;
 mod tensor_source;
 mod writer;
 
 pub use tensor_source::{hf_name_for_gguf, GgufTensorSource};
 pub use writer::{encode_gguf, GgufTensorSpec};
 
+#[cfg(test)]
+mod mla_tests;
 #[cfg(test)]
 mod tests;

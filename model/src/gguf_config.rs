@@ -4,7 +4,53 @@ use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
 
-/// Builds the configuration of a `llama`, `qwen2` or `qwen3` GGUF.
+mod deepseek2;
+
+/// Typed access to the `{arch}.*` metadata keys, with errors naming the key.
+pub(crate) struct Meta<'a> {
+    pub file: &'a GgufFile,
+    /// `general.architecture`, the prefix of the model's keys.
+    pub arch: &'a str,
+}
+
+impl Meta<'_> {
+    /// The full key name.
+    pub fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    /// An integer key as `usize`; an error for per-layer arrays (only uniform layers run).
+    pub fn usize_opt(&self, k: &str) -> Result<Option<usize>, ModelError> {
+        let (path, k) = (self.file.path(), self.key(k));
+        match self.file.get_u64(&k) {
+            Ok(v) => v
+                .map(|v| {
+                    usize::try_from(v)
+                        .map_err(|_| ModelError::config(path, format!("{k} = {v} is too large")))
+                })
+                .transpose(),
+            // Some converters store per-layer arrays (e.g. head_count_kv); say so plainly.
+            Err(_) if self.file.get_array(&k).is_ok() => Err(ModelError::unsupported(
+                path,
+                format!("{k} is a per-layer array; only uniform layers are supported"),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A required integer key.
+    pub fn usize_req(&self, k: &str) -> Result<usize, ModelError> {
+        self.usize_opt(k)?
+            .ok_or_else(|| ModelError::config(self.file.path(), format!("missing {}", self.key(k))))
+    }
+
+    /// A numeric key as `f64`.
+    pub fn f64_opt(&self, k: &str) -> Result<Option<f64>, ModelError> {
+        self.file.get_f64(&self.key(k))
+    }
+}
+
+/// Builds the configuration of a `llama`, `qwen2`, `qwen3` or `deepseek2` GGUF.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
     let path = file.path();
     let arch_name = file
@@ -14,6 +60,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
+        "deepseek2" => Architecture::DeepseekV3,
         other => {
             return Err(ModelError::UnsupportedArchitecture {
                 path: path.to_path_buf(),
@@ -21,27 +68,13 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
             })
         }
     };
-    let key = |k: &str| format!("{arch_name}.{k}");
-    let usize_opt = |k: &str| -> Result<Option<usize>, ModelError> {
-        let k = key(k);
-        match file.get_u64(&k) {
-            Ok(v) => v
-                .map(|v| {
-                    usize::try_from(v)
-                        .map_err(|_| ModelError::config(path, format!("{k} = {v} is too large")))
-                })
-                .transpose(),
-            // Some converters store per-layer arrays (e.g. head_count_kv); say so plainly.
-            Err(_) if file.get_array(&k).is_ok() => Err(ModelError::unsupported(
-                path,
-                format!("{k} is a per-layer array; only uniform layers are supported"),
-            )),
-            Err(e) => Err(e),
-        }
+    let meta = Meta {
+        file,
+        arch: arch_name,
     };
-    let usize_req = |k: &str| -> Result<usize, ModelError> {
-        usize_opt(k)?.ok_or_else(|| ModelError::config(path, format!("missing {}", key(k))))
-    };
+    let key = |k: &str| meta.key(k);
+    let usize_opt = |k: &str| meta.usize_opt(k);
+    let usize_req = |k: &str| meta.usize_req(k);
 
     let hidden_size = usize_req("embedding_length")?;
     let num_attention_heads = usize_req("attention.head_count")?;
@@ -72,8 +105,11 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
             })?,
     };
 
+    let deepseek = architecture == Architecture::DeepseekV3;
     let rope_scaling = match file.get_str(&key("rope.scaling.type"))? {
         None | Some("none") => None,
+        // DeepSeek's YaRN belongs to its latent attention (`MlaConfig::yarn`).
+        Some(_) if deepseek => None,
         Some("linear") => {
             let factor = file.get_f64(&key("rope.scaling.factor"))?.ok_or_else(|| {
                 ModelError::config(path, "linear rope scaling without rope.scaling.factor")
@@ -125,7 +161,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
     let mut seen = std::collections::HashSet::new();
     eos_token_ids.retain(|id| seen.insert(*id));
 
-    let config = ModelConfig {
+    let mut config = ModelConfig {
         architecture,
         hidden_size,
         intermediate_size: usize_req("feed_forward_length")?,
@@ -149,6 +185,9 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         mla: None,
         moe: None,
     };
+    if deepseek {
+        deepseek2::apply(&meta, &mut config)?;
+    }
     crate::source::check_config(path, &config)?;
     Ok(config)
 }

@@ -52,15 +52,21 @@ pub fn logprobs_chunked(model: &RankModel, ids: &[u32], chunk: usize) -> Vec<Vec
 /// Compares the model's log-probabilities with the fixture's transformers reference
 /// (within 1e-3), over the whole prompt at once and in chunks of 5 tokens.
 pub fn check_logprobs(name: &str) {
-    let dir = fixture(name);
-    let reference = read_json(dir.join("reference.json"));
-    let files = ModelFiles::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    check_logprobs_of(name, &fixture(name));
+}
+
+/// [`check_logprobs`] for the weights at `model` (e.g. a GGUF copy of fixture `name`);
+/// returns the largest |Δ logprob| seen.
+pub fn check_logprobs_of(name: &str, model: &std::path::Path) -> f32 {
+    let reference = read_json(fixture(name).join("reference.json"));
+    let files = ModelFiles::open(model).unwrap_or_else(|e| panic!("{name}: {e}"));
     let model = RankModel::load(
         files.config.clone(),
         files.tensors.as_ref(),
         WeightPrecision::F32,
     )
     .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut overall = 0.0f32;
     for prompt in reference["prompts"].as_array().unwrap() {
         let ids = ids(&prompt["ids"]);
         let positions: Vec<usize> = prompt["positions"]
@@ -92,6 +98,8 @@ pub fn check_logprobs(name: &str) {
                 prompt["name"],
                 ids.len()
             );
+            overall = overall.max(worst);
         }
     }
+    overall
 }

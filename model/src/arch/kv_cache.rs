@@ -36,6 +36,11 @@ impl KvCache {
         2 * n_layers * n_kv_heads * head_dim * std::mem::size_of::<f32>()
     }
 
+    /// Layers the cache holds.
+    pub fn num_layers(&self) -> usize {
+        self.k.len()
+    }
+
     /// Number of token slots.
     pub fn capacity_tokens(&self) -> usize {
         self.num_blocks * self.block_size

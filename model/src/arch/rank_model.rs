@@ -34,6 +34,34 @@ impl RankCache {
             RankCache::Latent(c) => c.capacity_tokens(),
         }
     }
+
+    /// What this rank's cache holds (diagnostic, for memory tests).
+    pub fn storage(&self) -> KvStorage {
+        match self {
+            RankCache::Dense(c) => KvStorage {
+                tokens_written_per_layer: None,
+                bytes_per_token: KvCache::bytes_per_token(c.num_layers(), c.n_kv_heads, c.head_dim),
+                capacity_tokens: c.capacity_tokens(),
+            },
+            RankCache::Latent(c) => KvStorage {
+                tokens_written_per_layer: Some(c.tokens_written().to_vec()),
+                bytes_per_token: LatentCache::bytes_per_token(c.num_layers(), c.latent_dim),
+                capacity_tokens: c.capacity_tokens(),
+            },
+        }
+    }
+}
+
+/// What one rank's KV cache stores: a diagnostic of how DCP spread the tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvStorage {
+    /// Token rows written to each layer since allocation (latent caches; `None` for dense
+    /// K/V caches, whose writes are not counted).
+    pub tokens_written_per_layer: Option<Vec<usize>>,
+    /// Bytes one token occupies on this rank, all layers together.
+    pub bytes_per_token: usize,
+    /// Token slots allocated on this rank.
+    pub capacity_tokens: usize,
 }
 
 impl RankModel {

@@ -12,6 +12,8 @@ pub struct LatentCache {
     /// Values per token per layer (`kv_lora_rank + qk_rope_head_dim`).
     pub latent_dim: usize,
     layers: Vec<Vec<f32>>,
+    /// Token rows written per layer since allocation (diagnostic: what DCP left on this rank).
+    written: Vec<usize>,
 }
 
 impl LatentCache {
@@ -23,7 +25,14 @@ impl LatentCache {
             block_size,
             latent_dim,
             layers: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
+            written: vec![0; n_layers],
         }
+    }
+
+    /// Token rows written to each layer since allocation; a slot written twice (a
+    /// recomputed sequence) counts twice. Tokens another DCP rank stores are not counted.
+    pub fn tokens_written(&self) -> &[usize] {
+        &self.written
     }
 
     /// Bytes one token occupies on one rank across all layers (f32, one latent row per layer).
@@ -74,6 +83,7 @@ impl LatentCache {
                 )));
             }
             cache[s * d..(s + 1) * d].copy_from_slice(&rows[t * d..(t + 1) * d]);
+            self.written[layer] += 1;
         }
         Ok(())
     }
