@@ -426,7 +426,7 @@ impl Drop for GenerationStream {
 }
 
 /// The attention shape that decides which layouts a model allows.
-pub(crate) fn attention_kind(mc: &dcpserve_model::ModelConfig) -> AttentionKind {
+pub fn attention_kind(mc: &dcpserve_model::ModelConfig) -> AttentionKind {
     // MLA's one latent "head" is shared by all query heads: only tp % dcp matters.
     if mc.mla.is_some() {
         AttentionKind::Mla {

@@ -114,6 +114,28 @@ impl Support {
     }
 }
 
+/// Draws an id with probability proportional to its weight (`total` is their sum); on
+/// rounding past the end, the last id of positive weight; `None` when there is none.
+pub(crate) fn draw_weighted(
+    weights: impl Iterator<Item = (u32, f64)>,
+    total: f64,
+    rng: &mut Rng,
+) -> Option<u32> {
+    let u = rng.next_f64() * total;
+    let mut acc = 0.0f64;
+    let mut last = None;
+    for (i, w) in weights {
+        if w > 0.0 {
+            acc += w;
+            last = Some(i);
+            if u < acc {
+                return Some(i);
+            }
+        }
+    }
+    last
+}
+
 /// Applies the sampling filters of `params` to `logits`.
 pub(crate) fn support(logits: &[f32], params: &SamplingParams) -> Support {
     let t = params.temperature;
@@ -206,22 +228,12 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
         Support::Greedy(t) => t,
         Support::All { max, inv_t } => {
             // No filtering: draw directly, no sort.
-            let weight = |l: f32| Support::weight(max, inv_t, l);
-            let total: f64 = logits.iter().map(|&l| weight(l) as f64).sum();
-            let u = rng.next_f64() * total;
-            let mut acc = 0.0f64;
-            let mut last = argmax(logits);
-            for (i, &l) in logits.iter().enumerate() {
-                let w = weight(l) as f64;
-                if w > 0.0 {
-                    acc += w;
-                    last = i as u32;
-                    if u < acc {
-                        return i as u32;
-                    }
-                }
-            }
-            last
+            let weights = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, Support::weight(max, inv_t, l) as f64));
+            let total: f64 = weights.clone().map(|(_, w)| w).sum();
+            draw_weighted(weights, total, rng).unwrap_or_else(|| argmax(logits))
         }
         Support::Filtered { cand, max, inv_t } => {
             let weight = |l: f32| Support::weight(max, inv_t, l);

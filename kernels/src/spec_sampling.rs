@@ -4,7 +4,7 @@
 //! else draw from `max(0, p − q)` renormalized. Greedy requests accept a draft exactly
 //! when it is the argmax, which keeps greedy output identical.
 
-use crate::sampling::{support, Support};
+use crate::sampling::{draw_weighted, support, Support};
 use crate::{Rng, SamplingParams};
 
 /// What verification made of one draft token.
@@ -70,7 +70,8 @@ pub fn verify_draft(
     let total: f64 = residual.iter().sum();
     let weights = if total > 0.0 { &residual } else { &p };
     let total = if total > 0.0 { total } else { 1.0 };
-    Verdict::Rejected(draw(weights, total, rng))
+    let ids = weights.iter().enumerate().map(|(i, &w)| (i as u32, w));
+    Verdict::Rejected(draw_weighted(ids, total, rng).unwrap_or(draft))
 }
 
 /// The target distribution sampling with `params` draws from.
@@ -100,22 +101,6 @@ pub fn target_probs(logits: &[f32], params: &SamplingParams) -> TargetProbs {
     let total: f64 = p.iter().sum();
     p.iter_mut().for_each(|x| *x /= total);
     TargetProbs::Dense(p)
-}
-
-fn draw(weights: &[f64], total: f64, rng: &mut Rng) -> u32 {
-    let u = rng.next_f64() * total;
-    let mut acc = 0.0;
-    let mut last = 0;
-    for (i, &w) in weights.iter().enumerate() {
-        if w > 0.0 {
-            acc += w;
-            last = i as u32;
-            if u < acc {
-                return i as u32;
-            }
-        }
-    }
-    last
 }
 
 #[cfg(test)]

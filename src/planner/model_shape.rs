@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
-use dcpserve_config::AttentionKind;
 use dcpserve_model::arch::{HeadLayout, TpShard};
 use dcpserve_model::hf_config::config_from_json;
 use dcpserve_model::{ModelConfig, ModelFiles};
@@ -26,19 +25,7 @@ pub fn load_model_config(path: &Path) -> Result<ModelConfig> {
     ModelFiles::read_config(path).map_err(|e| anyhow!("{e}"))
 }
 
-/// The attention kind the layout rules need.
-pub fn attention_kind(cfg: &ModelConfig) -> AttentionKind {
-    if cfg.mla.is_some() {
-        AttentionKind::Mla {
-            num_attention_heads: cfg.num_attention_heads,
-        }
-    } else {
-        AttentionKind::Gqa {
-            num_attention_heads: cfg.num_attention_heads,
-            num_key_value_heads: cfg.num_key_value_heads,
-        }
-    }
-}
+pub use crate::engine::attention_kind;
 
 /// Parameters one tensor-parallel rank holds, by kind (the largest rank when a width
 /// does not split evenly).

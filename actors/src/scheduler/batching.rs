@@ -70,18 +70,27 @@ impl SchedulerState {
                 *budget += n;
                 break;
             }
-            let mut ops = std::mem::take(&mut self.pending_kv);
-            ops.push(KvOp::Grow {
-                seq: id,
-                num_tokens: self.seqs[&id].num_computed + n,
-            });
-            if let Some(KvReply::Grown { table }) = self.kv_step(ops).await?.pop() {
-                self.seqs.get_mut(&id).expect("running").table = table;
+            if self.try_grow(id, n).await? {
                 chosen.push((id, n));
                 break;
             }
         }
         Ok(())
+    }
+
+    /// Grows running sequence `id` by `n` tokens (sending the queued KV ops first);
+    /// false when the blocks are not there.
+    async fn try_grow(&mut self, id: u64, n: usize) -> Result<bool, ActorProcessingErr> {
+        let mut ops = std::mem::take(&mut self.pending_kv);
+        ops.push(KvOp::Grow {
+            seq: id,
+            num_tokens: self.seqs[&id].num_computed + n,
+        });
+        if let Some(KvReply::Grown { table }) = self.kv_step(ops).await?.pop() {
+            self.seqs.get_mut(&id).expect("running").table = table;
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Builds the next step of micro-batch `mb`, or `None` when it has nothing to do.
@@ -142,13 +151,7 @@ impl SchedulerState {
                 seq.spec.clear_draft();
                 let n = n - drafted;
                 budget += drafted;
-                let mut ops = std::mem::take(&mut self.pending_kv);
-                ops.push(KvOp::Grow {
-                    seq: id,
-                    num_tokens: self.seqs[&id].num_computed + n,
-                });
-                if let Some(KvReply::Grown { table }) = self.kv_step(ops).await?.pop() {
-                    self.seqs.get_mut(&id).expect("running").table = table;
+                if self.try_grow(id, n).await? {
                     chosen.push((id, n));
                     continue;
                 }
