@@ -53,7 +53,8 @@ impl Actor for DraftActor {
                         })
                         .collect::<Vec<_>>()
                 };
-                let drafts = if st.broken.is_some() {
+                let was_broken = st.broken.is_some();
+                let drafts = if was_broken {
                     empty()
                 } else {
                     match st.proposer.propose(&batch).await {
@@ -73,7 +74,7 @@ impl Actor for DraftActor {
                         }
                     }
                 };
-                if let Some(why) = &st.broken {
+                if let Some(why) = st.broken.as_ref().filter(|_| !was_broken) {
                     tracing::error!(
                         "speculative decoding ({}) disabled: {why}",
                         st.proposer.method()
