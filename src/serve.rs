@@ -99,10 +99,19 @@ fn parse_speculative_config(s: &str) -> Result<SpeculativeConfig, String> {
 /// which clap cannot declare.
 pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
     args.into_iter()
-        .map(|a| match a.as_str() {
-            "-tp" => "--tensor-parallel-size".into(),
-            "-dcp" => "--decode-context-parallel-size".into(),
-            _ => a,
+        .map(|a| {
+            for (short, long) in [
+                ("-tp", "--tensor-parallel-size"),
+                ("-dcp", "--decode-context-parallel-size"),
+            ] {
+                if a == short {
+                    return long.to_string();
+                }
+                if let Some(v) = a.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+                    return format!("{long}={v}");
+                }
+            }
+            a
         })
         .collect()
 }
@@ -339,7 +348,15 @@ pub async fn build_router(cfg: &ServeConfig) -> Result<ModelRouter> {
         .max_waiting_requests
         .unwrap_or(config::DEFAULT_MAX_WAITING_REQUESTS);
     let mut router = ModelRouter::new();
+    // Models of one process share its cores: unless an entry says otherwise, each gets
+    // an equal part rather than all of them (which would oversubscribe).
+    let share = (dcpserve_kernels::available_cores() / cfg.models.len().max(1)).max(1);
     for entry in &cfg.models {
+        let mut entry = entry.clone();
+        if cfg.models.len() > 1 && entry.threads.is_none() {
+            entry.threads = Some(share);
+        }
+        let entry = &entry;
         let (name, engine, ecfg, path) = load_model(entry).await?;
         let backend = EngineBackend::new(
             engine,
@@ -381,4 +398,35 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     tracing::info!(models = ?names, "serving on http://{bound}");
     server.await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize_args;
+
+    #[test]
+    fn vllm_short_flags_become_long_ones() {
+        let args = [
+            "dcpserve",
+            "serve",
+            "-tp",
+            "2",
+            "-dcp=2",
+            "-tpx",
+            "--tensor-parallel-size=4",
+        ];
+        let got = normalize_args(args.iter().map(|s| s.to_string()));
+        assert_eq!(
+            got,
+            [
+                "dcpserve",
+                "serve",
+                "--tensor-parallel-size",
+                "2",
+                "--decode-context-parallel-size=2",
+                "-tpx",
+                "--tensor-parallel-size=4"
+            ]
+        );
+    }
 }

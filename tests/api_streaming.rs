@@ -156,7 +156,6 @@ async fn a_full_queue_answers_429_and_recovers() {
     .await;
     assert_eq!(full.status, 429, "{}", full.body);
     assert_eq!(full.json()["error"]["code"], "rate_limit_exceeded");
-    // n = 3 never fits in two slots either, even when idle.
     drop(a);
     drop(b);
     assert!(
@@ -166,13 +165,19 @@ async fn a_full_queue_answers_429_and_recovers() {
     let (c, _) = open_stream(addr, "/v1/completions", &body, 1).await;
     assert_eq!(live.load(Ordering::SeqCst), 1);
     drop(c);
+    // n = 3 never fits in two slots, even when idle: a 400, not a 429 to retry forever.
     let r = post(
         addr,
         "/v1/completions",
         &json!({"prompt": "hello", "max_tokens": 5, "n": 3}),
     )
     .await;
-    assert_eq!(r.status, 429);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "n");
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("admits at most 2 at once"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

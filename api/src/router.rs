@@ -46,8 +46,18 @@ impl ModelSlot {
         self.outstanding.load(Ordering::Relaxed)
     }
 
-    /// Reserves room for `n` sequences, or answers 429 when the model is full.
+    /// Reserves room for `n` sequences, or answers 429 when the model is full (400 when
+    /// `n` could never fit, so that a client does not retry forever).
     pub fn admit(self: &Arc<Self>, n: usize) -> Result<Permit, ApiError> {
+        if n > self.max_outstanding {
+            return Err(ApiError::invalid_param(
+                "n",
+                format!(
+                    "The request asks for {n} sequences, but the model `{}` admits at most {} at once.",
+                    self.name, self.max_outstanding
+                ),
+            ));
+        }
         let mut cur = self.outstanding.load(Ordering::Relaxed);
         loop {
             if cur + n > self.max_outstanding {
