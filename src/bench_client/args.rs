@@ -44,6 +44,10 @@ pub struct BenchServeArgs {
     /// Requests per benchmark point (agentic: turns summed over sessions).
     #[arg(long, default_value_t = 200)]
     pub num_prompts: usize,
+    /// Scale the requests with the concurrency: each point sends
+    /// max(--num-prompts, K × its concurrency) requests (agentic: turns).
+    #[arg(long, value_name = "K")]
+    pub prompts_per_concurrency: Option<usize>,
     /// Input tokens per request (random) or per turn (agentic: the user message).
     #[arg(long, default_value_t = 1024)]
     pub random_input_len: usize,
@@ -112,6 +116,9 @@ pub struct BenchServeArgs {
     /// Name of this run in the result folder and the plots' legends.
     #[arg(long)]
     pub label: Option<String>,
+    /// Only redraw the plots of the runs already in --result-dir (no requests are sent).
+    #[arg(long)]
+    pub replot: bool,
     /// Do not draw the plots.
     #[arg(long)]
     pub no_plots: bool,
@@ -172,6 +179,14 @@ impl BenchServeArgs {
         Ok(out)
     }
 
+    /// Requests of a point at `max_concurrency`.
+    pub fn prompts_for(&self, max_concurrency: Option<usize>) -> usize {
+        match (self.prompts_per_concurrency, max_concurrency) {
+            (Some(k), Some(c)) => self.num_prompts.max(k * c),
+            _ => self.num_prompts,
+        }
+    }
+
     /// Whether the endpoint is the chat API.
     pub fn is_chat(&self) -> bool {
         self.endpoint.contains("chat")
@@ -225,6 +240,15 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].max_concurrency, None);
         assert!(s[0].request_rate.is_infinite());
+    }
+
+    #[test]
+    fn prompts_scale_with_concurrency_when_asked() {
+        let a = parse(&["--num-prompts", "8", "--prompts-per-concurrency", "2"]);
+        assert_eq!(a.prompts_for(Some(1)), 8);
+        assert_eq!(a.prompts_for(Some(32)), 64);
+        assert_eq!(a.prompts_for(None), 8);
+        assert_eq!(parse(&["--num-prompts", "8"]).prompts_for(Some(32)), 8);
     }
 
     #[test]

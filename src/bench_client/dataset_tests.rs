@@ -221,3 +221,13 @@ fn poisson_gaps_average_one_over_rate() {
 fn words_map_ids() {
     assert_eq!(words_of(&[0, 1, WORDS.len() as u32]), "the of the");
 }
+
+#[test]
+fn longer_workloads_start_with_the_shorter_ones() {
+    for kind in ["random", "agentic"] {
+        let short = build(&test_args(&["--dataset-name", kind, "--num-prompts", "4"])).unwrap();
+        let long = build(&test_args(&["--dataset-name", kind, "--num-prompts", "12"])).unwrap();
+        assert!(long.len() > short.len());
+        assert_eq!(&long[..short.len()], &short[..], "{kind}");
+    }
+}

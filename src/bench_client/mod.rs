@@ -26,6 +26,7 @@ pub mod stats;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
 
 pub use args::BenchServeArgs;
 use http::HttpClient;
@@ -74,14 +75,32 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Draws the plots of every run in `dir` and prints their paths.
+fn replot(dir: &std::path::Path) -> Result<()> {
+    let runs = report::load_runs(dir)?;
+    if runs.is_empty() {
+        bail!("no runs in {}", dir.display());
+    }
+    for png in plot::plot_runs(dir, &runs)? {
+        println!("plot: {}", png.display());
+    }
+    Ok(())
+}
+
 /// Runs the benchmark.
 pub async fn run(args: BenchServeArgs) -> Result<()> {
     args.validate()?;
+    if args.replot {
+        let dir = args
+            .result_dir
+            .as_deref()
+            .context("--replot needs --result-dir")?;
+        return replot(dir);
+    }
     let client = HttpClient::new(&args.base_url, args.api_key.clone())?;
     let model = resolve_model(&client, args.model.as_deref()).await?;
     let num_ranks = resolve_ranks(&client, args.num_ranks, &model).await;
     let jobs = dataset::build(&args)?;
-    let requests: usize = jobs.iter().map(|j| j.requests.len()).sum();
     let label = args
         .label
         .clone()
@@ -102,11 +121,13 @@ pub async fn run(args: BenchServeArgs) -> Result<()> {
         progress: !args.disable_tqdm,
     };
     println!(
-        "{label}: {} {} at {}, {requests} requests ({} jobs) per point, {num_ranks} rank(s)",
+        "{label}: {} {} at {}, {} dataset, {num_ranks} rank(s)",
         model,
         args.endpoint,
         args.base_url,
-        jobs.len()
+        args.dataset_name
+            .to_possible_value()
+            .map_or("?".into(), |v| v.get_name().to_string()),
     );
     println!("{}", report::table_header());
     let mut run = RunResult {
@@ -129,7 +150,16 @@ pub async fn run(args: BenchServeArgs) -> Result<()> {
                 .max_concurrency
                 .map_or("inf".into(), |c| c.to_string())
         );
-        let out = runner::run_point(&ctx, &jobs, point, &name).await;
+        // More requests at higher concurrency when asked (same seed: a longer workload
+        // starting with the same requests).
+        let point_jobs = match args.prompts_for(point.max_concurrency) {
+            n if n == args.num_prompts => jobs.clone(),
+            n => dataset::build(&BenchServeArgs {
+                num_prompts: n,
+                ..args.clone()
+            })?,
+        };
+        let out = runner::run_point(&ctx, &point_jobs, point, &name).await;
         let errors: Vec<&String> = out
             .records
             .iter()
@@ -165,10 +195,7 @@ pub async fn run(args: BenchServeArgs) -> Result<()> {
         let path = report::write_run(dir, &run)?;
         println!("result: {}", path.display());
         if !args.no_plots {
-            let runs = report::load_runs(dir)?;
-            for png in plot::plot_runs(dir, &runs)? {
-                println!("plot: {}", png.display());
-            }
+            replot(dir)?;
         }
     }
     Ok(())
