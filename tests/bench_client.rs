@@ -119,6 +119,7 @@ async fn random_and_agentic_runs_against_our_server() {
         "throughput_vs_concurrency.png",
         "frontier.png",
         "kv_usage_vs_concurrency.png",
+        "running_vs_concurrency.png",
     ] {
         let bytes = std::fs::read(dir.join(png)).unwrap();
         assert!(bytes.starts_with(b"\x89PNG"), "{png}");

@@ -51,8 +51,12 @@ impl HttpClient {
         }
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        // No connection reuse: a pooled keep-alive connection that the server closes while
+        // the next request is being sent fails that request ("connection closed before
+        // message completed"; seen with llama-server), which would count as a server error.
+        // A fresh local connection per request costs far less than a generation.
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(0)
             .build(connector);
         Ok(Self {
             client,

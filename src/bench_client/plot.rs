@@ -1,5 +1,6 @@
 //! PNG plots of every run in a result folder, overlaid: throughput vs concurrency, the
-//! throughput–interactivity frontier, and peak KV-cache usage vs concurrency.
+//! throughput–interactivity frontier, and, from the server's metrics, peak KV-cache usage
+//! and the most sequences running vs concurrency.
 //!
 //! Text needs a TrueType font. plotters' `ab_glyph` backend ships none and a usable free
 //! font (DejaVu Sans, 740 KB) is too large to commit, so one is read from the system
@@ -176,7 +177,7 @@ fn series_of(
         .collect()
 }
 
-/// Draws the three charts of `runs` into `dir`; returns the files written.
+/// Draws the charts of `runs` into `dir`; returns the files written.
 pub fn plot_runs(dir: &Path, runs: &[RunResult]) -> Result<Vec<PathBuf>> {
     let text = ensure_font();
     let mut written = Vec::new();
@@ -226,6 +227,16 @@ pub fn plot_runs(dir: &Path, runs: &[RunResult]) -> Result<Vec<PathBuf>> {
         series_of(runs, |p| {
             p.server.kv_usage_max.map(|u| (concurrency(p), u * 100.0))
         }),
+        true,
+    )?;
+    chart(
+        "running_vs_concurrency.png",
+        ChartText {
+            title: "Sequences running at once vs concurrency",
+            x: "max concurrency",
+            y: "most requests running (server's /metrics)",
+        },
+        series_of(runs, |p| p.server.running_max.map(|n| (concurrency(p), n))),
         true,
     )?;
     Ok(written)
