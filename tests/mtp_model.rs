@@ -296,6 +296,7 @@ fn rank_pass(
         token_seq: vec![0; tokens.len()],
         block_tables: vec![table.clone()],
         logits_for: (0..tokens.len()).collect(),
+        ..Default::default()
     };
     let tables = [table.as_slice()];
     let (mut main, mut hidden) = (Vec::new(), Vec::new());
