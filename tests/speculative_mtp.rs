@@ -124,11 +124,13 @@ enum Echo {
 /// Either way every draft (chained ones too) repeats the last token and is accepted
 /// exactly when greedy decoding repeats a token — which holds only if the engine feeds
 /// the final-normed hidden state of the right position and the right token.
-fn echo_model(kind: Echo) -> std::path::PathBuf {
+fn echo_model(kind: Echo, tag: &str) -> std::path::PathBuf {
     use safetensors::{serialize_to_file, Dtype, SafeTensors};
     let src = fixture(MODEL);
-    let dir =
-        std::env::temp_dir().join(format!("dcpserve-mtp-echo-{kind:?}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "dcpserve-mtp-echo-{kind:?}-{tag}-{}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for f in [
@@ -241,7 +243,7 @@ async fn echoing_mtp_drafts_the_last_token() {
 }
 
 async fn echo_case(kind: Echo) {
-    let model = echo_model(kind);
+    let model = echo_model(kind, "layouts");
     // No prompt length is a multiple of the block size (16): the first chained draft
     // needs the slot of position L - 1, which the scheduler has not allocated yet when a
     // prompt fills its last block exactly (the proposer then drafts one token).
@@ -311,4 +313,84 @@ async fn mtp_is_refused_where_it_cannot_run() {
     c.overlap_micro_batches = true;
     let err = refusal(MODEL, c).await;
     assert!(err.contains("overlapped micro-batches"), "{err}");
+}
+
+/// A failed rank takes the group down and up again: the in-flight request ends with an
+/// error, and afterwards the MTP proposer drafts on the new group (acceptance of the
+/// echoing layer again exactly as predicted) with unchanged output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtp_drafts_again_after_a_rank_group_restart() {
+    use dcpserve::{Engine, GenerationEvent, Prompt};
+    use futures::StreamExt;
+    use std::time::Duration;
+    let model = echo_model(Echo::Hidden, "restart");
+    let prompt: Vec<u32> = (0..45)
+        .map(|j| ((j * 131 + 3 * 71) % 381) as u32 + 3)
+        .collect();
+    let base = run_stats(
+        &model,
+        cfg(layout(1, 1, 1), 512, KV),
+        std::slice::from_ref(&prompt),
+        N,
+    )
+    .await
+    .0;
+    let want: Vec<u32> = base[0].iter().map(|t| t.token_id).collect();
+    let engine = Engine::from_path(&model, with_spec(cfg(layout(2, 2, 1), 512, KV), mtp(1)))
+        .await
+        .unwrap();
+    let mut s = engine
+        .generate(Prompt::Tokens(prompt.clone()), greedy(100_000))
+        .unwrap();
+    for _ in 0..3 {
+        assert!(matches!(
+            s.next().await,
+            Some(Ok(GenerationEvent::Token { .. }))
+        ));
+    }
+    engine.inject_rank_fault(1).unwrap();
+    let mut failed = false;
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(30), s.next())
+        .await
+        .expect("the in-flight request must not hang")
+    {
+        if ev.is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "the in-flight request must end with an error");
+    // Wait for the new group with a request that never drafts (one token).
+    let mut up = false;
+    for _ in 0..200 {
+        if engine
+            .complete(Prompt::Tokens(vec![5, 6, 7]), greedy(1))
+            .await
+            .is_ok()
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "serving did not resume");
+    let before = engine.stats().await.unwrap().speculation;
+    let got = engine
+        .complete(Prompt::Tokens(prompt.clone()), greedy(N))
+        .await
+        .unwrap()
+        .token_ids;
+    assert_eq!(got, want, "output after the restart");
+    let after = engine.stats().await.unwrap().speculation;
+    let e = echo_expectation(&want, 1);
+    assert_eq!(
+        (
+            after.num_drafts - before.num_drafts,
+            after.num_draft_tokens - before.num_draft_tokens,
+            after.num_accepted_tokens - before.num_accepted_tokens,
+        ),
+        e,
+        "drafting after the restart"
+    );
+    let _ = std::fs::remove_dir_all(&model);
 }
