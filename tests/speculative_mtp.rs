@@ -394,3 +394,30 @@ async fn mtp_drafts_again_after_a_rank_group_restart() {
     );
     let _ = std::fs::remove_dir_all(&model);
 }
+
+/// Sampled requests draft from the MTP distribution and verify by rejection sampling:
+/// they run to their length with drafts verified (the distribution itself is the
+/// scheduler's rejection sampler's business, tested with the other methods).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_requests_run_with_mtp_drafts() {
+    use dcpserve::{Engine, Prompt};
+    let c = with_spec(cfg(layout(2, 2, 1), 64, KV), mtp(2));
+    let engine = Engine::from_path(fixture(MODEL), c).await.unwrap();
+    for (i, p) in prompts(384, 100).iter().enumerate() {
+        let mut params = greedy(N);
+        params.sampling.temperature = 0.8;
+        params.seed = Some(i as u64);
+        let out = engine
+            .complete(Prompt::Tokens(p.clone()), params)
+            .await
+            .expect("completion");
+        assert_eq!(
+            out.token_ids.len(),
+            N,
+            "prompt {i}: ignore_eos keeps the length"
+        );
+        assert!(out.token_ids.iter().all(|&t| t < 384));
+    }
+    let stats = engine.stats().await.unwrap();
+    assert_drafted(&stats, 2, "sampled mtp");
+}
