@@ -19,10 +19,8 @@ pub(crate) async fn open_draft_model(
         return Ok(None);
     };
     match spec.method {
-        SpeculativeMethod::Ngram => Ok(None),
-        SpeculativeMethod::Mtp => {
-            bail!("Speculative method `mtp` is not implemented yet: use `ngram` or `draft_model`.")
-        }
+        // `mtp` runs the target's own MTP layer; the supervisor checks that it has one.
+        SpeculativeMethod::Ngram | SpeculativeMethod::Mtp => Ok(None),
         SpeculativeMethod::DraftModel => {
             let path = spec
                 .model

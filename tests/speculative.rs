@@ -196,16 +196,3 @@ async fn sampled_requests_run_with_drafts() {
     }
     assert!(engine.stats().await.unwrap().speculation.num_drafts > 0);
 }
-
-#[tokio::test]
-async fn mtp_is_refused_until_implemented() {
-    let c = with_spec(
-        f32_config(),
-        SpeculativeConfig::from_json(r#"{"method": "mtp", "num_speculative_tokens": 1}"#).unwrap(),
-    );
-    let err = match dcpserve::Engine::from_path(fixture("tiny-deepseek"), c).await {
-        Ok(_) => panic!("mtp accepted"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("`mtp` is not implemented"), "{err}");
-}

@@ -21,6 +21,12 @@ pub struct StepPlan {
     pub block_tables: Vec<Vec<u32>>,
     /// Tokens whose logits the scheduler needs, in order.
     pub logits_for: Vec<usize>,
+    /// Request id of each block table's sequence (ranks with an MTP layer keep hidden
+    /// states per sequence; empty when no rank needs them).
+    pub seq_ids: Vec<u64>,
+    /// Sequences that ended or were preempted since the last plan: ranks drop what they
+    /// kept for them before running this plan (in step order, unlike a separate message).
+    pub released: Vec<u64>,
 }
 
 /// The step's logits (rows follow `StepPlan::logits_for`).

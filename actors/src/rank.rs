@@ -17,11 +17,15 @@ use tokio::sync::oneshot;
 use crate::placement::Placement;
 use crate::plan::{LocalBatch, SharedPlan, StepOutput};
 use crate::scheduler::SchedulerMsg;
+use crate::speculative::mtp_rank::{HiddenStore, MtpContext};
+use crate::speculative::{MtpOutput, MtpPlan};
 
 /// Messages a rank actor understands.
 pub enum RankMsg {
     /// Run one step.
     Execute(SharedPlan),
+    /// Run one MTP draft step (ranks that loaded the MTP layer); rank 0 answers on the port.
+    Mtp(Arc<MtpPlan>, Option<MtpReply>),
     /// The compute thread died; the actor fails so its supervisor restarts the group.
     ComputeFailed(String),
     /// Test hook: make the compute thread panic on its next step.
@@ -45,7 +49,13 @@ pub struct RankArgs {
     pub threads: usize,
     /// Where rank 0 sends step results and every rank its failures.
     pub reports: StepSink,
+    /// Load the model's multi-token-prediction layer (speculative method `mtp`) and keep
+    /// each step's final hidden states for it.
+    pub mtp: bool,
 }
+
+/// Where rank 0 answers an MTP step.
+pub type MtpReply = oneshot::Sender<Result<MtpOutput, String>>;
 
 /// What a rank group tells whoever drives it.
 pub enum StepReport {
@@ -89,6 +99,7 @@ pub struct RankState {
 
 enum Job {
     Step(SharedPlan),
+    Mtp(Arc<MtpPlan>, Option<MtpReply>),
     Fault,
     Storage(RpcReplyPort<KvStorage>),
 }
@@ -130,6 +141,9 @@ impl Actor for RankActor {
         match msg {
             RankMsg::Execute(plan) => jobs
                 .send(Job::Step(plan))
+                .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
+            RankMsg::Mtp(plan, reply) => jobs
+                .send(Job::Mtp(plan, reply))
                 .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
             RankMsg::InjectFault => jobs
                 .send(Job::Fault)
@@ -173,6 +187,13 @@ fn compute_thread(
             },
         )
     }));
+    let loaded = match loaded {
+        Ok(Ok(mut m)) if args.mtp => catch_unwind(AssertUnwindSafe(|| {
+            m.load_mtp(args.files.tensors.as_ref(), args.precision)
+                .map(|()| m)
+        })),
+        other => other,
+    };
     let model = match loaded {
         Ok(Ok(m)) => m,
         Ok(Err(e)) => {
@@ -190,10 +211,41 @@ fn compute_thread(
     };
     let pool = ThreadPool::new(args.threads.max(1));
     let mut cache = model.new_kv_cache(args.num_blocks, args.placement.block_size);
+    let mut hidden = HiddenStore::default();
     let _ = ready.send(Ok(()));
     while let Ok(job) = jobs.recv() {
         let plan = match job {
             Job::Step(plan) => plan,
+            Job::Mtp(plan, reply) => {
+                let ctx = MtpContext {
+                    model: &model,
+                    pool: &pool,
+                    comms: &args.comms,
+                    placement: &args.placement,
+                };
+                let result =
+                    catch_unwind(AssertUnwindSafe(|| ctx.run(&plan, &mut cache, &mut hidden)));
+                let error = match result {
+                    Ok(Ok(out)) => {
+                        if let Some(r) = reply {
+                            let _ = r.send(Ok(out));
+                        }
+                        continue;
+                    }
+                    Ok(Err(e)) => format!("MTP step: {e}"),
+                    Err(p) => format!("panic in an MTP step: {}", panic_text(&p)),
+                };
+                if let Some(r) = reply {
+                    let _ = r.send(Err(error.clone()));
+                }
+                tracing::error!(rank = args.rank, "{error}");
+                args.reports.send(StepReport::Failed {
+                    generation: args.generation,
+                    error: error.clone(),
+                });
+                let _ = myself.send_message(RankMsg::ComputeFailed(error));
+                return;
+            }
             Job::Fault => {
                 let err = "injected fault".to_string();
                 args.reports.send(StepReport::Failed {
@@ -211,7 +263,16 @@ fn compute_thread(
         let result = catch_unwind(AssertUnwindSafe(|| {
             let local = LocalBatch::new(&plan, &args.placement);
             let tables: Vec<&[u32]> = plan.block_tables.iter().map(|t| t.as_slice()).collect();
-            model.forward_rank(&pool, &args.comms, &local.input(&plan, &tables), &mut cache)
+            let input = local.input(&plan, &tables);
+            if !model.has_mtp() {
+                return model.forward_rank(&pool, &args.comms, &input, &mut cache);
+            }
+            hidden.release(&plan.released);
+            let all: Vec<usize> = (0..plan.tokens.len()).collect();
+            let (out, h) =
+                model.forward_rank_hidden(&pool, &args.comms, &input, &mut cache, &all)?;
+            hidden.keep(&plan, &h);
+            Ok(out)
         }));
         let error = match result {
             Ok(Ok(out)) => {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use dcpserve_config::EngineConfig;
-use dcpserve_model::arch::{kv_capacity, KvStorage, WeightPrecision};
+use dcpserve_model::arch::{kv_capacity, KvStorage, MtpLayer, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
@@ -17,7 +17,7 @@ use crate::scheduler::{
     Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SpeculationLimits,
 };
 use crate::speculative::{
-    DraftActor, DraftModelProposer, DraftModelSpec, DraftProposer, NgramProposer,
+    DraftActor, DraftModelProposer, DraftModelSpec, DraftProposer, MtpProposer, NgramProposer,
 };
 use dcpserve_config::{ParallelConfig, SpeculativeMethod};
 
@@ -124,13 +124,43 @@ async fn draft_proposer(
             Box::new(DraftModelProposer::spawn(files, spec).await?)
         }
         SpeculativeMethod::Mtp => {
-            return Err(
-                "Speculative method `mtp` is not implemented yet: use `ngram` or `draft_model`."
-                    .into(),
-            )
+            let e = &args.engine;
+            check_mtp(args)?;
+            Box::new(MtpProposer::new(
+                e.block_size * e.parallel.decode_context_parallel_size,
+                e.seed,
+            ))
         }
     };
     Ok(Some(proposer))
+}
+
+/// Whether the ranks load the MTP layer (speculative method `mtp`).
+fn uses_mtp(e: &EngineConfig) -> bool {
+    e.speculative
+        .as_ref()
+        .is_some_and(|s| s.method == SpeculativeMethod::Mtp)
+}
+
+/// Refuses `mtp` where it cannot run: a model without MTP weights, or overlapped
+/// micro-batches (the MTP step must run between target steps on the same ranks).
+fn check_mtp(args: &SupervisorArgs) -> Result<(), ActorProcessingErr> {
+    let files = &args.files;
+    if !MtpLayer::present(&files.config, files.tensors.as_ref()) {
+        return Err(format!(
+            "Speculative method `mtp` needs a model with a multi-token-prediction layer (DeepSeek-V3's `num_nextn_predict_layers`, tensors model.layers.{}.*), and {} has none: use `ngram` or `draft_model`.",
+            files.config.num_hidden_layers,
+            files.path.display()
+        )
+        .into());
+    }
+    if args.engine.overlap_micro_batches {
+        return Err(
+            "Speculative method `mtp` does not combine with overlapped micro-batches: turn `overlap_micro_batches` off."
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 impl Actor for ModelSupervisor {
@@ -160,8 +190,14 @@ impl Actor for ModelSupervisor {
             .unwrap_or_else(|| default_kv_bytes(tp));
         // MLA: one latent row per token per layer on each rank that stores the token;
         // standard attention: K and V of the rank's KV heads.
+        // The MTP layer keeps its latents in one more layer of the same cache.
+        let mut kv_cfg = cfg.clone();
+        if uses_mtp(e) {
+            check_mtp(&args)?;
+            kv_cfg.num_hidden_layers += 1;
+        }
         let cap = kv_capacity(
-            cfg,
+            &kv_cfg,
             tp,
             e.parallel.decode_context_parallel_size,
             e.block_size,
@@ -379,6 +415,7 @@ impl SupervisorState {
                 num_blocks: self.sched_cfg.num_blocks,
                 threads: self.threads_per_rank,
                 reports: StepSink::Scheduler(self.info.scheduler.clone()),
+                mtp: uses_mtp(e),
             };
             spawns.push(Actor::spawn_linked(
                 None,

@@ -224,6 +224,7 @@ impl SchedulerState {
         self.next_step += 1;
         let mut plan = StepPlan {
             step_id,
+            released: std::mem::take(&mut self.released),
             ..Default::default()
         };
         let mut scheduled = Vec::with_capacity(chosen.len());
@@ -255,6 +256,7 @@ impl SchedulerState {
                 )
             });
             plan.block_tables.push(seq.table.clone());
+            plan.seq_ids.push(id);
             // Logits of the last known token and of every draft after it.
             let draft_len = (start + n).saturating_sub(known);
             let logits_row = if start + n >= known {

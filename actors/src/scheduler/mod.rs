@@ -141,6 +141,8 @@ pub struct SchedulerState {
     kv: ActorRef<KvManagerMsg>,
     /// Releases and commits for the KV-block manager, sent with the next round trip.
     pending_kv: Vec<KvOp>,
+    /// Sequences released since the last plan, for the ranks (see [`StepPlan::released`]).
+    released: Vec<u64>,
     waiting: VecDeque<u64>,
     running: Vec<u64>,
     seqs: HashMap<u64, Sequence>,
@@ -173,6 +175,7 @@ impl Actor for Scheduler {
             draft,
             kv,
             pending_kv: Vec::new(),
+            released: Vec::new(),
             cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -205,6 +208,11 @@ impl Actor for Scheduler {
             }
             SchedulerMsg::SetRanks(generation, ranks) => {
                 st.generation = generation;
+                st.released.clear();
+                if let Some(d) = &st.draft {
+                    // A proposer on the target's group (MTP) follows it across restarts.
+                    d.send_message(DraftMsg::SetRanks(generation, ranks.clone()))?;
+                }
                 st.ranks = ranks;
             }
             SchedulerMsg::Stats(port) => {

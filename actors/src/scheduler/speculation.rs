@@ -147,6 +147,7 @@ impl SchedulerState {
                 tokens: seq.tokens.clone(),
                 num_tokens: k,
                 sampling: p.sampling,
+                block_table: seq.table.clone(),
             });
         }
         if batch.is_empty() {
@@ -169,10 +170,12 @@ impl SchedulerState {
         Ok(())
     }
 
-    /// Tells the draft actor that `id` no longer needs draft state.
-    pub(super) fn release_draft(&self, id: u64) {
+    /// Tells the draft actor (and, with the next plan, the ranks) that `id` no longer
+    /// needs draft state.
+    pub(super) fn release_draft(&mut self, id: u64) {
         if let Some(d) = &self.draft {
             let _ = d.send_message(DraftMsg::Release(id));
+            self.released.push(id);
         }
     }
 

@@ -10,6 +10,8 @@ pub enum DraftMsg {
     Propose(Vec<DraftRequest>, RpcReplyPort<Vec<Draft>>),
     /// The sequence ended or was preempted.
     Release(u64),
+    /// The target's rank group (re)started (see [`DraftProposer::set_ranks`]).
+    SetRanks(u64, Vec<ractor::ActorRef<crate::rank::RankMsg>>),
 }
 
 pub struct DraftActor;
@@ -83,6 +85,7 @@ impl Actor for DraftActor {
                 let _ = port.send(drafts);
             }
             DraftMsg::Release(seq) => st.proposer.release(seq),
+            DraftMsg::SetRanks(generation, ranks) => st.proposer.set_ranks(generation, ranks),
         }
         Ok(())
     }

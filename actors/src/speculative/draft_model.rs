@@ -85,6 +85,7 @@ impl DraftModelProposer {
                 num_blocks: spec.num_blocks,
                 threads: spec.threads_per_rank,
                 reports: StepSink::Channel(tx.clone()),
+                mtp: false,
             };
             match Actor::spawn(None, RankActor, args).await {
                 Ok((r, _)) => ranks.push(r),
@@ -224,12 +225,16 @@ impl DraftModelProposer {
     }
 }
 
-fn is_greedy(p: &SamplingParams) -> bool {
+pub(super) fn is_greedy(p: &SamplingParams) -> bool {
     p.temperature.is_nan() || p.temperature < 1e-5 || p.top_k == 1
 }
 
 /// A draft token and, for sampled requests, the distribution it was drawn from.
-fn draw(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> (u32, Option<Vec<f32>>) {
+pub(super) fn draw(
+    logits: &[f32],
+    params: &SamplingParams,
+    rng: &mut Rng,
+) -> (u32, Option<Vec<f32>>) {
     match target_probs(logits, params) {
         TargetProbs::Greedy(t) => (t, None),
         TargetProbs::Dense(p) => {

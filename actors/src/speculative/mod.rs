@@ -10,7 +10,7 @@
 //! use dcpserve_actors::speculative::{DraftProposer, DraftRequest, NgramProposer};
 //! # futures::executor::block_on(async {
 //! let mut ngram = NgramProposer::new(2, 3);
-//! let req = DraftRequest { seq: 1, tokens: vec![5, 6, 7, 8, 5, 6], num_tokens: 2, sampling: Default::default() };
+//! let req = DraftRequest { seq: 1, tokens: vec![5, 6, 7, 8, 5, 6], num_tokens: 2, sampling: Default::default(), block_table: vec![] };
 //! let drafts = ngram.propose(std::slice::from_ref(&req)).await.unwrap();
 //! assert_eq!(drafts[0].tokens, vec![7, 8]);
 //! # });
@@ -18,12 +18,15 @@
 
 mod actor;
 mod draft_model;
+mod mtp;
+pub(crate) mod mtp_rank;
 mod ngram;
 
 use futures::future::BoxFuture;
 
 pub use actor::{DraftActor, DraftMsg};
 pub use draft_model::{DraftModelProposer, DraftModelSpec};
+pub use mtp::{MtpOutput, MtpPlan, MtpProposer};
 pub use ngram::NgramProposer;
 
 /// One sequence that may be drafted for this step.
@@ -36,6 +39,9 @@ pub struct DraftRequest {
     pub num_tokens: usize,
     /// The request's sampling: a draft model samples its drafts the same way.
     pub sampling: dcpserve_kernels::SamplingParams,
+    /// The sequence's virtual block table in the target's KV cache (covers every
+    /// computed position), for proposers that share the target's cache (MTP).
+    pub block_table: Vec<u32>,
 }
 
 /// Draft tokens for one sequence (possibly none).
@@ -58,6 +64,11 @@ pub trait DraftProposer: Send + 'static {
 
     /// The sequence ended or was preempted: drop any state kept for it.
     fn release(&mut self, _seq: u64) {}
+
+    /// The target's rank group (re)started as `generation` with these ranks; proposers
+    /// that run on the target's group (MTP) switch to it and drop their state.
+    fn set_ranks(&mut self, _generation: u64, _ranks: Vec<ractor::ActorRef<crate::rank::RankMsg>>) {
+    }
 
     /// The method's name as `--speculative-config` spells it.
     fn method(&self) -> &'static str;

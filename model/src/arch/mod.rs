@@ -15,7 +15,7 @@ mod weights;
 pub use forward::{BatchInput, DecoderModel, ForwardOutput, RankComms};
 pub use kv_cache::KvCache;
 pub use mla::hf::{check_mla_config, mla_layer_tensors, mla_moe_from_json};
-pub use mla::{LatentCache, MlaModel};
+pub use mla::{LatentCache, MlaModel, MtpLayer};
 pub use rank_model::{
     kv_bytes_per_token, kv_capacity, KvCapacity, KvStorage, RankCache, RankModel,
 };

@@ -125,6 +125,65 @@ impl RankModel {
         }
     }
 
+    /// Loads this rank's share of the multi-token-prediction layer (DeepSeek-V3 MTP); the
+    /// KV cache made afterwards has a layer for it. Errors for models without one.
+    pub fn load_mtp(
+        &mut self,
+        tensors: &dyn TensorSource,
+        precision: WeightPrecision,
+    ) -> Result<(), ModelError> {
+        match self {
+            RankModel::Mla(m) => m.load_mtp(tensors, precision),
+            RankModel::Dense(_) => Err(ModelError::Invalid(
+                "multi-token prediction needs a DeepSeek-V3 (MLA) model".into(),
+            )),
+        }
+    }
+
+    /// Whether the MTP layer is loaded.
+    pub fn has_mtp(&self) -> bool {
+        matches!(self, RankModel::Mla(m) if m.mtp.is_some())
+    }
+
+    /// [`RankModel::forward_rank`], also returning the final-normed hidden states of the
+    /// tokens `hidden_for` (MLA models; see [`MlaModel::forward_rank_hidden`]).
+    pub fn forward_rank_hidden(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        cache: &mut RankCache,
+        hidden_for: &[usize],
+    ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
+        match (self, cache) {
+            (RankModel::Mla(m), RankCache::Latent(c)) => {
+                m.forward_rank_hidden(pool, comms, input, c, hidden_for)
+            }
+            _ => Err(ModelError::Invalid(
+                "hidden states are only kept for MLA models".into(),
+            )),
+        }
+    }
+
+    /// One MTP step (see [`MlaModel::forward_mtp`]).
+    pub fn forward_mtp(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        prev_hidden: &[f32],
+        cache: &mut RankCache,
+    ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
+        match (self, cache) {
+            (RankModel::Mla(m), RankCache::Latent(c)) => {
+                m.forward_mtp(pool, comms, input, prev_hidden, c)
+            }
+            _ => Err(ModelError::Invalid(
+                "multi-token prediction needs a DeepSeek-V3 (MLA) model".into(),
+            )),
+        }
+    }
+
     /// One step on a model served by a single rank.
     pub fn forward(
         &self,
@@ -140,8 +199,9 @@ impl RankModel {
 /// stores one latent row (`kv_lora_rank + qk_rope_head_dim`) per layer, replicated on
 /// every rank; standard attention stores K and V of the rank's KV heads.
 pub fn kv_bytes_per_token(cfg: &ModelConfig, tp: usize) -> usize {
+    let layers = cfg.num_hidden_layers;
     match &cfg.mla {
-        Some(mla) => LatentCache::bytes_per_token(cfg.num_hidden_layers, mla.latent_dim()),
+        Some(mla) => LatentCache::bytes_per_token(layers, mla.latent_dim()),
         None => {
             let heads = HeadLayout::new(
                 cfg,
@@ -150,7 +210,7 @@ pub fn kv_bytes_per_token(cfg: &ModelConfig, tp: usize) -> usize {
                     size: tp.max(1),
                 },
             );
-            KvCache::bytes_per_token(cfg.num_hidden_layers, heads.kv_heads, cfg.head_dim)
+            KvCache::bytes_per_token(layers, heads.kv_heads, cfg.head_dim)
         }
     }
 }

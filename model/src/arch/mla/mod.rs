@@ -16,8 +16,10 @@ pub mod dcp;
 pub mod hf;
 pub mod model;
 pub mod moe;
+pub mod mtp;
 pub mod rope;
 pub mod weights;
 
 pub use cache::LatentCache;
 pub use model::MlaModel;
+pub use mtp::MtpLayer;

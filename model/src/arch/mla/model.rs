@@ -1,14 +1,15 @@
 //! One rank's DeepSeek-V2/V3 forward step: MLA with weight absorption over the latent
 //! cache (decode and prefill alike), then a dense or mixture-of-experts MLP.
 
-use dcpserve_kernels::{add_inplace, matmul, rms_norm, rms_norm_inplace, ThreadPool};
+use dcpserve_kernels::{add_inplace, matmul, rms_norm, rms_norm_inplace, ThreadPool, WeightMatrix};
 
 use super::attention::{latent_attention, LatentBatch};
 use super::cache::LatentCache;
 use super::dcp::LatentDcp;
 use super::moe::{mlp_forward, moe_forward};
+use super::mtp::MtpLayer;
 use super::rope::{softmax_scale, MlaRope};
-use super::weights::{FeedForward, MlaWeights};
+use super::weights::{FeedForward, MlaLayer, MlaWeights};
 use crate::arch::forward::{gather_vocab, BatchInput, ForwardOutput, RankComms};
 use crate::arch::weights::{TpShard, WeightPrecision};
 use crate::config::{MlaConfig, ModelConfig, MoeConfig};
@@ -30,10 +31,12 @@ pub struct MlaModel {
     local_heads: usize,
     rope: MlaRope,
     scale: f32,
+    /// The multi-token-prediction layer, when loaded ([`MlaModel::load_mtp`]).
+    pub mtp: Option<MtpLayer>,
 }
 
 /// Per-step buffers.
-struct Buffers {
+pub(super) struct Buffers {
     normed: Vec<f32>,
     qa: Vec<f32>,
     q: Vec<f32>,
@@ -76,13 +79,20 @@ impl MlaModel {
             mla,
             moe,
             config,
+            mtp: None,
         })
+    }
+
+    /// Latent-cache layers: the decoder layers, plus the MTP layer when loaded (it attends
+    /// over its own latents, at the same slots as the target's).
+    pub fn cache_layers(&self) -> usize {
+        self.config.num_hidden_layers + usize::from(self.mtp.is_some())
     }
 
     /// A latent cache for this rank: `num_blocks` blocks of `block_size` tokens.
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> LatentCache {
         LatentCache::new(
-            self.config.num_hidden_layers,
+            self.cache_layers(),
             num_blocks,
             block_size,
             self.mla.latent_dim(),
@@ -99,39 +109,91 @@ impl MlaModel {
         input: &BatchInput,
         cache: &mut LatentCache,
     ) -> Result<ForwardOutput, ModelError> {
+        Ok(self.forward_rank_hidden(pool, comms, input, cache, &[])?.0)
+    }
+
+    /// [`MlaModel::forward_rank`], also returning the final-normed hidden states
+    /// (`[hidden_for.len(), hidden_size]`, the same on every rank) of the tokens
+    /// `hidden_for` — what the MTP layer takes as its previous hidden states.
+    pub fn forward_rank_hidden(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        cache: &mut LatentCache,
+        hidden_for: &[usize],
+    ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
         let cfg = &self.config;
         let n = input.checked_len()?;
-        if cache.latent_dim != self.mla.latent_dim() || cache.num_layers() != cfg.num_hidden_layers
-        {
-            return Err(ModelError::Invalid(
-                "the latent cache was not made for this model".into(),
-            ));
-        }
+        self.check_cache(cache)?;
         let h = cfg.hidden_size;
         let mut x = input.embed(&self.weights.embed_tokens, cfg.vocab_size, h)?;
         let mut b = self.buffers(n);
         let mut dcp = LatentDcp::default();
-        for li in 0..self.weights.layers.len() {
-            self.attention(pool, comms, input, cache, li, &x, &mut b, &mut dcp)?;
-            comms.world.all_reduce_sum(&mut b.proj)?;
-            add_inplace(&mut x, &b.proj)?;
-
-            let lw = &self.weights.layers[li];
-            rms_norm(&x, &lw.post_attention_norm, cfg.rms_norm_eps, &mut b.normed)?;
-            match &lw.ffn {
-                FeedForward::Dense(Some(m)) => mlp_forward(pool, m, &b.normed, n, &mut b.proj)?,
-                FeedForward::Dense(None) => b.proj.fill(0.0),
-                FeedForward::Moe(m) => {
-                    moe_forward(pool, &self.moe, m, &b.normed, n, h, &mut b.proj)?
-                }
-            }
-            comms.world.all_reduce_sum(&mut b.proj)?;
-            add_inplace(&mut x, &b.proj)?;
+        for (li, lw) in self.weights.layers.iter().enumerate() {
+            self.layer(
+                pool,
+                comms,
+                input,
+                cache,
+                (li, lw),
+                &mut x,
+                &mut b,
+                &mut dcp,
+            )?;
         }
-        self.logits(pool, comms, input, &x)
+        let out = self.logits(
+            pool,
+            comms,
+            &x,
+            input.logits_for,
+            &self.weights.norm,
+            self.weights.output_head(),
+        )?;
+        let hidden = pick_normed(&x, h, hidden_for, &self.weights.norm, cfg.rms_norm_eps)?;
+        Ok((out, hidden))
     }
 
-    fn buffers(&self, n: usize) -> Buffers {
+    pub(super) fn check_cache(&self, cache: &LatentCache) -> Result<(), ModelError> {
+        if cache.latent_dim != self.mla.latent_dim() || cache.num_layers() != self.cache_layers() {
+            return Err(ModelError::Invalid(
+                "the latent cache was not made for this model".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// One decoder layer `lw` on the residual stream `x`, its latents in cache layer `li`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn layer(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        cache: &mut LatentCache,
+        (li, lw): (usize, &MlaLayer),
+        x: &mut [f32],
+        b: &mut Buffers,
+        dcp: &mut LatentDcp,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.config;
+        let (n, h) = (input.tokens.len(), cfg.hidden_size);
+        self.attention(pool, comms, input, cache, (li, lw), x, b, dcp)?;
+        comms.world.all_reduce_sum(&mut b.proj)?;
+        add_inplace(x, &b.proj)?;
+
+        rms_norm(x, &lw.post_attention_norm, cfg.rms_norm_eps, &mut b.normed)?;
+        match &lw.ffn {
+            FeedForward::Dense(Some(m)) => mlp_forward(pool, m, &b.normed, n, &mut b.proj)?,
+            FeedForward::Dense(None) => b.proj.fill(0.0),
+            FeedForward::Moe(m) => moe_forward(pool, &self.moe, m, &b.normed, n, h, &mut b.proj)?,
+        }
+        comms.world.all_reduce_sum(&mut b.proj)?;
+        add_inplace(x, &b.proj)?;
+        Ok(())
+    }
+
+    pub(super) fn buffers(&self, n: usize) -> Buffers {
         let m = &self.mla;
         let hl = self.local_heads;
         let (r, d, qk) = (
@@ -155,7 +217,8 @@ impl MlaModel {
         }
     }
 
-    /// Layer `li`'s attention: leaves this rank's partial `o_proj` output in `b.proj`.
+    /// Layer `layer`'s attention (latents in cache layer `li`): leaves this rank's partial
+    /// `o_proj` output in `b.proj`.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -163,25 +226,20 @@ impl MlaModel {
         comms: &RankComms,
         input: &BatchInput,
         cache: &mut LatentCache,
-        li: usize,
+        (li, layer): (usize, &MlaLayer),
         x: &[f32],
         b: &mut Buffers,
         dcp: &mut LatentDcp,
     ) -> Result<(), ModelError> {
         let cfg = &self.config;
         let m = &self.mla;
-        let lw = &self.weights.layers[li].attn;
+        let lw = &layer.attn;
         let n = input.tokens.len();
         let hl = self.local_heads;
         let (r, dn, dv) = (m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim);
         let (d, qk) = (m.latent_dim(), dn + m.qk_rope_head_dim);
 
-        rms_norm(
-            x,
-            &self.weights.layers[li].input_norm,
-            cfg.rms_norm_eps,
-            &mut b.normed,
-        )?;
+        rms_norm(x, &layer.input_norm, cfg.rms_norm_eps, &mut b.normed)?;
         match &lw.q_a {
             Some((q_a, norm)) => {
                 matmul(pool, &b.normed, n, q_a, &mut b.qa)?;
@@ -264,29 +322,21 @@ impl MlaModel {
         Ok(())
     }
 
-    /// Final norm and output head for the requested tokens, gathered over the vocabulary.
-    fn logits(
+    /// `norm` then the output `head` (this rank's vocabulary slice) for the tokens
+    /// `logits_for` of `x`, gathered over the vocabulary.
+    pub(super) fn logits(
         &self,
         pool: &ThreadPool,
         comms: &RankComms,
-        input: &BatchInput,
         x: &[f32],
+        logits_for: &[usize],
+        norm: &[f32],
+        head: &WeightMatrix,
     ) -> Result<ForwardOutput, ModelError> {
         let cfg = &self.config;
-        let (n, h) = (input.tokens.len(), cfg.hidden_size);
-        let m = input.logits_for.len();
-        let mut last = vec![0.0f32; m * h];
-        for (j, &t) in input.logits_for.iter().enumerate() {
-            if t >= n {
-                return Err(ModelError::Invalid(format!(
-                    "logits requested for token {t} of a {n}-token batch"
-                )));
-            }
-            last[j * h..(j + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
-        }
-        let mut normed = vec![0.0f32; m * h];
-        rms_norm(&last, &self.weights.norm, cfg.rms_norm_eps, &mut normed)?;
-        let head = self.weights.output_head();
+        let h = cfg.hidden_size;
+        let m = logits_for.len();
+        let normed = pick_normed(x, h, logits_for, norm, cfg.rms_norm_eps)?;
         let mut local = vec![0.0f32; m * head.rows()];
         if m > 0 {
             matmul(pool, &normed, m, head, &mut local)?;
@@ -302,4 +352,27 @@ impl MlaModel {
             vocab_size: vocab,
         })
     }
+}
+
+/// The rows `rows` of `x` (`[n, h]`), RMS-normalized with `norm`.
+pub(super) fn pick_normed(
+    x: &[f32],
+    h: usize,
+    rows: &[usize],
+    norm: &[f32],
+    eps: f32,
+) -> Result<Vec<f32>, ModelError> {
+    let n = x.len() / h.max(1);
+    let mut picked = vec![0.0f32; rows.len() * h];
+    for (j, &t) in rows.iter().enumerate() {
+        if t >= n {
+            return Err(ModelError::Invalid(format!(
+                "row {t} requested of a {n}-token batch"
+            )));
+        }
+        picked[j * h..(j + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+    }
+    let mut normed = vec![0.0f32; rows.len() * h];
+    rms_norm(&picked, norm, eps, &mut normed)?;
+    Ok(normed)
 }

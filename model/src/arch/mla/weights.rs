@@ -62,6 +62,44 @@ pub struct MlaLayer {
     pub ffn: FeedForward,
 }
 
+impl MlaLayer {
+    /// Reads decoder layer `i` (`model.layers.{i}.*`): dense MLP below
+    /// `first_k_dense_replace`, mixture of experts from there on.
+    pub fn load(
+        cfg: &ModelConfig,
+        src: &dyn TensorSource,
+        i: usize,
+        precision: WeightPrecision,
+        shard: TpShard,
+    ) -> Result<Self, ModelError> {
+        let (Some(mla), Some(moe)) = (&cfg.mla, &cfg.moe) else {
+            return Err(ModelError::Invalid(
+                "an MLA layer needs its MLA and MoE configuration".into(),
+            ));
+        };
+        let h = cfg.hidden_size;
+        let p = format!("model.layers.{i}");
+        let ffn = if i < moe.first_k_dense_replace {
+            FeedForward::Dense(mlp(
+                src,
+                &format!("{p}.mlp"),
+                h,
+                cfg.intermediate_size,
+                precision,
+                shard,
+            )?)
+        } else {
+            FeedForward::Moe(moe_shard(src, &p, h, moe, precision, shard)?)
+        };
+        Ok(MlaLayer {
+            input_norm: vector(src, &format!("{p}.input_layernorm.weight"), h)?,
+            post_attention_norm: vector(src, &format!("{p}.post_attention_layernorm.weight"), h)?,
+            attn: attention(src, &p, cfg, mla, precision, shard)?,
+            ffn,
+        })
+    }
+}
+
 /// All weights of this rank.
 pub struct MlaWeights {
     pub embed_tokens: WeightMatrix,
@@ -84,11 +122,11 @@ impl MlaWeights {
         precision: WeightPrecision,
         shard: TpShard,
     ) -> Result<Self, ModelError> {
-        let (Some(mla), Some(moe)) = (&cfg.mla, &cfg.moe) else {
+        if cfg.mla.is_none() || cfg.moe.is_none() {
             return Err(ModelError::Invalid(
                 "an MLA model needs its MLA and MoE configuration".into(),
             ));
-        };
+        }
         if !cfg.num_attention_heads.is_multiple_of(shard.size) {
             return Err(ModelError::Invalid(format!(
                 "{} attention heads do not split over {} ranks",
@@ -96,32 +134,9 @@ impl MlaWeights {
             )));
         }
         let h = cfg.hidden_size;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for i in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let ffn = if i < moe.first_k_dense_replace {
-                FeedForward::Dense(mlp(
-                    src,
-                    &format!("{p}.mlp"),
-                    h,
-                    cfg.intermediate_size,
-                    precision,
-                    shard,
-                )?)
-            } else {
-                FeedForward::Moe(moe_shard(src, &p, h, moe, precision, shard)?)
-            };
-            layers.push(MlaLayer {
-                input_norm: vector(src, &format!("{p}.input_layernorm.weight"), h)?,
-                post_attention_norm: vector(
-                    src,
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    h,
-                )?,
-                attn: attention(src, &p, cfg, mla, precision, shard)?,
-                ffn,
-            });
-        }
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| MlaLayer::load(cfg, src, i, precision, shard))
+            .collect::<Result<Vec<_>, _>>()?;
         let vocab = shard.split(cfg.vocab_size);
         let embed_tokens = matrix(
             src,
