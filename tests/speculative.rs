@@ -142,6 +142,21 @@ async fn draft_model_greedy_equals_plain_decoding() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draft_model_greedy_equals_plain_decoding_on_mla() {
+    let prompts = repetitive_prompts(384, 300);
+    let base = plain("tiny-deepseek", &prompts).await;
+    // The MLA target at tp=4 dcp=4 I=2, drafted by the other tiny DeepSeek (plain q_proj)
+    // on its own tp=2 dcp=2 group.
+    let c = with_spec(
+        cfg(layout(4, 4, 2), 64, KV),
+        draft_model("tiny-deepseek-noq", 3, 2, 2),
+    );
+    let (got, stats) = run_stats(&fixture("tiny-deepseek"), c, &prompts, N).await;
+    assert_same(&base, &got, "tiny-deepseek-noq drafting for tiny-deepseek");
+    assert!(stats.speculation.num_drafts > 0, "no drafts verified");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ngram_greedy_equals_plain_decoding_on_the_default_model() {
     use dcpserve::{Engine, Prompt};
     let model = default_model();
@@ -171,6 +186,26 @@ async fn ngram_greedy_equals_plain_decoding_on_the_default_model() {
         assert_eq!(base.token_ids, got.token_ids, "{what}");
         assert_speculated(&stats, &what);
     }
+    // The default model drafting for itself (tp=3), the draft on one rank: every greedy
+    // draft stands.
+    let mut own = SpeculativeConfig::from_json(&format!(
+        r#"{{"method": "draft_model", "model": "{}", "num_speculative_tokens": 3}}"#,
+        model.display()
+    ))
+    .unwrap();
+    own.adaptive = Some(false);
+    let c = EngineConfig {
+        parallel: layout(3, 1, 1),
+        ..with_spec(f32_config(), own)
+    };
+    let (got, stats) = run(c).await;
+    assert_eq!(base.token_ids, got.token_ids, "default model, draft_model");
+    assert_speculated(&stats, "default model, draft_model");
+    let s = &stats.speculation;
+    assert_eq!(
+        s.num_accepted_tokens, s.num_draft_tokens,
+        "self-draft rejected tokens"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
