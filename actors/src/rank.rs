@@ -239,20 +239,12 @@ fn compute_thread(
                     let _ = r.send(Err(error.clone()));
                 }
                 tracing::error!(rank = args.rank, "{error}");
-                args.reports.send(StepReport::Failed {
-                    generation: args.generation,
-                    error: error.clone(),
-                });
-                let _ = myself.send_message(RankMsg::ComputeFailed(error));
+                fail(&args, &myself, error);
                 return;
             }
             Job::Fault => {
                 let err = "injected fault".to_string();
-                args.reports.send(StepReport::Failed {
-                    generation: args.generation,
-                    error: err.clone(),
-                });
-                let _ = myself.send_message(RankMsg::ComputeFailed(err));
+                fail(&args, &myself, err);
                 return;
             }
             Job::Storage(reply) => {
@@ -289,13 +281,19 @@ fn compute_thread(
             Err(p) => format!("panic in step {}: {}", plan.step_id, panic_text(&p)),
         };
         tracing::error!(rank = args.rank, "{error}");
-        args.reports.send(StepReport::Failed {
-            generation: args.generation,
-            error: error.clone(),
-        });
-        let _ = myself.send_message(RankMsg::ComputeFailed(error));
+        fail(&args, &myself, error);
         return;
     }
+}
+
+/// Reports a failed step to whoever drives the group and fails this rank's actor (its
+/// supervisor restarts the group).
+fn fail(args: &RankArgs, myself: &ActorRef<RankMsg>, error: String) {
+    args.reports.send(StepReport::Failed {
+        generation: args.generation,
+        error: error.clone(),
+    });
+    let _ = myself.send_message(RankMsg::ComputeFailed(error));
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {

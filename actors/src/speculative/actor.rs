@@ -46,15 +46,7 @@ impl Actor for DraftActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             DraftMsg::Propose(batch, port) => {
-                let empty = || {
-                    batch
-                        .iter()
-                        .map(|r| Draft {
-                            seq: r.seq,
-                            ..Default::default()
-                        })
-                        .collect::<Vec<_>>()
-                };
+                let empty = || Draft::none_for(&batch);
                 let was_broken = st.broken.is_some();
                 let drafts = if was_broken {
                     empty()

@@ -148,13 +148,7 @@ impl DraftModelProposer {
     }
 
     async fn draft(&mut self, batch: &[DraftRequest]) -> Result<Vec<Draft>, String> {
-        let mut drafts: Vec<Draft> = batch
-            .iter()
-            .map(|r| Draft {
-                seq: r.seq,
-                ..Default::default()
-            })
-            .collect();
+        let mut drafts = Draft::none_for(batch);
         // Sequences drafted this step: (batch index, tokens to feed, first position, k).
         let mut live: Vec<(usize, Vec<u32>, usize, usize)> = Vec::new();
         let active: Vec<u64> = batch.iter().map(|r| r.seq).collect();

@@ -54,6 +54,19 @@ pub struct Draft {
     pub probs: Option<Vec<Vec<f32>>>,
 }
 
+impl Draft {
+    /// No draft for each request of `batch`, in order.
+    pub fn none_for(batch: &[DraftRequest]) -> Vec<Draft> {
+        batch
+            .iter()
+            .map(|r| Draft {
+                seq: r.seq,
+                ..Default::default()
+            })
+            .collect()
+    }
+}
+
 /// Something that proposes draft tokens: n-gram lookup, a draft model, an MTP module.
 pub trait DraftProposer: Send + 'static {
     /// Drafts for each request, in order.

@@ -114,13 +114,7 @@ impl MtpProposer {
     }
 
     async fn draft(&mut self, batch: &[DraftRequest]) -> Vec<Draft> {
-        let mut drafts: Vec<Draft> = batch
-            .iter()
-            .map(|r| Draft {
-                seq: r.seq,
-                ..Default::default()
-            })
-            .collect();
+        let mut drafts = Draft::none_for(batch);
         if self.ranks.is_empty() {
             return drafts;
         }
