@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::config_keys::ConfigKeys;
 use crate::error::ModelError;
 
 /// Reads and parses a JSON file, mapping every failure to an error naming it.
@@ -36,54 +37,6 @@ pub(crate) fn token_ids(v: Option<&Value>) -> Vec<u32> {
             .filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
             .collect(),
         _ => Vec::new(),
-    }
-}
-
-struct Fields<'a> {
-    path: &'a Path,
-    obj: &'a Map<String, Value>,
-}
-
-impl Fields<'_> {
-    fn usize_opt(&self, key: &str) -> Result<Option<usize>, ModelError> {
-        match self.obj.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| {
-                    ModelError::config(
-                        self.path,
-                        format!("{key} should be a non-negative integer, found {v}"),
-                    )
-                }),
-        }
-    }
-
-    fn usize(&self, key: &str) -> Result<usize, ModelError> {
-        self.usize_opt(key)?
-            .ok_or_else(|| ModelError::config(self.path, format!("missing {key}")))
-    }
-
-    fn f64_opt(&self, key: &str) -> Result<Option<f64>, ModelError> {
-        match self.obj.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-                ModelError::config(self.path, format!("{key} should be a number, found {v}"))
-            }),
-        }
-    }
-
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ModelError> {
-        match self.obj.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(ModelError::config(
-                self.path,
-                format!("{key} should be a bool, found {v}"),
-            )),
-        }
     }
 }
 
@@ -131,7 +84,7 @@ fn rope_scaling(path: &Path, v: Option<&Value>) -> Result<Option<RopeScaling>, M
     let Some(obj) = v.and_then(Value::as_object) else {
         return Ok(None);
     };
-    let f = Fields { path, obj };
+    let f = ConfigKeys { path, obj };
     let ty = obj
         .get("rope_type")
         .or_else(|| obj.get("type"))
@@ -163,7 +116,7 @@ pub fn config_from_json(path: &Path, json: &Value) -> Result<ModelConfig, ModelE
     let obj = json
         .as_object()
         .ok_or_else(|| ModelError::config(path, "config.json is not a JSON object"))?;
-    let f = Fields { path, obj };
+    let f = ConfigKeys { path, obj };
     let architecture = architecture(path, obj)?;
 
     let hidden_size = f.usize("hidden_size")?;

@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod chat_template;
 pub mod config;
+mod config_keys;
 pub mod error;
 pub mod gguf;
 pub mod gguf_config;

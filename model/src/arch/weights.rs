@@ -139,6 +139,43 @@ fn shape_error(t: &RawTensor, expected: &[usize]) -> ModelError {
     }
 }
 
+/// The token embedding (whole on every rank) and this rank's vocabulary rows of the output
+/// head: `None` on a single rank when the head is the embedding (tied, or no `lm_head`).
+pub(super) fn embedding_and_head(
+    cfg: &ModelConfig,
+    src: &dyn TensorSource,
+    precision: WeightPrecision,
+    shard: TpShard,
+) -> Result<(WeightMatrix, Option<WeightMatrix>), ModelError> {
+    let h = cfg.hidden_size;
+    let vocab = shard.split(cfg.vocab_size);
+    let embed_tokens = matrix(
+        src,
+        "model.embed_tokens.weight",
+        (cfg.vocab_size, h),
+        0..cfg.vocab_size,
+        0..h,
+        precision,
+    )?;
+    let lm_head = if cfg.tie_word_embeddings || !src.contains("lm_head.weight") {
+        if shard.size == 1 {
+            None
+        } else {
+            Some(embed_tokens.slice_rows(vocab.start, vocab.end)?)
+        }
+    } else {
+        Some(matrix(
+            src,
+            "lm_head.weight",
+            (cfg.vocab_size, h),
+            vocab,
+            0..h,
+            precision,
+        )?)
+    };
+    Ok((embed_tokens, lm_head))
+}
+
 /// Loads `name` ([rows, cols]) and keeps rows `r` and columns `c` of it.
 pub(super) fn matrix(
     src: &dyn TensorSource,
@@ -313,32 +350,7 @@ impl DecoderWeights {
                 )?,
             });
         }
-        let vocab = shard.split(cfg.vocab_size);
-        let all_h = 0..h;
-        let embed_tokens = matrix(
-            src,
-            "model.embed_tokens.weight",
-            (cfg.vocab_size, h),
-            0..cfg.vocab_size,
-            all_h.clone(),
-            precision,
-        )?;
-        let lm_head = if cfg.tie_word_embeddings || !src.contains("lm_head.weight") {
-            if shard.size == 1 {
-                None
-            } else {
-                Some(embed_tokens.slice_rows(vocab.start, vocab.end)?)
-            }
-        } else {
-            Some(matrix(
-                src,
-                "lm_head.weight",
-                (cfg.vocab_size, h),
-                vocab,
-                all_h,
-                precision,
-            )?)
-        };
+        let (embed_tokens, lm_head) = embedding_and_head(cfg, src, precision, shard)?;
         Ok(Self {
             embed_tokens,
             layers,

@@ -5,64 +5,8 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::config::{MlaConfig, ModelConfig, MoeConfig, MoeScoring, YarnScaling};
+use crate::config_keys::ConfigKeys;
 use crate::error::ModelError;
-
-/// Typed access to `config.json` keys, with errors naming the file and key.
-struct Keys<'a> {
-    path: &'a Path,
-    obj: &'a Map<String, Value>,
-}
-
-impl Keys<'_> {
-    fn get(&self, key: &str) -> Option<&Value> {
-        self.obj.get(key).filter(|v| !v.is_null())
-    }
-
-    fn usize_opt(&self, key: &str) -> Result<Option<usize>, ModelError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| {
-                    ModelError::config(
-                        self.path,
-                        format!("{key} should be a non-negative integer, found {v}"),
-                    )
-                }),
-        }
-    }
-
-    fn usize(&self, key: &str) -> Result<usize, ModelError> {
-        self.usize_opt(key)?
-            .ok_or_else(|| ModelError::config(self.path, format!("missing {key}")))
-    }
-
-    fn f32_opt(&self, key: &str) -> Result<Option<f32>, ModelError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| {
-                ModelError::config(self.path, format!("{key} should be a number, found {v}"))
-            }),
-        }
-    }
-
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ModelError> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(ModelError::config(
-                self.path,
-                format!("{key} should be a bool, found {v}"),
-            )),
-        }
-    }
-
-    fn str_opt(&self, key: &str) -> Option<&str> {
-        self.get(key).and_then(Value::as_str)
-    }
-}
 
 /// True for DeepSeek-V2 configurations (softmax routing, always-interleaved RoPE).
 fn is_v2(obj: &Map<String, Value>) -> bool {
@@ -82,7 +26,7 @@ fn yarn(path: &Path, obj: &Map<String, Value>) -> Result<Option<YarnScaling>, Mo
     let Some(p) = params.and_then(Value::as_object) else {
         return Ok(None);
     };
-    let k = Keys { path, obj: p };
+    let k = ConfigKeys { path, obj: p };
     let ty = k
         .str_opt("rope_type")
         .or(k.str_opt("type"))
@@ -95,7 +39,7 @@ fn yarn(path: &Path, obj: &Map<String, Value>) -> Result<Option<YarnScaling>, Mo
                 Some(f) => f,
                 // transformers: the ratio of the context lengths when no factor is given.
                 None => {
-                    let max_pos = Keys { path, obj }.usize("max_position_embeddings")?;
+                    let max_pos = ConfigKeys { path, obj }.usize("max_position_embeddings")?;
                     max_pos as f32 / original.max(1) as f32
                 }
             };
@@ -131,7 +75,7 @@ pub fn mla_moe_from_json(
     path: &Path,
     obj: &Map<String, Value>,
 ) -> Result<(MlaConfig, MoeConfig), ModelError> {
-    let k = Keys { path, obj };
+    let k = ConfigKeys { path, obj };
     let v2 = is_v2(obj);
     if k.bool_or("attention_bias", false)? {
         return Err(ModelError::unsupported(

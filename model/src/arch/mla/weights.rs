@@ -9,7 +9,7 @@
 
 use dcpserve_kernels::WeightMatrix;
 
-use crate::arch::weights::{matrix, vector, TpShard, WeightPrecision};
+use crate::arch::weights::{embedding_and_head, matrix, vector, TpShard, WeightPrecision};
 use crate::config::{MlaConfig, ModelConfig, MoeConfig};
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
@@ -137,31 +137,7 @@ impl MlaWeights {
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| MlaLayer::load(cfg, src, i, precision, shard))
             .collect::<Result<Vec<_>, _>>()?;
-        let vocab = shard.split(cfg.vocab_size);
-        let embed_tokens = matrix(
-            src,
-            "model.embed_tokens.weight",
-            (cfg.vocab_size, h),
-            0..cfg.vocab_size,
-            0..h,
-            precision,
-        )?;
-        let lm_head = if cfg.tie_word_embeddings || !src.contains("lm_head.weight") {
-            if shard.size == 1 {
-                None
-            } else {
-                Some(embed_tokens.slice_rows(vocab.start, vocab.end)?)
-            }
-        } else {
-            Some(matrix(
-                src,
-                "lm_head.weight",
-                (cfg.vocab_size, h),
-                vocab,
-                0..h,
-                precision,
-            )?)
-        };
+        let (embed_tokens, lm_head) = embedding_and_head(cfg, src, precision, shard)?;
         Ok(Self {
             embed_tokens,
             layers,
