@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use dcpserve::{Engine, EngineConfig, GenerationEvent, Prompt};
+use dcpserve::{Engine, EngineConfig, Prompt};
 use futures::StreamExt;
 
 fn prompts() -> Vec<Vec<u32>> {
@@ -158,23 +158,8 @@ async fn a_failed_rank_ends_its_requests_and_the_group_comes_back() {
         .await
         .unwrap()
         .token_ids;
-    let mut s = engine
-        .generate(Prompt::Tokens(prompts()[2].clone()), greedy(100_000))
-        .unwrap();
-    assert!(matches!(
-        s.next().await,
-        Some(Ok(GenerationEvent::Token { .. }))
-    ));
-    engine.inject_rank_fault(0).unwrap();
-    let mut failed = false;
-    while let Some(ev) = s.next().await {
-        if let Err(e) = ev {
-            assert!(e.to_string().contains("rank group failed"), "{e}");
-            failed = true;
-            break;
-        }
-    }
-    assert!(failed, "the in-flight request must end with an error");
+    let e = fail_rank_during_generation(&engine, prompts()[2].clone(), 1, 0).await;
+    assert!(e.contains("rank group failed"), "{e}");
     // New requests succeed once the group is back, with the same output as before.
     let mut got = None;
     for _ in 0..50 {
@@ -210,25 +195,7 @@ async fn a_failed_rank_in_a_dcp_group_restarts_the_group() {
         .await
         .unwrap()
         .token_ids;
-    let mut s = engine
-        .generate(Prompt::Tokens(prompts()[2].clone()), greedy(100_000))
-        .unwrap();
-    assert!(matches!(
-        s.next().await,
-        Some(Ok(GenerationEvent::Token { .. }))
-    ));
-    engine.inject_rank_fault(3).unwrap();
-    let mut failed = false;
-    while let Some(ev) = tokio::time::timeout(Duration::from_secs(30), s.next())
-        .await
-        .expect("the in-flight request must not hang")
-    {
-        if ev.is_err() {
-            failed = true;
-            break;
-        }
-    }
-    assert!(failed, "the in-flight request must end with an error");
+    fail_rank_during_generation(&engine, prompts()[2].clone(), 1, 3).await;
     let got = tokio::time::timeout(
         Duration::from_secs(60),
         engine.complete(Prompt::Tokens(prompts()[4].clone()), greedy(8)),

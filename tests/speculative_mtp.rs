@@ -320,8 +320,7 @@ async fn mtp_is_refused_where_it_cannot_run() {
 /// echoing layer again exactly as predicted) with unchanged output.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtp_drafts_again_after_a_rank_group_restart() {
-    use dcpserve::{Engine, GenerationEvent, Prompt};
-    use futures::StreamExt;
+    use dcpserve::{Engine, Prompt};
     use std::time::Duration;
     let model = echo_model(Echo::Hidden, "restart");
     let prompt: Vec<u32> = (0..45)
@@ -339,27 +338,7 @@ async fn mtp_drafts_again_after_a_rank_group_restart() {
     let engine = Engine::from_path(&model, with_spec(cfg(layout(2, 2, 1), 512, KV), mtp(1)))
         .await
         .unwrap();
-    let mut s = engine
-        .generate(Prompt::Tokens(prompt.clone()), greedy(100_000))
-        .unwrap();
-    for _ in 0..3 {
-        assert!(matches!(
-            s.next().await,
-            Some(Ok(GenerationEvent::Token { .. }))
-        ));
-    }
-    engine.inject_rank_fault(1).unwrap();
-    let mut failed = false;
-    while let Some(ev) = tokio::time::timeout(Duration::from_secs(30), s.next())
-        .await
-        .expect("the in-flight request must not hang")
-    {
-        if ev.is_err() {
-            failed = true;
-            break;
-        }
-    }
-    assert!(failed, "the in-flight request must end with an error");
+    fail_rank_during_generation(&engine, prompt.clone(), 3, 1).await;
     // Wait for the new group with a request that never drafts (one token).
     let mut up = false;
     for _ in 0..200 {

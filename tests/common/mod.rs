@@ -67,3 +67,34 @@ pub fn f32_config() -> dcpserve::EngineConfig {
         ..Default::default()
     }
 }
+
+/// Starts a long greedy generation of `prompt`, waits for its first `tokens` tokens,
+/// makes rank `rank` fail, and returns the error the in-flight request ends with (it must
+/// end, within 30 s, not hang).
+pub async fn fail_rank_during_generation(
+    engine: &dcpserve::Engine,
+    prompt: Vec<u32>,
+    tokens: usize,
+    rank: usize,
+) -> String {
+    use futures::StreamExt;
+    let mut s = engine
+        .generate(dcpserve::Prompt::Tokens(prompt), greedy(100_000))
+        .unwrap();
+    for _ in 0..tokens {
+        assert!(matches!(
+            s.next().await,
+            Some(Ok(dcpserve::GenerationEvent::Token { .. }))
+        ));
+    }
+    engine.inject_rank_fault(rank).unwrap();
+    while let Some(ev) = tokio::time::timeout(std::time::Duration::from_secs(30), s.next())
+        .await
+        .expect("the in-flight request must not hang")
+    {
+        if let Err(e) = ev {
+            return e.to_string();
+        }
+    }
+    panic!("the in-flight request must end with an error");
+}
