@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use dcpserve_kernels::{
     add_bias, add_inplace, matmul, paged_attention, rms_norm, silu_mul, write_kv, AttentionBatch,
-    Communicator, InProcessComm, RopeScalingKind, RopeTable, ThreadPool,
+    Communicator, InProcessComm, RopeScalingKind, RopeTable, ThreadPool, WeightMatrix,
 };
 
 use super::dcp::{GroupQueries, ShardMerge};
@@ -275,34 +275,72 @@ impl DecoderModel {
             add_inplace(&mut x, &proj)?;
         }
 
-        let m = input.logits_for.len();
-        let mut last = vec![0.0f32; m * h];
-        for (j, &t) in input.logits_for.iter().enumerate() {
-            if t >= n {
-                return Err(ModelError::Invalid(format!(
-                    "logits requested for token {t} of a {n}-token batch"
-                )));
-            }
-            last[j * h..(j + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
-        }
-        let mut last_normed = vec![0.0f32; m * h];
-        rms_norm(&last, &w.norm, cfg.rms_norm_eps, &mut last_normed)?;
-        let head = w.output_head();
-        let mut local = vec![0.0f32; m * head.rows()];
-        if m > 0 {
-            matmul(pool, &last_normed, m, head, &mut local)?;
-        }
-        let vocab = cfg.vocab_size;
-        let logits = if comms.world.size() == 1 {
-            local
-        } else {
-            gather_vocab(comms.world.as_ref(), &local, m, vocab)?
-        };
-        Ok(ForwardOutput {
-            logits,
-            vocab_size: vocab,
-        })
+        head_logits(
+            pool,
+            comms,
+            &x,
+            h,
+            input.logits_for,
+            &w.norm,
+            cfg.rms_norm_eps,
+            w.output_head(),
+            cfg.vocab_size,
+        )
     }
+}
+
+/// The rows `rows` of `x` (`[n, h]`), RMS-normalized with `norm`.
+pub(crate) fn pick_normed(
+    x: &[f32],
+    h: usize,
+    rows: &[usize],
+    norm: &[f32],
+    eps: f32,
+) -> Result<Vec<f32>, ModelError> {
+    let n = x.len() / h.max(1);
+    let mut picked = vec![0.0f32; rows.len() * h];
+    for (j, &t) in rows.iter().enumerate() {
+        if t >= n {
+            return Err(ModelError::Invalid(format!(
+                "row {t} requested of a {n}-token batch"
+            )));
+        }
+        picked[j * h..(j + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+    }
+    let mut normed = vec![0.0f32; rows.len() * h];
+    rms_norm(&picked, norm, eps, &mut normed)?;
+    Ok(normed)
+}
+
+/// The final `norm`, then the output `head` (this rank's vocabulary slice), for the tokens
+/// `rows` of `x` (`[n, h]`); the logits are gathered over the vocabulary across ranks.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn head_logits(
+    pool: &ThreadPool,
+    comms: &RankComms,
+    x: &[f32],
+    h: usize,
+    rows: &[usize],
+    norm: &[f32],
+    eps: f32,
+    head: &WeightMatrix,
+    vocab: usize,
+) -> Result<ForwardOutput, ModelError> {
+    let m = rows.len();
+    let normed = pick_normed(x, h, rows, norm, eps)?;
+    let mut local = vec![0.0f32; m * head.rows()];
+    if m > 0 {
+        matmul(pool, &normed, m, head, &mut local)?;
+    }
+    let logits = if comms.world.size() == 1 {
+        local
+    } else {
+        gather_vocab(comms.world.as_ref(), &local, m, vocab)?
+    };
+    Ok(ForwardOutput {
+        logits,
+        vocab_size: vocab,
+    })
 }
 
 /// Reassembles `[m, vocab]` logits from every rank's `[m, vocab slice]`.

@@ -10,7 +10,7 @@ use super::moe::{mlp_forward, moe_forward};
 use super::mtp::MtpLayer;
 use super::rope::{softmax_scale, MlaRope};
 use super::weights::{FeedForward, MlaLayer, MlaWeights};
-use crate::arch::forward::{gather_vocab, BatchInput, ForwardOutput, RankComms};
+use crate::arch::forward::{head_logits, pick_normed, BatchInput, ForwardOutput, RankComms};
 use crate::arch::weights::{TpShard, WeightPrecision};
 use crate::config::{MlaConfig, ModelConfig, MoeConfig};
 use crate::error::ModelError;
@@ -334,45 +334,16 @@ impl MlaModel {
         head: &WeightMatrix,
     ) -> Result<ForwardOutput, ModelError> {
         let cfg = &self.config;
-        let h = cfg.hidden_size;
-        let m = logits_for.len();
-        let normed = pick_normed(x, h, logits_for, norm, cfg.rms_norm_eps)?;
-        let mut local = vec![0.0f32; m * head.rows()];
-        if m > 0 {
-            matmul(pool, &normed, m, head, &mut local)?;
-        }
-        let vocab = cfg.vocab_size;
-        let logits = if comms.world.size() == 1 {
-            local
-        } else {
-            gather_vocab(comms.world.as_ref(), &local, m, vocab)?
-        };
-        Ok(ForwardOutput {
-            logits,
-            vocab_size: vocab,
-        })
+        head_logits(
+            pool,
+            comms,
+            x,
+            cfg.hidden_size,
+            logits_for,
+            norm,
+            cfg.rms_norm_eps,
+            head,
+            cfg.vocab_size,
+        )
     }
-}
-
-/// The rows `rows` of `x` (`[n, h]`), RMS-normalized with `norm`.
-pub(super) fn pick_normed(
-    x: &[f32],
-    h: usize,
-    rows: &[usize],
-    norm: &[f32],
-    eps: f32,
-) -> Result<Vec<f32>, ModelError> {
-    let n = x.len() / h.max(1);
-    let mut picked = vec![0.0f32; rows.len() * h];
-    for (j, &t) in rows.iter().enumerate() {
-        if t >= n {
-            return Err(ModelError::Invalid(format!(
-                "row {t} requested of a {n}-token batch"
-            )));
-        }
-        picked[j * h..(j + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
-    }
-    let mut normed = vec![0.0f32; rows.len() * h];
-    rms_norm(&picked, norm, eps, &mut normed)?;
-    Ok(normed)
 }
