@@ -34,7 +34,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_references as mr  # noqa: E402
+from reference.common import FIXTURES, TINY_VOCAB, dump_json, log, r6, rows6  # noqa: E402
+from reference.deepseek import make_deepseek_config  # noqa: E402
+from reference.dense import init_weights  # noqa: E402
+from reference.tokenizer import tiny_tokenizer_config  # noqa: E402
 
 NAME = "tiny-deepseek-mtp"
 SEED = 2003
@@ -49,7 +52,7 @@ def causal_mask(n: int) -> torch.Tensor:
 
 @torch.no_grad()
 def init_mtp(layer_tensors: dict, mtp: dict, g: torch.Generator, lm_head: torch.Tensor) -> None:
-    """Same init scheme as make_references.init_weights; shared_head.head is a copy of lm_head
+    """Same init scheme as reference.dense.init_weights; shared_head.head is a copy of lm_head
     (DeepSeek-V3 ships the same matrix in both places)."""
     for name, t in layer_tensors.items():
         if "norm" in name:
@@ -126,16 +129,16 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    out_dir = mr.FIXTURES / NAME
+    out_dir = FIXTURES / NAME
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
-    tok_json = (mr.FIXTURES / "tiny-llama" / "tokenizer.json").read_text()
+    tok_json = (FIXTURES / "tiny-llama" / "tokenizer.json").read_text()
 
-    config = mr.make_deepseek_config("tiny-deepseek")
+    config = make_deepseek_config("tiny-deepseek")
     n_layers = config.num_hidden_layers
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    mr.init_weights(model, SEED)
+    init_weights(model, SEED)
     g = torch.Generator().manual_seed(SEED + 1)
     for bname, b in model.named_buffers():
         if bname.endswith("e_score_correction_bias"):
@@ -167,7 +170,7 @@ def main() -> None:
     cfg["num_nextn_predict_layers"] = 1
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     (out_dir / "tokenizer.json").write_text(tok_json)
-    mr.dump_json(out_dir / "tokenizer_config.json", mr.tiny_tokenizer_config(), indent=2)
+    dump_json(out_dir / "tokenizer_config.json", tiny_tokenizer_config(), indent=2)
 
     # Reload as stored: transformers ignores the layer-N tensors; the MTP weights are read back too.
     model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager").eval()
@@ -180,7 +183,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(SEED + 7)
     prompts = []
     for pname, n in PROMPT_LENS:
-        ids = torch.randint(0, mr.TINY_VOCAB, (n,), generator=gen).tolist()
+        ids = torch.randint(0, TINY_VOCAB, (n,), generator=gen).tolist()
         out = model.model(input_ids=torch.tensor([ids]), use_cache=False)
         hidden = out.last_hidden_state[0]  # after the final norm, as vLLM / SGLang feed it
         main_lp = torch.log_softmax(model.lm_head(hidden).double(), -1)
@@ -201,13 +204,13 @@ def main() -> None:
                 "name": pname,
                 "ids": ids,
                 "main_positions": rows,
-                "main_logprobs": mr.rows6(main_lp[rows]),
+                "main_logprobs": rows6(main_lp[rows]),
                 "mtp_positions": rows,
-                "mtp_logprobs": mr.rows6(lp[rows]),
-                "chain": {"after": c, "first_draft": d1, "logprobs": [mr.r6(v) for v in lp2.tolist()]},
+                "mtp_logprobs": rows6(lp[rows]),
+                "chain": {"after": c, "first_draft": d1, "logprobs": [r6(v) for v in lp2.tolist()]},
             }
         )
-    mr.dump_json(
+    dump_json(
         out_dir / "reference.json",
         {
             "model": NAME,
@@ -225,8 +228,8 @@ def main() -> None:
     )
     for p in out_dir.iterdir():
         p.chmod(0o644)
-    total = sum(p.stat().st_size for p in mr.FIXTURES.rglob("*") if p.is_file())
-    mr.log(f"{NAME}: {len(tensor_list)} tensors; fixtures total {total / 1e6:.2f} MB")
+    total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
+    log(f"{NAME}: {len(tensor_list)} tensors; fixtures total {total / 1e6:.2f} MB")
     assert total < 10_000_000, "fixtures exceed 10 MB"
 
 

@@ -7,8 +7,8 @@ import shutil
 
 import torch
 
-from reference.common import DTYPE_NAMES, FIXTURES, TINY_VOCAB, dump_json, log, rows6
-from reference.dense import greedy, init_weights, make_prompts
+from reference.common import DTYPE_NAMES, FIXTURES, TINY_VOCAB, dump_json, log
+from reference.dense import init_weights, reference_prompts
 from reference.tokenizer import tiny_tokenizer_config
 
 
@@ -129,23 +129,7 @@ def build_deepseek(name: str, tok_json: str) -> None:
     with safe_open(out_dir / "model.safetensors", "pt") as f:
         keys = list(f.keys())
         tensor_list = {k: [DTYPE_NAMES[f.get_tensor(k).dtype], list(f.get_tensor(k).shape)] for k in keys}
-    prompts = []
-    min_margin = float("inf")
-    for pname, ids, positions in make_prompts(spec["seed"] + 7):
-        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
-        lp = torch.log_softmax(logits.double(), -1)
-        g_ids, g_margins = greedy(model, ids, 16)
-        min_margin = min(min_margin, min(g_margins))
-        prompts.append(
-            {
-                "name": pname,
-                "ids": ids,
-                "positions": positions,
-                "logprobs": rows6(lp[positions]),
-                "greedy": g_ids,
-                "greedy_margin": g_margins,
-            }
-        )
+    prompts, _, min_margin = reference_prompts(model, spec["seed"] + 7)
     dump_json(
         out_dir / "reference.json",
         {

@@ -170,6 +170,32 @@ def make_prompts(seed: int) -> list:
 
 
 @torch.no_grad()
+def reference_prompts(model, seed: int):
+    """For each probe prompt: the full log_softmax rows at its probe positions and 16
+    greedy tokens with their margins. Returns (prompts, mean row spreads, min margin)."""
+    prompts = []
+    spreads, min_margin = [], float("inf")
+    for pname, ids, positions in make_prompts(seed):
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+        lp = torch.log_softmax(logits.double(), -1)
+        rows = lp[positions]
+        spreads.append(float((rows.max(-1).values - rows.min(-1).values).mean()))
+        g_ids, g_margins = greedy(model, ids, 16)
+        min_margin = min(min_margin, min(g_margins))
+        prompts.append(
+            {
+                "name": pname,
+                "ids": ids,
+                "positions": positions,
+                "logprobs": rows6(rows),
+                "greedy": g_ids,
+                "greedy_margin": g_margins,
+            }
+        )
+    return prompts, spreads, min_margin
+
+
+@torch.no_grad()
 def build_tiny(name: str, tok_json: str) -> dict:
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -213,25 +239,7 @@ def build_tiny(name: str, tok_json: str) -> dict:
         for k, v in spec["legacy_rope_scaling"].items():
             assert rp[k] == v, (k, rp)
 
-    prompts = []
-    spreads, min_margin = [], float("inf")
-    for pname, ids, positions in make_prompts(spec["seed"] + 7):
-        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
-        lp = torch.log_softmax(logits.double(), -1)
-        rows = lp[positions]
-        spreads.append(float((rows.max(-1).values - rows.min(-1).values).mean()))
-        g_ids, g_margins = greedy(model, ids, 16)
-        min_margin = min(min_margin, min(g_margins))
-        prompts.append(
-            {
-                "name": pname,
-                "ids": ids,
-                "positions": positions,
-                "logprobs": rows6(rows),
-                "greedy": g_ids,
-                "greedy_margin": g_margins,
-            }
-        )
+    prompts, spreads, min_margin = reference_prompts(model, spec["seed"] + 7)
     ref = {
         "model": name,
         "architecture": arch,
