@@ -13,7 +13,8 @@ use futures::StreamExt;
 
 use crate::synthetic::{write_synthetic_llama, SyntheticSpec, SYNTHETIC_VOCAB};
 use crate::{
-    DType, Engine, EngineConfig, GenerationEvent, GenerationParams, ParallelConfig, Prompt,
+    DType, Engine, EngineConfig, GenerationEvent, GenerationParams, ModeledLinkConfig,
+    ParallelConfig, Prompt,
 };
 
 /// Settings of one `bench-dcp` run.
@@ -29,6 +30,21 @@ pub struct DcpBenchSpec {
     pub overlap_batch: usize,
     pub overlap_context: usize,
     pub threads: usize,
+    /// The modeled link of the second overlap measurement.
+    pub link: ModeledLinkConfig,
+    /// Which measurements to run.
+    pub sections: Vec<DcpBenchSection>,
+}
+
+/// The measurements of `bench-dcp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DcpBenchSection {
+    /// Decode step time of one long sequence, dcp=1 vs dcp=tp.
+    Step,
+    /// KV capacity and sequences running at once with the same memory.
+    Capacity,
+    /// Decode step time with and without two overlapped micro-batches.
+    Overlap,
 }
 
 fn model_spec(context: usize, query_heads: usize) -> SyntheticSpec {
@@ -133,64 +149,98 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
     let mut report = String::new();
     let tp = spec.tp;
 
-    // 1. Decode step time of one long sequence.
-    let room = ((spec.context + spec.decode_tokens + 64) * per_token) as u64;
-    let mut times = Vec::new();
-    for dcp in [1, tp] {
-        let engine = Engine::from_path(&dir, engine_config(tp, dcp, room, spec.threads)).await?;
-        step_ms(&engine, 256, 4).await?; // warm-up
-        times.push(step_ms(&engine, spec.context, spec.decode_tokens).await?);
-    }
-    report.push_str(&format!(
+    if spec.sections.contains(&DcpBenchSection::Step) {
+        // 1. Decode step time of one long sequence.
+        let room = ((spec.context + spec.decode_tokens + 64) * per_token) as u64;
+        let mut times = Vec::new();
+        for dcp in [1, tp] {
+            let engine =
+                Engine::from_path(&dir, engine_config(tp, dcp, room, spec.threads)).await?;
+            step_ms(&engine, 256, 4).await?; // warm-up
+            times.push(step_ms(&engine, spec.context, spec.decode_tokens).await?);
+        }
+        report.push_str(&format!(
         "decode step, one {}-token sequence: tp={tp} dcp=1 {:.2} ms, tp={tp} dcp={tp} {:.2} ms, ratio {:.2}\n",
         spec.context,
         times[0],
         times[1],
         times[1] / times[0]
     ));
-
-    // 2. Capacity with the same KV memory per rank.
-    let budget = (4 * (spec.capacity_context + 32) * per_token) as u64;
-    for dcp in [1, tp] {
-        let engine = Engine::from_path(&dir, engine_config(tp, dcp, budget, spec.threads)).await?;
-        let (per_rank, total) = engine.kv_capacity();
-        let running = max_running(&engine, spec.capacity_context, spec.capacity_sequences).await?;
-        report.push_str(&format!(
+    }
+    if spec.sections.contains(&DcpBenchSection::Capacity) {
+        // 2. Capacity with the same KV memory per rank.
+        let budget = (4 * (spec.capacity_context + 32) * per_token) as u64;
+        for dcp in [1, tp] {
+            let engine =
+                Engine::from_path(&dir, engine_config(tp, dcp, budget, spec.threads)).await?;
+            let (per_rank, total) = engine.kv_capacity();
+            let running =
+                max_running(&engine, spec.capacity_context, spec.capacity_sequences).await?;
+            report.push_str(&format!(
             "capacity, {budget} KV bytes per rank: tp={tp} dcp={dcp}: {per_rank} tokens per rank, {total} in total; at most {running} of {} sequences of {} tokens running at once\n",
             spec.capacity_sequences, spec.capacity_context
         ));
-    }
-    // 3. Overlap: decode of a batch at tp=N, dcp=N with one step at a time vs two
-    //    micro-batches in ping-pong.
-    let batch_budget = (spec.overlap_batch * (spec.overlap_context + 96) * per_token) as u64;
-    let mut step = Vec::new();
-    for overlap in [false, true] {
-        let mut cfg = engine_config(tp, tp, batch_budget, spec.threads);
-        cfg.overlap_micro_batches = overlap;
-        let engine = Engine::from_path(&dir, cfg).await?;
-        let mut runs = Vec::new();
-        for r in 0..3 {
-            let tok_s = crate::engine_bench::decode_once(
-                &engine,
-                spec.overlap_batch,
-                spec.overlap_context,
-                64,
-                r,
-            )
-            .await?;
-            runs.push(spec.overlap_batch as f64 / tok_s * 1e3);
         }
-        runs.sort_by(f64::total_cmp);
-        step.push(runs[1]);
     }
-    report.push_str(&format!(
-        "decode step, {} sequences of {} tokens at tp={tp} dcp={tp}: one step at a time {:.2} ms, two micro-batches in ping-pong {:.2} ms, ratio {:.2}\n",
-        spec.overlap_batch,
-        spec.overlap_context,
-        step[0],
-        step[1],
-        step[1] / step[0]
-    ));
+    if spec.sections.contains(&DcpBenchSection::Overlap) {
+        report.push_str(&overlap_report(&dir, spec, per_token).await?);
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
+}
+
+/// Decode of a batch at tp=N, dcp=N, one step at a time vs two micro-batches in
+/// ping-pong, over shared memory and over a modeled link.
+async fn overlap_report(
+    dir: &std::path::Path,
+    spec: &DcpBenchSpec,
+    per_token: usize,
+) -> Result<String> {
+    let tp = spec.tp;
+    let batch_budget = (spec.overlap_batch * (spec.overlap_context + 96) * per_token) as u64;
+    let link = spec.link;
+    let mut out = format!(
+        "decode step, {} sequences of {} tokens at tp={tp} dcp={tp} (median of 3 runs):\n{:<34}{:>20}{:>20}{:>8}\n",
+        spec.overlap_batch, spec.overlap_context, "collectives", "one step at a time", "two micro-batches", "ratio"
+    );
+    let links = [
+        ("shared memory".to_string(), None),
+        (
+            format!(
+                "modeled link {} us + {} GB/s",
+                link.latency_us, link.gigabytes_per_second
+            ),
+            Some(link),
+        ),
+    ];
+    for (name, modeled) in links {
+        let mut step = Vec::new();
+        for overlap in [false, true] {
+            let mut cfg = engine_config(tp, tp, batch_budget, spec.threads);
+            cfg.overlap_micro_batches = overlap;
+            cfg.modeled_link = modeled;
+            let engine = Engine::from_path(dir, cfg).await?;
+            let mut runs = Vec::new();
+            for r in 0..3 {
+                let tok_s = crate::engine_bench::decode_once(
+                    &engine,
+                    spec.overlap_batch,
+                    spec.overlap_context,
+                    64,
+                    r,
+                )
+                .await?;
+                runs.push(spec.overlap_batch as f64 / tok_s * 1e3);
+            }
+            runs.sort_by(f64::total_cmp);
+            step.push(runs[1]);
+        }
+        out.push_str(&format!(
+            "{name:<34}{:>20}{:>20}{:>8.2}\n",
+            format!("{:.2} ms", step[0]),
+            format!("{:.2} ms", step[1]),
+            step[1] / step[0]
+        ));
+    }
+    Ok(out)
 }

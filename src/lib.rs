@@ -26,7 +26,7 @@ pub mod synthetic;
 
 pub use dcpserve_actors::{FinishReason, GenerationParams, TokenOutput};
 pub use dcpserve_config::{
-    DType, EngineConfig, ParallelConfig, SpeculativeConfig, SpeculativeMethod,
+    DType, EngineConfig, ModeledLinkConfig, ParallelConfig, SpeculativeConfig, SpeculativeMethod,
 };
 pub use dcpserve_kernels::SamplingParams;
 pub use dcpserve_model::ChatMessage;

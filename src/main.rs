@@ -71,6 +71,15 @@ struct BenchDcpArgs {
     /// Compute threads in all.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Latency per collective of the modeled link in the overlap measurement (µs).
+    #[arg(long, default_value_t = 100.0)]
+    link_latency_us: f64,
+    /// Bandwidth of the modeled link in the overlap measurement (GB/s).
+    #[arg(long, default_value_t = 10.0)]
+    link_gbps: f64,
+    /// Measurements to run (all by default).
+    #[arg(long = "section", value_enum)]
+    sections: Vec<dcpserve::dcp_bench::DcpBenchSection>,
 }
 
 #[derive(Args)]
@@ -249,6 +258,16 @@ fn main() -> Result<()> {
                     overlap_batch: a.overlap_batch,
                     overlap_context: a.overlap_context,
                     threads: a.threads,
+                    link: dcpserve::ModeledLinkConfig {
+                        latency_us: a.link_latency_us,
+                        gigabytes_per_second: a.link_gbps,
+                    },
+                    sections: if a.sections.is_empty() {
+                        use dcpserve::dcp_bench::DcpBenchSection::*;
+                        vec![Step, Capacity, Overlap]
+                    } else {
+                        a.sections
+                    },
                 };
                 print!("{}", dcpserve::dcp_bench::run(&spec).await?);
                 Ok(())

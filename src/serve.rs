@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// '{"method": "draft_model", "model": PATH, "num_speculative_tokens": 3}'.
     #[arg(long, value_parser = parse_speculative_config)]
     pub speculative_config: Option<SpeculativeConfig>,
+    /// Run two micro-batches in ping-pong: each rank computes one while the other waits
+    /// in its collectives (pays off when collectives are slow; see bench-dcp).
+    #[arg(long)]
+    pub overlap_micro_batches: bool,
 }
 
 fn parse_speculative_config(s: &str) -> Result<SpeculativeConfig, String> {
@@ -141,6 +145,7 @@ impl ServeArgs {
             seed: self.seed,
             threads: self.threads,
             speculative_config: self.speculative_config.clone(),
+            overlap_micro_batches: self.overlap_micro_batches.then_some(true),
             sampling: SamplingDefaults::default(),
         }
     }

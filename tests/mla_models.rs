@@ -180,7 +180,7 @@ async fn mla_dcp_shards_the_latent_cache() {
     // The cache a rank allocates holds exactly that per slot.
     let model = RankModel::load(c.clone(), files.tensors.as_ref(), WeightPrecision::F32).unwrap();
     match model.new_kv_cache(10, 16) {
-        RankCache::Latent(l) => assert_eq!(l.bytes(), 160 * per_token),
+        RankCache::Latent(l) => assert_eq!(l.lock().unwrap().bytes(), 160 * per_token),
         RankCache::Dense(_) => panic!("an MLA model got a K/V cache"),
     }
     let budget: u64 = 1 << 20;

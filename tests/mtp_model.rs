@@ -141,7 +141,7 @@ fn mtp_pass(
                     &comms,
                     input,
                     &prev_hidden[start * h..end * h],
-                    cache,
+                    &mut *cache,
                 )
                 .unwrap()
         });

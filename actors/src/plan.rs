@@ -13,6 +13,9 @@ use crate::placement::Placement;
 #[derive(Debug, Clone, Default)]
 pub struct StepPlan {
     pub step_id: u64,
+    /// Which micro-batch the step belongs to (0, or 1 with two in ping-pong): each runs
+    /// on its own compute thread of every rank, with its own communicators.
+    pub micro_batch: usize,
     pub tokens: Vec<u32>,
     pub positions: Vec<usize>,
     /// Index into `block_tables` of each token's sequence.

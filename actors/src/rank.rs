@@ -1,19 +1,22 @@
-//! A rank actor: owns one compute thread with its weight shard and KV shard.
+//! A rank actor: owns the compute thread(s) of its weight shard and KV shard.
 //!
 //! The actor is the mailbox; compute runs on a dedicated OS thread (kernels block for
 //! milliseconds) that answers the scheduler directly, so a step costs one message hop
-//! in and one out, never one per layer.
+//! in and one out, never one per layer. With two micro-batches the rank has one compute
+//! thread per micro-batch, sharing the weights, the KV cache and a compute baton: while
+//! one waits in a collective the other computes (see `dcpserve_kernels::overlap`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use dcpserve_kernels::ThreadPool;
-use dcpserve_model::arch::{KvStorage, RankComms, RankModel, TpShard, WeightPrecision};
+use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 
+use crate::collective::RankChannels;
 use crate::placement::Placement;
 use crate::plan::{LocalBatch, SharedPlan, StepOutput};
 use crate::scheduler::SchedulerMsg;
@@ -31,7 +34,7 @@ pub enum RankMsg {
     /// Test hook: make the compute thread panic on its next step.
     InjectFault,
     /// Diagnostic: what this rank's KV cache has stored, answered after the steps already
-    /// queued have run.
+    /// queued have run (those of the first micro-batch, when there are two).
     KvStorage(RpcReplyPort<KvStorage>),
 }
 
@@ -41,7 +44,8 @@ pub struct RankArgs {
     pub tp_size: usize,
     /// Which rank group this rank belongs to (restarts so far).
     pub generation: u64,
-    pub comms: RankComms,
+    /// Communicators per micro-batch (one compute thread each), and the baton they share.
+    pub comms: RankChannels,
     pub files: Arc<ModelFiles>,
     pub precision: WeightPrecision,
     pub placement: Placement,
@@ -92,7 +96,8 @@ impl StepSink {
 pub struct RankActor;
 
 pub struct RankState {
-    jobs: Option<flume::Sender<Job>>,
+    /// One job queue per micro-batch thread; the first also takes the other jobs.
+    jobs: Vec<flume::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     rank: usize,
 }
@@ -114,7 +119,9 @@ impl Actor for RankActor {
         myself: ActorRef<RankMsg>,
         args: RankArgs,
     ) -> Result<RankState, ActorProcessingErr> {
-        let (jobs_tx, jobs_rx) = flume::unbounded::<Job>();
+        let (jobs_tx, jobs_rx): (Vec<_>, Vec<_>) = (0..args.comms.micro_batches.len())
+            .map(|_| flume::unbounded::<Job>())
+            .unzip();
         let (ready_tx, ready_rx) = oneshot::channel::<Result<(), String>>();
         let rank = args.rank;
         let thread = std::thread::Builder::new()
@@ -122,7 +129,7 @@ impl Actor for RankActor {
             .spawn(move || compute_thread(args, jobs_rx, ready_tx, myself))?;
         match ready_rx.await {
             Ok(Ok(())) => Ok(RankState {
-                jobs: Some(jobs_tx),
+                jobs: jobs_tx,
                 thread: Some(thread),
                 rank,
             }),
@@ -137,9 +144,9 @@ impl Actor for RankActor {
         msg: RankMsg,
         state: &mut RankState,
     ) -> Result<(), ActorProcessingErr> {
-        let jobs = state.jobs.as_ref().ok_or("rank is shutting down")?;
+        let jobs = state.jobs.first().ok_or("rank is shutting down")?;
         match msg {
-            RankMsg::Execute(plan) => jobs
+            RankMsg::Execute(plan) => state.jobs[plan.micro_batch % state.jobs.len()]
                 .send(Job::Step(plan))
                 .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
             RankMsg::Mtp(plan, reply) => jobs
@@ -161,8 +168,8 @@ impl Actor for RankActor {
         _myself: ActorRef<RankMsg>,
         state: &mut RankState,
     ) -> Result<(), ActorProcessingErr> {
-        // Closing the job channel ends the thread after its current step.
-        state.jobs.take();
+        // Closing the job channels ends the threads after their current step.
+        state.jobs.clear();
         if let Some(t) = state.thread.take() {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
@@ -172,12 +179,52 @@ impl Actor for RankActor {
 
 fn compute_thread(
     args: RankArgs,
-    jobs: flume::Receiver<Job>,
+    jobs: Vec<flume::Receiver<Job>>,
     ready: oneshot::Sender<Result<(), String>>,
     myself: ActorRef<RankMsg>,
 ) {
+    let model = match load_model(&args) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let pool = ThreadPool::new(args.threads.max(1));
+    let cache = model.new_kv_cache(args.num_blocks, args.placement.block_size);
+    let _ = ready.send(Ok(()));
+    let rank = RankCompute {
+        args: &args,
+        model: &model,
+        pool: &pool,
+        cache: &cache,
+        myself: &myself,
+    };
+    // The first micro-batch runs on this thread, a second one on a scoped thread: both
+    // end when their job queue closes or their step fails.
+    std::thread::scope(|s| {
+        let mut queues = jobs.into_iter().enumerate();
+        let first = queues.next();
+        for (mb, queue) in queues {
+            let rank = &rank;
+            let spawned = std::thread::Builder::new()
+                .name(format!("dcpserve-rank-{}-mb{mb}", args.rank))
+                .spawn_scoped(s, move || rank.serve(mb, queue));
+            if let Err(e) = spawned {
+                fail(&args, &myself, format!("micro-batch thread: {e}"));
+                return;
+            }
+        }
+        if let Some((mb, queue)) = first {
+            rank.serve(mb, queue);
+        }
+    });
+}
+
+/// Loads this rank's shard (and its MTP layer when asked), turning panics into errors.
+fn load_model(args: &RankArgs) -> Result<RankModel, String> {
     let loaded = catch_unwind(AssertUnwindSafe(|| {
-        RankModel::load_shard(
+        let mut m = RankModel::load_shard(
             args.files.config.clone(),
             args.files.tensors.as_ref(),
             args.precision,
@@ -185,104 +232,135 @@ fn compute_thread(
                 rank: args.rank,
                 size: args.tp_size,
             },
-        )
+        )?;
+        if args.mtp {
+            m.load_mtp(args.files.tensors.as_ref(), args.precision)?;
+        }
+        Ok::<_, dcpserve_model::ModelError>(m)
     }));
-    let loaded = match loaded {
-        Ok(Ok(mut m)) if args.mtp => catch_unwind(AssertUnwindSafe(|| {
-            m.load_mtp(args.files.tensors.as_ref(), args.precision)
-                .map(|()| m)
-        })),
-        other => other,
-    };
-    let model = match loaded {
-        Ok(Ok(m)) => m,
-        Ok(Err(e)) => {
-            let _ = ready.send(Err(format!("rank {}: {e}", args.rank)));
-            return;
+    match loaded {
+        Ok(Ok(m)) => Ok(m),
+        Ok(Err(e)) => Err(format!("rank {}: {e}", args.rank)),
+        Err(p) => Err(format!(
+            "rank {}: panic while loading: {}",
+            args.rank,
+            panic_text(&p)
+        )),
+    }
+}
+
+/// What a rank's compute threads share.
+struct RankCompute<'a> {
+    args: &'a RankArgs,
+    model: &'a RankModel,
+    pool: &'a ThreadPool,
+    cache: &'a RankCache,
+    myself: &'a ActorRef<RankMsg>,
+}
+
+impl RankCompute<'_> {
+    /// Runs micro-batch `mb`'s jobs until the queue closes or a step fails.
+    fn serve(&self, mb: usize, jobs: flume::Receiver<Job>) {
+        let args = self.args;
+        if args.comms.baton.is_some() {
+            pin_micro_batch_thread(args);
         }
-        Err(p) => {
-            let _ = ready.send(Err(format!(
-                "rank {}: panic while loading: {}",
-                args.rank,
-                panic_text(&p)
-            )));
-            return;
-        }
-    };
-    let pool = ThreadPool::new(args.threads.max(1));
-    let mut cache = model.new_kv_cache(args.num_blocks, args.placement.block_size);
-    let mut hidden = HiddenStore::default();
-    let _ = ready.send(Ok(()));
-    while let Ok(job) = jobs.recv() {
-        let plan = match job {
-            Job::Step(plan) => plan,
-            Job::Mtp(plan, reply) => {
-                let ctx = MtpContext {
-                    model: &model,
-                    pool: &pool,
-                    comms: &args.comms,
-                    placement: &args.placement,
-                };
-                let result =
-                    catch_unwind(AssertUnwindSafe(|| ctx.run(&plan, &mut cache, &mut hidden)));
-                let error = match result {
-                    Ok(Ok(out)) => {
-                        if let Some(r) = reply {
-                            let _ = r.send(Ok(out));
+        let comms = &args.comms.micro_batches[mb];
+        // Hidden states for the MTP layer (only with one micro-batch).
+        let mut hidden = HiddenStore::default();
+        while let Ok(job) = jobs.recv() {
+            let plan = match job {
+                Job::Step(plan) => plan,
+                Job::Mtp(plan, reply) => {
+                    let ctx = MtpContext {
+                        model: self.model,
+                        pool: self.pool,
+                        comms,
+                        placement: &args.placement,
+                    };
+                    let result =
+                        catch_unwind(AssertUnwindSafe(|| ctx.run(&plan, self.cache, &mut hidden)));
+                    let error = match result {
+                        Ok(Ok(out)) => {
+                            if let Some(r) = reply {
+                                let _ = r.send(Ok(out));
+                            }
+                            continue;
                         }
-                        continue;
+                        Ok(Err(e)) => format!("MTP step: {e}"),
+                        Err(p) => format!("panic in an MTP step: {}", panic_text(&p)),
+                    };
+                    if let Some(r) = reply {
+                        let _ = r.send(Err(error.clone()));
                     }
-                    Ok(Err(e)) => format!("MTP step: {e}"),
-                    Err(p) => format!("panic in an MTP step: {}", panic_text(&p)),
-                };
-                if let Some(r) = reply {
-                    let _ = r.send(Err(error.clone()));
+                    tracing::error!(rank = args.rank, "{error}");
+                    fail(args, self.myself, error);
+                    return;
                 }
-                tracing::error!(rank = args.rank, "{error}");
-                fail(&args, &myself, error);
-                return;
-            }
-            Job::Fault => {
-                let err = "injected fault".to_string();
-                fail(&args, &myself, err);
-                return;
-            }
-            Job::Storage(reply) => {
-                let _ = reply.send(cache.storage());
-                continue;
-            }
-        };
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            let local = LocalBatch::new(&plan, &args.placement);
-            let tables: Vec<&[u32]> = plan.block_tables.iter().map(|t| t.as_slice()).collect();
-            let input = local.input(&plan, &tables);
-            if !model.has_mtp() {
-                return model.forward_rank(&pool, &args.comms, &input, &mut cache);
-            }
-            hidden.release(&plan.released);
-            let all: Vec<usize> = (0..plan.tokens.len()).collect();
-            let (out, h) =
-                model.forward_rank_hidden(&pool, &args.comms, &input, &mut cache, &all)?;
-            hidden.keep(&plan, &h);
-            Ok(out)
-        }));
-        let error = match result {
-            Ok(Ok(out)) => {
-                if args.rank == 0 {
-                    args.reports.send(StepReport::Done(Box::new(StepOutput {
-                        step_id: plan.step_id,
-                        logits: out.logits,
-                        vocab_size: out.vocab_size,
-                    })));
+                Job::Fault => {
+                    let err = "injected fault".to_string();
+                    fail(args, self.myself, err);
+                    return;
                 }
-                continue;
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(p) => format!("panic in step {}: {}", plan.step_id, panic_text(&p)),
-        };
-        tracing::error!(rank = args.rank, "{error}");
-        fail(&args, &myself, error);
-        return;
+                Job::Storage(reply) => {
+                    let _ = reply.send(self.cache.storage());
+                    continue;
+                }
+            };
+            // Compute only while holding the rank's baton (lent out inside collectives).
+            let turn = args.comms.baton.as_ref().map(|b| b.hold(mb));
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                let local = LocalBatch::new(&plan, &args.placement);
+                let tables: Vec<&[u32]> = plan.block_tables.iter().map(|t| t.as_slice()).collect();
+                let input = local.input(&plan, &tables);
+                if !self.model.has_mtp() {
+                    return self.model.forward_rank_shared(
+                        self.pool,
+                        comms,
+                        &input,
+                        self.cache,
+                        turn.as_ref(),
+                    );
+                }
+                hidden.release(&plan.released);
+                let all: Vec<usize> = (0..plan.tokens.len()).collect();
+                let (out, h) = self
+                    .model
+                    .forward_rank_hidden(self.pool, comms, &input, self.cache, &all)?;
+                hidden.keep(&plan, &h);
+                Ok(out)
+            }));
+            drop(turn);
+            let error = match result {
+                Ok(Ok(out)) => {
+                    if args.rank == 0 {
+                        args.reports.send(StepReport::Done(Box::new(StepOutput {
+                            step_id: plan.step_id,
+                            logits: out.logits,
+                            vocab_size: out.vocab_size,
+                        })));
+                    }
+                    continue;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(p) => format!("panic in step {}: {}", plan.step_id, panic_text(&p)),
+            };
+            tracing::error!(rank = args.rank, "{error}");
+            fail(args, self.myself, error);
+            return;
+        }
+    }
+}
+
+/// Pins a micro-batch thread to its rank's cores (`threads` cores per rank, in rank
+/// order) when every rank has cores of its own. The two micro-batch threads of a rank
+/// take turns through the baton; pinned, the one woken from a collective waits for its
+/// own rank's core instead of preempting another rank's compute.
+fn pin_micro_batch_thread(args: &RankArgs) {
+    let per_rank = args.threads.max(1);
+    let first = args.rank * per_rank;
+    if first + per_rank <= dcpserve_kernels::available_cores() {
+        dcpserve_kernels::pin_current_thread(first..first + per_rank);
     }
 }
 

@@ -3,13 +3,15 @@
 //! collectives, so the whole group restarts; only requests with KV state are lost).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use dcpserve_config::EngineConfig;
+use dcpserve_kernels::LinkModel;
 use dcpserve_model::arch::{kv_capacity, KvStorage, MtpLayer, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::collective::{CollectiveActor, CollectiveMsg};
+use crate::collective::{CollectiveActor, CollectiveMsg, GroupSpec};
 use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs, KvManagerMsg};
 use crate::placement::Placement;
 use crate::rank::{RankActor, RankArgs, RankMsg, StepSink};
@@ -393,8 +395,17 @@ impl SupervisorState {
         let e = &self.args.engine;
         let tp = e.parallel.tensor_parallel_size;
         let dcp = e.parallel.decode_context_parallel_size;
+        let spec = GroupSpec {
+            tp,
+            dcp,
+            micro_batches: if e.overlap_micro_batches { 2 } else { 1 },
+            link: e.modeled_link.map(|l| LinkModel {
+                latency: Duration::from_secs_f64(l.latency_us * 1e-6),
+                bytes_per_second: l.gigabytes_per_second * 1e9,
+            }),
+        };
         let (collective, _) =
-            Actor::spawn_linked(None, CollectiveActor, (tp, dcp), supervisor.clone()).await?;
+            Actor::spawn_linked(None, CollectiveActor, spec, supervisor.clone()).await?;
         let mut spawns = Vec::with_capacity(tp);
         for rank in 0..tp {
             let layout = e.parallel.rank_layout(rank);

@@ -79,6 +79,9 @@ pub struct ModelEntry {
     pub threads: Option<usize>,
     /// Speculative decoding, as vLLM's `--speculative-config`.
     pub speculative_config: Option<SpeculativeConfig>,
+    /// Two micro-batches in ping-pong, one's collectives overlapping the other's compute
+    /// (default off).
+    pub overlap_micro_batches: Option<bool>,
     #[serde(default)]
     pub sampling: SamplingDefaults,
 }
@@ -120,6 +123,9 @@ impl ModelEntry {
                 .unwrap_or(d.enable_prefix_caching),
             num_threads: self.threads,
             seed: self.seed.unwrap_or(d.seed),
+            overlap_micro_batches: self
+                .overlap_micro_batches
+                .unwrap_or(d.overlap_micro_batches),
             speculative: self
                 .speculative_config
                 .clone()

@@ -49,8 +49,10 @@ pub struct EngineConfig {
     /// Most tokens (prefill + decode) in one step.
     pub max_num_batched_tokens: usize,
     pub enable_prefix_caching: bool,
-    /// Run two micro-batches in ping-pong, so one step's sampling, planning and messages
-    /// overlap the other's compute and collectives.
+    /// Run two micro-batches in ping-pong: each rank computes them on two threads that
+    /// take turns, switching whenever one waits in a collective, so one micro-batch's
+    /// communication overlaps the other's compute, and the scheduler samples and plans one
+    /// while the ranks compute the other.
     pub overlap_micro_batches: bool,
     /// Compute threads for the whole model; split evenly over its ranks. `None` = all cores.
     pub num_threads: Option<usize>,
@@ -58,6 +60,17 @@ pub struct EngineConfig {
     pub seed: u64,
     /// Speculative decoding (`--speculative-config`); `None` decodes one token per step.
     pub speculative: Option<SpeculativeConfig>,
+    /// For benchmarks: every collective also waits (without using a core) as long as this
+    /// link would take, to measure on CPU ranks what a slower interconnect costs.
+    pub modeled_link: Option<ModeledLinkConfig>,
+}
+
+/// A modeled interconnect: a fixed latency per collective plus bytes over bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeledLinkConfig {
+    pub latency_us: f64,
+    pub gigabytes_per_second: f64,
 }
 
 impl Default for EngineConfig {
@@ -71,11 +84,12 @@ impl Default for EngineConfig {
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
             enable_prefix_caching: true,
-            // Measured slower on CPU ranks (each half-batch re-reads the weights): opt-in.
+            // Pays off only when collectives are slow (see `bench-dcp --section overlap`).
             overlap_micro_batches: false,
             num_threads: None,
             seed: 0,
             speculative: None,
+            modeled_link: None,
         }
     }
 }
@@ -96,6 +110,18 @@ impl EngineConfig {
         }
         if self.num_threads == Some(0) {
             return Err(ConfigError("num_threads must be at least 1.".into()));
+        }
+        if let Some(l) = self.modeled_link {
+            let valid = l.latency_us >= 0.0
+                && l.latency_us.is_finite()
+                && l.gigabytes_per_second > 0.0
+                && l.gigabytes_per_second.is_finite();
+            if !valid {
+                return Err(ConfigError(format!(
+                    "modeled_link needs latency_us >= 0 and gigabytes_per_second > 0, got {} and {}.",
+                    l.latency_us, l.gigabytes_per_second
+                )));
+            }
         }
         Ok(())
     }

@@ -13,6 +13,6 @@ mod engine;
 mod parallel;
 mod speculative;
 
-pub use engine::{DType, EngineConfig};
+pub use engine::{DType, EngineConfig, ModeledLinkConfig};
 pub use parallel::{AttentionKind, ConfigError, ParallelConfig, RankLayout};
 pub use speculative::{SpeculativeConfig, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};

@@ -88,6 +88,19 @@ pub struct AttentionBatch<'a> {
     pub block_tables: &'a [&'a [u32]],
 }
 
+impl<'a> AttentionBatch<'a> {
+    /// The tokens `range` of the batch (their queries, sequences and lengths).
+    pub fn tokens(&self, range: std::ops::Range<usize>) -> AttentionBatch<'a> {
+        let row = self.n_q_heads * self.head_dim;
+        AttentionBatch {
+            q: &self.q[range.start * row..range.end * row],
+            token_seq: &self.token_seq[range.clone()],
+            token_kv_len: &self.token_kv_len[range],
+            ..*self
+        }
+    }
+}
+
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Caller-side reuse: split partials (`[split][row][hd]` then `[split][row]`) and

@@ -9,8 +9,10 @@ pub mod attention;
 pub mod comm;
 pub mod cpu;
 pub mod error;
+pub mod link_model;
 pub mod matmul;
 pub mod ops;
+pub mod overlap;
 pub mod pool;
 pub mod quant;
 pub mod sampling;
@@ -21,12 +23,14 @@ pub use attention::{merge_partials, paged_attention, write_kv, AttentionBatch};
 pub use comm::{Communicator, InProcessComm};
 pub use cpu::{features, force_scalar, CpuFeatures};
 pub use error::KernelError;
+pub use link_model::{LinkModel, ModeledLink};
 pub use matmul::{matmul, matmul_fast, matmul_with_precision, Precision};
 pub use ops::{
     add_bias, add_inplace, log_softmax, rms_norm, rms_norm_inplace, silu_mul, softmax_inplace,
     RopeScalingKind, RopeTable,
 };
-pub use pool::{available_cores, ThreadPool};
+pub use overlap::{BatonComm, BatonTurn, ComputeBaton};
+pub use pool::{available_cores, pin_current_thread, ThreadPool};
 pub use quant::{dequantize, quantize, WeightFormat};
 pub use sampling::{argmax, sample, Rng, SamplingParams};
 pub use weights::{SharedBytes, WeightMatrix};

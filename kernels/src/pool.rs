@@ -285,6 +285,25 @@ impl Drop for ThreadPool {
     }
 }
 
+/// Pins the calling thread to the cores `cores` (Linux; elsewhere it does nothing).
+/// Returns whether it took effect.
+pub fn pin_current_thread(cores: std::ops::Range<usize>) -> bool {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `set` is a plain bit set on the stack; pid 0 means the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in cores.filter(|&c| c < libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = cores;
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -224,6 +224,7 @@ impl SchedulerState {
         self.next_step += 1;
         let mut plan = StepPlan {
             step_id,
+            micro_batch: mb,
             released: std::mem::take(&mut self.released),
             ..Default::default()
         };

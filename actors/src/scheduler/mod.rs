@@ -2,8 +2,9 @@
 //! prefix-cache hits, preemption by recompute, and sampling of each step's logits.
 //!
 //! With `overlap_micro_batches`, sequences run in two micro-batches in ping-pong: up to
-//! two steps are in flight, and while the ranks compute one, the other's logits are
-//! sampled and its next plan sent. Otherwise one step is in flight at a time.
+//! two steps are in flight, each on its own compute thread of every rank (one computes
+//! while the other waits in a collective), and while the ranks compute one, the other's
+//! logits are sampled and its next plan sent. Otherwise one step is in flight at a time.
 //! KV blocks are owned by the KV-block-manager actor, asked once per step.
 
 mod batching;
@@ -141,6 +142,10 @@ pub struct SchedulerState {
     kv: ActorRef<KvManagerMsg>,
     /// Releases and commits for the KV-block manager, sent with the next round trip.
     pending_kv: Vec<KvOp>,
+    /// Releases of sequences aborted while a step that writes their KV is in flight
+    /// beside another (two micro-batches): their blocks return once that step ends, so
+    /// the other micro-batch cannot be handed blocks a rank is still writing.
+    deferred_kv: Vec<(u64, KvOp)>,
     /// Sequences released since the last plan, for the ranks (see [`StepPlan::released`]).
     released: Vec<u64>,
     waiting: VecDeque<u64>,
@@ -175,6 +180,7 @@ impl Actor for Scheduler {
             draft,
             kv,
             pending_kv: Vec::new(),
+            deferred_kv: Vec::new(),
             released: Vec::new(),
             cfg,
             waiting: VecDeque::new(),
@@ -319,15 +325,20 @@ impl SchedulerState {
         self.waiting.push_back(id);
     }
 
-    /// Ends a sequence now and frees its blocks.
+    /// Ends a sequence now and frees its blocks: at once, or when the step computing it
+    /// ends if another step can run beside that one.
     fn finish(&mut self, id: u64, reason: FinishReason) {
         let Some(seq) = self.seqs.remove(&id) else {
             return;
         };
-        self.pending_kv.push(KvOp::Release {
+        let release = KvOp::Release {
             seq: id,
             forget: true,
-        });
+        };
+        match self.computing(id) {
+            Some(step) if self.cfg.overlap_micro_batches => self.deferred_kv.push((step, release)),
+            _ => self.pending_kv.push(release),
+        }
         self.running.retain(|&r| r != id);
         self.waiting.retain(|&w| w != id);
         self.release_draft(id);
@@ -338,9 +349,18 @@ impl SchedulerState {
         });
     }
 
+    /// The step in flight that computes sequence `id`, if any.
+    fn computing(&self, id: u64) -> Option<u64> {
+        self.in_flight
+            .iter()
+            .find(|f| f.scheduled.iter().any(|s| s.id == id))
+            .map(|f| f.step_id)
+    }
+
     fn fail_all_running(&mut self, error: &str) {
         self.in_flight.clear();
         self.pending_kv.clear();
+        self.deferred_kv.clear();
         for id in std::mem::take(&mut self.running) {
             if let Some(seq) = self.seqs.remove(&id) {
                 let _ = seq.events.send(RequestEvent::Error(format!(
@@ -363,6 +383,12 @@ impl SchedulerState {
             return;
         };
         let scheduled = self.in_flight.remove(idx).expect("index found").scheduled;
+        // Blocks of sequences aborted during the step are free now that it has ended.
+        let (ready, later) = std::mem::take(&mut self.deferred_kv)
+            .into_iter()
+            .partition::<Vec<_>, _>(|(step, _)| *step == out.step_id);
+        self.deferred_kv = later;
+        self.pending_kv.extend(ready.into_iter().map(|(_, op)| op));
         let vocab = out.vocab_size;
         for s in scheduled {
             let Some(seq) = self.seqs.get_mut(&s.id) else {
@@ -405,3 +431,6 @@ impl SchedulerState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use super::{Draft, DraftProposer, DraftRequest};
 use crate::block_manager::{KvBlockManager, PrefixHit, SeqBlocks};
-use crate::collective::{CollectiveActor, CollectiveMsg};
+use crate::collective::{CollectiveActor, CollectiveMsg, GroupSpec};
 use crate::placement::Placement;
 use crate::plan::{StepOutput, StepPlan};
 use crate::rank::{RankActor, RankArgs, RankMsg, StepReport, StepSink};
@@ -60,7 +60,7 @@ impl DraftModelProposer {
     pub async fn spawn(files: Arc<ModelFiles>, spec: DraftModelSpec) -> Result<Self, String> {
         let tp = spec.parallel.tensor_parallel_size;
         let dcp = spec.parallel.decode_context_parallel_size;
-        let (collective, _) = Actor::spawn(None, CollectiveActor, (tp, dcp))
+        let (collective, _) = Actor::spawn(None, CollectiveActor, GroupSpec::new(tp, dcp))
             .await
             .map_err(|e| format!("draft model: {e}"))?;
         let (tx, reports) = mpsc::unbounded_channel();

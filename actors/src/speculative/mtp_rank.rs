@@ -87,7 +87,7 @@ impl MtpContext<'_> {
     pub fn run(
         &self,
         plan: &MtpPlan,
-        cache: &mut RankCache,
+        cache: &RankCache,
         hidden: &mut HiddenStore,
     ) -> Result<MtpOutput, ModelError> {
         let rows = &plan.rows;

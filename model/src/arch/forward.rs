@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use dcpserve_kernels::{
     add_bias, add_inplace, matmul, paged_attention, rms_norm, silu_mul, write_kv, AttentionBatch,
-    Communicator, InProcessComm, RopeScalingKind, RopeTable, ThreadPool, WeightMatrix,
+    Communicator, InProcessComm, KernelError, RopeScalingKind, RopeTable, ThreadPool, WeightMatrix,
 };
 
+use super::cache_access::{pieces, CacheAccess};
 use super::dcp::{GroupQueries, ShardMerge};
 use super::kv_cache::KvCache;
 use super::weights::{split_range, DecoderWeights, HeadLayout, TpShard, WeightPrecision};
@@ -187,6 +188,18 @@ impl DecoderModel {
         input: &BatchInput,
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, ModelError> {
+        self.forward_rank_with(pool, comms, input, cache)
+    }
+
+    /// [`DecoderModel::forward_rank`] with the cache reached through `cache` (borrowed, or
+    /// shared with the rank's other micro-batch thread).
+    pub fn forward_rank_with(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        mut cache: impl CacheAccess<KvCache>,
+    ) -> Result<ForwardOutput, ModelError> {
         let cfg = &self.config;
         let n = input.checked_len()?;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
@@ -214,6 +227,7 @@ impl DecoderModel {
         let mut up = vec![0.0f32; n * inter];
         let mut act = vec![0.0f32; n * inter];
         let scale = 1.0 / (hd as f32).sqrt();
+        let block_size = cache.with(|c| c.block_size);
 
         for (li, lw) in w.layers.iter().enumerate() {
             rms_norm(&x, &lw.input_norm, cfg.rms_norm_eps, &mut normed)?;
@@ -243,24 +257,42 @@ impl DecoderModel {
                     cfg.rope_interleaved,
                 )?;
             }
-            let (kc, vc) = cache.layer_mut(li);
-            write_kv(kc, vc, nkv, hd, input.slots, &k, &v)?;
-            let (kc, vc) = cache.layer(li);
+            cache.with(|c| {
+                let (kc, vc) = c.layer_mut(li);
+                write_kv(kc, vc, nkv, hd, input.slots, &k, &v)
+            })?;
             let batch = AttentionBatch {
                 q: &q,
                 n_q_heads: nq,
                 n_kv_heads: nkv,
                 head_dim: hd,
-                block_size: cache.block_size,
+                block_size,
                 scale,
                 token_seq: input.token_seq,
                 token_kv_len: input.kv_lens,
                 block_tables: input.block_tables,
             };
+            // The cache is only touched inside `with`, never across a collective.
+            let turns = cache.turns();
+            let mut attend = |b: &AttentionBatch, out: &mut [f32], lse: &mut [f32]| {
+                let (heads, row) = (b.n_q_heads, b.n_q_heads * b.head_dim);
+                cache.long(|cache| {
+                    for r in pieces(b.token_seq.len(), turns) {
+                        let part = b.tokens(r.clone());
+                        let out = &mut out[r.start * row..r.end * row];
+                        let lse = &mut lse[r.start * heads..r.end * heads];
+                        cache.with(|c| {
+                            let (kc, vc) = c.layer(li);
+                            paged_attention(pool, &part, kc, vc, out, lse)
+                        })?;
+                    }
+                    Ok::<_, KernelError>(())
+                })
+            };
             if comms.dcp.size() == 1 {
-                paged_attention(pool, &batch, kc, vc, &mut attn, &mut lse)?;
+                attend(&batch, &mut attn, &mut lse)?;
             } else {
-                dcp.attention(pool, comms.dcp.as_ref(), batch, kc, vc, &mut attn)?;
+                dcp.attention(comms.dcp.as_ref(), batch, &mut attn, attend)?;
             }
             matmul(pool, &attn, n, &lw.o_proj, &mut proj)?;
             comms.world.all_reduce_sum(&mut proj)?;
@@ -381,12 +413,10 @@ impl DcpScratch {
     /// partials and reduce-scatter over heads so each rank gets its own heads.
     fn attention(
         &mut self,
-        pool: &ThreadPool,
         group: &dyn Communicator,
         local: AttentionBatch,
-        k_cache: &[f32],
-        v_cache: &[f32],
         attn: &mut [f32],
+        attend: impl FnOnce(&AttentionBatch, &mut [f32], &mut [f32]) -> Result<(), KernelError>,
     ) -> Result<(), ModelError> {
         let n = local.token_seq.len();
         let (h, hd) = (local.n_q_heads, local.head_dim);
@@ -398,7 +428,7 @@ impl DcpScratch {
             ..local
         };
         let (out_all, lse_all) = self.merge.partials(n, all_h, hd);
-        paged_attention(pool, &batch, k_cache, v_cache, out_all, lse_all)?;
+        attend(&batch, out_all, lse_all)?;
         self.merge.merge_into(group, n, h, hd, attn)
     }
 }

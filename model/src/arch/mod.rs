@@ -5,6 +5,7 @@
 //! batching): each token carries its sequence, position, KV slot and attention length,
 //! and attention reads the paged KV cache through per-sequence block tables.
 
+pub mod cache_access;
 mod dcp;
 mod forward;
 mod kv_cache;
@@ -12,6 +13,7 @@ pub mod mla;
 mod rank_model;
 mod weights;
 
+pub use cache_access::CacheAccess;
 pub use forward::{BatchInput, DecoderModel, ForwardOutput, RankComms};
 pub use kv_cache::KvCache;
 pub use mla::hf::{check_mla_config, mla_layer_tensors, mla_moe_from_json};

@@ -2,7 +2,11 @@
 //! multi-head latent attention (DeepSeek family, latent cache), and how much KV memory a
 //! token costs each.
 
-use dcpserve_kernels::ThreadPool;
+use std::sync::{Mutex, PoisonError};
+
+use dcpserve_kernels::{BatonTurn, ThreadPool};
+
+use super::cache_access::{lock, SharedCache};
 
 use super::forward::{BatchInput, DecoderModel, ForwardOutput, RankComms};
 use super::kv_cache::KvCache;
@@ -20,34 +24,46 @@ pub enum RankModel {
     Mla(Box<MlaModel>),
 }
 
-/// One rank's KV storage, matching its [`RankModel`].
+/// One rank's KV storage, matching its [`RankModel`]. Each kind sits behind a mutex so
+/// the rank's two micro-batch threads can share it ([`RankModel::forward_rank_shared`]);
+/// a step that owns the cache (`&mut`) never locks.
 pub enum RankCache {
-    Dense(KvCache),
-    Latent(LatentCache),
+    Dense(Mutex<KvCache>),
+    Latent(Mutex<LatentCache>),
 }
 
 impl RankCache {
     /// Number of token slots.
     pub fn capacity_tokens(&self) -> usize {
         match self {
-            RankCache::Dense(c) => c.capacity_tokens(),
-            RankCache::Latent(c) => c.capacity_tokens(),
+            RankCache::Dense(c) => lock(c).capacity_tokens(),
+            RankCache::Latent(c) => lock(c).capacity_tokens(),
         }
     }
 
     /// What this rank's cache holds (diagnostic, for memory tests).
     pub fn storage(&self) -> KvStorage {
         match self {
-            RankCache::Dense(c) => KvStorage {
-                tokens_written_per_layer: None,
-                bytes_per_token: KvCache::bytes_per_token(c.num_layers(), c.n_kv_heads, c.head_dim),
-                capacity_tokens: c.capacity_tokens(),
-            },
-            RankCache::Latent(c) => KvStorage {
-                tokens_written_per_layer: Some(c.tokens_written().to_vec()),
-                bytes_per_token: LatentCache::bytes_per_token(c.num_layers(), c.latent_dim),
-                capacity_tokens: c.capacity_tokens(),
-            },
+            RankCache::Dense(c) => {
+                let c = lock(c);
+                KvStorage {
+                    tokens_written_per_layer: None,
+                    bytes_per_token: KvCache::bytes_per_token(
+                        c.num_layers(),
+                        c.n_kv_heads,
+                        c.head_dim,
+                    ),
+                    capacity_tokens: c.capacity_tokens(),
+                }
+            }
+            RankCache::Latent(c) => {
+                let c = lock(c);
+                KvStorage {
+                    tokens_written_per_layer: Some(c.tokens_written().to_vec()),
+                    bytes_per_token: LatentCache::bytes_per_token(c.num_layers(), c.latent_dim),
+                    capacity_tokens: c.capacity_tokens(),
+                }
+            }
         }
     }
 }
@@ -103,8 +119,12 @@ impl RankModel {
     /// A KV cache of `num_blocks` blocks of `block_size` tokens for this rank.
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> RankCache {
         match self {
-            RankModel::Dense(m) => RankCache::Dense(m.new_kv_cache(num_blocks, block_size)),
-            RankModel::Mla(m) => RankCache::Latent(m.new_kv_cache(num_blocks, block_size)),
+            RankModel::Dense(m) => {
+                RankCache::Dense(Mutex::new(m.new_kv_cache(num_blocks, block_size)))
+            }
+            RankModel::Mla(m) => {
+                RankCache::Latent(Mutex::new(m.new_kv_cache(num_blocks, block_size)))
+            }
         }
     }
 
@@ -117,11 +137,38 @@ impl RankModel {
         cache: &mut RankCache,
     ) -> Result<ForwardOutput, ModelError> {
         match (self, cache) {
-            (RankModel::Dense(m), RankCache::Dense(c)) => m.forward_rank(pool, comms, input, c),
-            (RankModel::Mla(m), RankCache::Latent(c)) => m.forward_rank(pool, comms, input, c),
-            _ => Err(ModelError::Invalid(
-                "the KV cache does not match the model's attention".into(),
-            )),
+            (RankModel::Dense(m), RankCache::Dense(c)) => {
+                m.forward_rank(pool, comms, input, owned(c))
+            }
+            (RankModel::Mla(m), RankCache::Latent(c)) => {
+                m.forward_rank(pool, comms, input, owned(c))
+            }
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// [`RankModel::forward_rank`] on a cache another micro-batch thread of the rank
+    /// uses at the same time: the cache is locked only while this step reads or writes
+    /// it, never across a collective, and each access is a turn boundary for `baton`
+    /// (the rank's compute baton, held by the caller). The two threads' steps must hold
+    /// disjoint sequences.
+    pub fn forward_rank_shared(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        cache: &RankCache,
+        baton: Option<&BatonTurn>,
+    ) -> Result<ForwardOutput, ModelError> {
+        match (self, cache) {
+            (RankModel::Dense(m), RankCache::Dense(cache)) => {
+                m.forward_rank_with(pool, comms, input, SharedCache::new(cache, baton))
+            }
+            (RankModel::Mla(m), RankCache::Latent(cache)) => {
+                let shared = SharedCache::new(cache, baton);
+                Ok(m.forward_rank_with(pool, comms, input, shared, &[])?.0)
+            }
+            _ => Err(mismatch()),
         }
     }
 
@@ -152,12 +199,13 @@ impl RankModel {
         pool: &ThreadPool,
         comms: &RankComms,
         input: &BatchInput,
-        cache: &mut RankCache,
+        cache: &RankCache,
         hidden_for: &[usize],
     ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
         match (self, cache) {
-            (RankModel::Mla(m), RankCache::Latent(c)) => {
-                m.forward_rank_hidden(pool, comms, input, c, hidden_for)
+            (RankModel::Mla(m), RankCache::Latent(cache)) => {
+                let shared = SharedCache::new(cache, None);
+                m.forward_rank_with(pool, comms, input, shared, hidden_for)
             }
             _ => Err(ModelError::Invalid(
                 "hidden states are only kept for MLA models".into(),
@@ -172,11 +220,12 @@ impl RankModel {
         comms: &RankComms,
         input: &BatchInput,
         prev_hidden: &[f32],
-        cache: &mut RankCache,
+        cache: &RankCache,
     ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
         match (self, cache) {
-            (RankModel::Mla(m), RankCache::Latent(c)) => {
-                m.forward_mtp(pool, comms, input, prev_hidden, c)
+            (RankModel::Mla(m), RankCache::Latent(cache)) => {
+                let shared = SharedCache::new(cache, None);
+                m.forward_mtp(pool, comms, input, prev_hidden, shared)
             }
             _ => Err(ModelError::Invalid(
                 "multi-token prediction needs a DeepSeek-V3 (MLA) model".into(),
@@ -193,6 +242,14 @@ impl RankModel {
     ) -> Result<ForwardOutput, ModelError> {
         self.forward_rank(pool, &RankComms::single(), input, cache)
     }
+}
+
+fn owned<C>(c: &mut Mutex<C>) -> &mut C {
+    c.get_mut().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn mismatch() -> ModelError {
+    ModelError::Invalid("the KV cache does not match the model's attention".into())
 }
 
 /// KV-cache bytes one token costs on one rank at tensor-parallel size `tp`, in f32: MLA

@@ -32,6 +32,19 @@ pub struct LatentBatch<'a> {
     pub block_tables: &'a [&'a [u32]],
 }
 
+impl<'a> LatentBatch<'a> {
+    /// The tokens `range` of the batch (their queries, sequences and lengths).
+    pub fn tokens(&self, range: std::ops::Range<usize>) -> LatentBatch<'a> {
+        let row = self.n_heads * self.dim;
+        LatentBatch {
+            q: &self.q[range.start * row..range.end * row],
+            token_seq: &self.token_seq[range.clone()],
+            token_kv_len: &self.token_kv_len[range],
+            ..*self
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct SyncPtr(*mut f32);
 // SAFETY: every work item writes its own rows only.

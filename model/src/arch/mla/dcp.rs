@@ -3,9 +3,9 @@
 //! group to its shard and the partials are merged by log-sum-exp (vLLM's
 //! `cp_lse_ag_out_rs`, the same math as the dense path's `DcpScratch`).
 
-use dcpserve_kernels::{Communicator, ThreadPool};
+use dcpserve_kernels::Communicator;
 
-use super::attention::{latent_attention, LatentBatch};
+use super::attention::LatentBatch;
 use crate::arch::dcp::{GroupQueries, ShardMerge};
 use crate::error::ModelError;
 
@@ -23,11 +23,10 @@ impl LatentDcp {
     /// rank's heads merged over all shards. Empty shards have LSE = −inf and weight 0.
     pub fn attention(
         &mut self,
-        pool: &ThreadPool,
         group: &dyn Communicator,
         local: LatentBatch,
-        cache: &[f32],
         out: &mut [f32],
+        attend: impl FnOnce(&LatentBatch, &mut [f32], &mut [f32]) -> Result<(), ModelError>,
     ) -> Result<(), ModelError> {
         let n = local.token_seq.len();
         let (h, d, vd) = (local.n_heads, local.dim, local.v_dim);
@@ -39,7 +38,7 @@ impl LatentDcp {
             ..local
         };
         let (out_all, lse_all) = self.merge.partials(n, all_h, vd);
-        latent_attention(pool, &batch, cache, out_all, lse_all)?;
+        attend(&batch, out_all, lse_all)?;
         self.merge.merge_into(group, n, h, vd, out)
     }
 }

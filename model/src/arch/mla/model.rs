@@ -10,6 +10,7 @@ use super::moe::{mlp_forward, moe_forward};
 use super::mtp::MtpLayer;
 use super::rope::{softmax_scale, MlaRope};
 use super::weights::{FeedForward, MlaLayer, MlaWeights};
+use crate::arch::cache_access::{pieces, CacheAccess};
 use crate::arch::forward::{head_logits, pick_normed, BatchInput, ForwardOutput, RankComms};
 use crate::arch::weights::{TpShard, WeightPrecision};
 use crate::config::{MlaConfig, ModelConfig, MoeConfig};
@@ -123,9 +124,22 @@ impl MlaModel {
         cache: &mut LatentCache,
         hidden_for: &[usize],
     ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
+        self.forward_rank_with(pool, comms, input, cache, hidden_for)
+    }
+
+    /// [`MlaModel::forward_rank_hidden`] with the cache reached through `cache` (borrowed,
+    /// or shared with the rank's other micro-batch thread).
+    pub fn forward_rank_with(
+        &self,
+        pool: &ThreadPool,
+        comms: &RankComms,
+        input: &BatchInput,
+        mut cache: impl CacheAccess<LatentCache>,
+        hidden_for: &[usize],
+    ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
         let cfg = &self.config;
         let n = input.checked_len()?;
-        self.check_cache(cache)?;
+        cache.with(|c| self.check_cache(c))?;
         let h = cfg.hidden_size;
         let mut x = input.embed(&self.weights.embed_tokens, cfg.vocab_size, h)?;
         let mut b = self.buffers(n);
@@ -135,7 +149,7 @@ impl MlaModel {
                 pool,
                 comms,
                 input,
-                cache,
+                &mut cache,
                 (li, lw),
                 &mut x,
                 &mut b,
@@ -170,7 +184,7 @@ impl MlaModel {
         pool: &ThreadPool,
         comms: &RankComms,
         input: &BatchInput,
-        cache: &mut LatentCache,
+        cache: &mut impl CacheAccess<LatentCache>,
         (li, lw): (usize, &MlaLayer),
         x: &mut [f32],
         b: &mut Buffers,
@@ -225,7 +239,7 @@ impl MlaModel {
         pool: &ThreadPool,
         comms: &RankComms,
         input: &BatchInput,
-        cache: &mut LatentCache,
+        cache: &mut impl CacheAccess<LatentCache>,
         (li, layer): (usize, &MlaLayer),
         x: &[f32],
         b: &mut Buffers,
@@ -257,7 +271,10 @@ impl MlaModel {
             self.rope
                 .apply(&mut b.q[t * hl * qk..(t + 1) * hl * qk], qk, dn, pos)?;
         }
-        cache.write(li, input.slots, &b.kv)?;
+        let block_size = cache.with(|c| {
+            c.write(li, input.slots, &b.kv)?;
+            Ok::<_, ModelError>(c.block_size)
+        })?;
 
         // Absorb W_UK: q_lat = W_UKᵀ·q_nope per head; the rope part is used as is.
         for hh in 0..hl {
@@ -283,22 +300,30 @@ impl MlaModel {
             n_heads: hl,
             dim: d,
             v_dim: r,
-            block_size: cache.block_size,
+            block_size,
             scale: self.scale,
             token_seq: input.token_seq,
             token_kv_len: input.kv_lens,
             block_tables: input.block_tables,
         };
+        // The cache is only touched inside `with`, never across a collective.
+        let turns = cache.turns();
+        let mut attend = |q: &LatentBatch, out: &mut [f32], lse: &mut [f32]| {
+            let (heads, row) = (q.n_heads, q.n_heads * q.v_dim);
+            cache.long(|cache| {
+                for r in pieces(q.token_seq.len(), turns) {
+                    let part = q.tokens(r.clone());
+                    let out = &mut out[r.start * row..r.end * row];
+                    let lse = &mut lse[r.start * heads..r.end * heads];
+                    cache.with(|c| latent_attention(pool, &part, c.layer(li), out, lse))?;
+                }
+                Ok::<_, ModelError>(())
+            })
+        };
         if comms.dcp.size() == 1 {
-            latent_attention(pool, &batch, cache.layer(li), &mut b.lat_out, &mut b.lse)?;
+            attend(&batch, &mut b.lat_out, &mut b.lse)?;
         } else {
-            dcp.attention(
-                pool,
-                comms.dcp.as_ref(),
-                batch,
-                cache.layer(li),
-                &mut b.lat_out,
-            )?;
+            dcp.attention(comms.dcp.as_ref(), batch, &mut b.lat_out, attend)?;
         }
         // W_UV per head turns the attended latents into values; then o_proj.
         for hh in 0..hl {

@@ -23,6 +23,7 @@ use super::cache::LatentCache;
 use super::dcp::LatentDcp;
 use super::model::MlaModel;
 use super::weights::MlaLayer;
+use crate::arch::cache_access::CacheAccess;
 use crate::arch::forward::{BatchInput, ForwardOutput, RankComms};
 use crate::arch::weights::{matrix, vector, TpShard, WeightPrecision};
 use crate::config::ModelConfig;
@@ -142,7 +143,7 @@ impl MlaModel {
         comms: &RankComms,
         input: &BatchInput,
         prev_hidden: &[f32],
-        cache: &mut LatentCache,
+        mut cache: impl CacheAccess<LatentCache>,
     ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
         let Some(mtp) = &self.mtp else {
             return Err(ModelError::Invalid(
@@ -151,7 +152,7 @@ impl MlaModel {
         };
         let cfg = &self.config;
         let (n, h, eps) = (input.checked_len()?, cfg.hidden_size, cfg.rms_norm_eps);
-        self.check_cache(cache)?;
+        cache.with(|c| self.check_cache(c))?;
         if prev_hidden.len() != n * h {
             return Err(ModelError::Invalid(format!(
                 "MTP step: {} previous-hidden values for {n} tokens of {h}",
@@ -187,7 +188,7 @@ impl MlaModel {
             pool,
             comms,
             input,
-            cache,
+            &mut cache,
             (li, &mtp.layer),
             &mut x,
             &mut b,

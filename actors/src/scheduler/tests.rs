@@ -1,0 +1,148 @@
+//! The scheduler against the real KV-block manager and a stand-in rank that records
+//! plans and answers only when told, so the order of events is fixed.
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs};
+use crate::plan::SharedPlan;
+use crate::request::GenerationParams;
+
+/// A rank that forwards the plans it receives.
+struct RecordingRank;
+
+impl Actor for RecordingRank {
+    type Msg = RankMsg;
+    type State = mpsc::UnboundedSender<SharedPlan>;
+    type Arguments = mpsc::UnboundedSender<SharedPlan>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<RankMsg>,
+        plans: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(plans)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<RankMsg>,
+        msg: RankMsg,
+        plans: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let RankMsg::Execute(plan) = msg {
+            let _ = plans.send(plan);
+        }
+        Ok(())
+    }
+}
+
+const BLOCKS: usize = 8;
+
+async fn setup(
+    overlap: bool,
+) -> (
+    ActorRef<SchedulerMsg>,
+    mpsc::UnboundedReceiver<SharedPlan>,
+    Vec<mpsc::UnboundedReceiver<RequestEvent>>,
+) {
+    let (kv, _) = Actor::spawn(
+        None,
+        KvManagerActor,
+        KvManagerArgs {
+            num_blocks: BLOCKS,
+            tokens_per_block: 4,
+            enable_prefix_caching: false,
+        },
+    )
+    .await
+    .unwrap();
+    let config = SchedulerConfig {
+        tokens_per_block: 4,
+        num_blocks: BLOCKS,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 64,
+        max_model_len: 32,
+        eos_token_ids: Vec::new(),
+        seed: 0,
+        enable_prefix_caching: false,
+        overlap_micro_batches: overlap,
+        speculation: None,
+    };
+    let (sched, _) = Actor::spawn(
+        None,
+        Scheduler,
+        SchedulerArgs {
+            config,
+            kv,
+            draft: None,
+        },
+    )
+    .await
+    .unwrap();
+    let (tx, plans) = mpsc::unbounded_channel();
+    let (rank, _) = Actor::spawn(None, RecordingRank, tx).await.unwrap();
+    sched
+        .send_message(SchedulerMsg::SetRanks(0, vec![rank]))
+        .unwrap();
+    let mut events = Vec::new();
+    for id in [1, 2] {
+        let (etx, erx) = mpsc::unbounded_channel();
+        let request = GenerationRequest {
+            id,
+            prompt_ids: vec![3, 4, 5, 6, 7],
+            params: GenerationParams {
+                max_tokens: 8,
+                ..Default::default()
+            },
+        };
+        sched
+            .send_message(SchedulerMsg::Submit {
+                request,
+                events: etx,
+            })
+            .unwrap();
+        events.push(erx);
+    }
+    (sched, plans, events)
+}
+
+async fn free_blocks(sched: &ActorRef<SchedulerMsg>) -> usize {
+    ractor::call!(sched, SchedulerMsg::Stats)
+        .unwrap()
+        .free_blocks
+}
+
+#[tokio::test]
+async fn an_abort_during_an_overlapped_step_frees_its_blocks_when_the_step_ends() {
+    let (sched, mut plans, _events) = setup(true).await;
+    // One step per micro-batch is in flight, one sequence (2 blocks of 4) in each.
+    let first = plans.recv().await.unwrap();
+    let second = plans.recv().await.unwrap();
+    assert_eq!((first.micro_batch, second.micro_batch), (0, 1));
+    assert_eq!(free_blocks(&sched).await, BLOCKS - 4);
+    let aborted = first.seq_ids[0];
+    sched.send_message(SchedulerMsg::Abort(aborted)).unwrap();
+    // The ranks may still be writing its blocks: the other micro-batch must not get them.
+    assert_eq!(free_blocks(&sched).await, BLOCKS - 4);
+    sched
+        .send_message(SchedulerMsg::StepDone(Box::new(StepOutput {
+            step_id: first.step_id,
+            logits: vec![0.0; 8],
+            vocab_size: 8,
+        })))
+        .unwrap();
+    assert_eq!(free_blocks(&sched).await, BLOCKS - 2);
+}
+
+#[tokio::test]
+async fn an_abort_frees_blocks_at_once_one_step_at_a_time() {
+    let (sched, mut plans, _events) = setup(false).await;
+    // The first request's step is in flight; the second waits for it.
+    let first = plans.recv().await.unwrap();
+    assert_eq!(first.seq_ids, vec![1]);
+    assert_eq!(free_blocks(&sched).await, BLOCKS - 2);
+    sched.send_message(SchedulerMsg::Abort(1)).unwrap();
+    assert_eq!(free_blocks(&sched).await, BLOCKS);
+}

@@ -1,0 +1,99 @@
+//! How a forward pass reaches its rank's KV cache: borrowed for the whole step, or shared
+//! with the rank's other micro-batch thread (see `dcpserve_kernels::overlap`). A forward
+//! only touches the cache inside [`CacheAccess::with`], never across a collective, so a
+//! shared cache is locked for cache reads and writes alone and the other micro-batch can
+//! use it while this one waits for its peers.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use dcpserve_kernels::BatonTurn;
+
+/// Scoped access to a KV cache of type `C`.
+pub trait CacheAccess<C> {
+    /// Runs `f` with the cache.
+    fn with<R>(&mut self, f: impl FnOnce(&mut C) -> R) -> R;
+
+    /// How many pieces a long cache read (attention) should be split into, so another
+    /// micro-batch waiting to compute gets its turn in between.
+    fn turns(&self) -> usize {
+        1
+    }
+
+    /// Runs `f`, a long computation made of several [`CacheAccess::with`] calls (the
+    /// attention, split into [`CacheAccess::turns`] pieces).
+    fn long<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R
+    where
+        Self: Sized,
+    {
+        f(self)
+    }
+}
+
+impl<C> CacheAccess<C> for &mut C {
+    fn with<R>(&mut self, f: impl FnOnce(&mut C) -> R) -> R {
+        f(self)
+    }
+}
+
+/// A cache shared by a rank's micro-batch threads. The micro-batches write disjoint
+/// slots (their sequences, and so their blocks, are disjoint), but Rust wants one
+/// `&mut` at a time: each access locks. Each access is also a turn boundary: a
+/// micro-batch whose collective has completed computes first (see
+/// [`BatonTurn::yield_to_waiter`]).
+pub struct SharedCache<'a, C> {
+    pub cache: &'a Mutex<C>,
+    pub baton: Option<&'a BatonTurn>,
+    /// Inside [`CacheAccess::long`].
+    pub in_long: bool,
+}
+
+impl<'a, C> SharedCache<'a, C> {
+    pub fn new(cache: &'a Mutex<C>, baton: Option<&'a BatonTurn>) -> Self {
+        Self {
+            cache,
+            baton,
+            in_long: false,
+        }
+    }
+}
+
+/// Pieces of a long cache read when another micro-batch may be waiting.
+const TURNS_PER_ATTENTION: usize = 16;
+
+impl<C> CacheAccess<C> for SharedCache<'_, C> {
+    fn with<R>(&mut self, f: impl FnOnce(&mut C) -> R) -> R {
+        if let Some(b) = self.baton {
+            b.yield_to_waiter(self.in_long);
+        }
+        f(&mut lock(self.cache))
+    }
+
+    fn long<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        if let Some(b) = self.baton {
+            b.begin_long();
+        }
+        self.in_long = true;
+        let r = f(self);
+        self.in_long = false;
+        r
+    }
+
+    fn turns(&self) -> usize {
+        if self.baton.is_some() {
+            TURNS_PER_ATTENTION
+        } else {
+            1
+        }
+    }
+}
+
+/// Locks `m`; a thread that panicked while holding it fails its rank group anyway.
+pub fn lock<C>(m: &Mutex<C>) -> MutexGuard<'_, C> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The token ranges of `n` tokens split into at most `turns` pieces.
+pub(crate) fn pieces(n: usize, turns: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let per = n.div_ceil(turns.max(1)).max(1);
+    (0..n).step_by(per).map(move |s| s..(s + per).min(n))
+}
