@@ -101,16 +101,10 @@ async fn dropping_a_stream_aborts_and_frees_blocks() {
     }
     assert!(engine.stats().await.unwrap().free_blocks < engine.stats().await.unwrap().total_blocks);
     drop(s);
-    let mut freed = false;
-    for _ in 0..100 {
-        let st = engine.stats().await.unwrap();
-        if st.free_blocks == st.total_blocks && st.running == 0 {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(freed, "blocks still held after abort");
+    assert!(
+        all_blocks_freed(&engine).await,
+        "blocks still held after the abort"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,14 +118,8 @@ async fn aborts_during_overlapped_steps_spare_the_other_requests() {
         let want: Vec<u32> = base[k].iter().map(|t| t.token_id).collect();
         assert_eq!(got.unwrap(), want, "request {k}");
     }
-    let mut freed = false;
-    for _ in 0..200 {
-        let st = engine.stats().await.unwrap();
-        if st.free_blocks == st.total_blocks && st.running == 0 {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert!(freed, "blocks still held after the aborts");
+    assert!(
+        all_blocks_freed(&engine).await,
+        "blocks still held after the abort"
+    );
 }

@@ -68,6 +68,18 @@ pub fn f32_config() -> dcpserve::EngineConfig {
     }
 }
 
+/// Waits (up to 2 s) until no sequence runs and every KV block is free again.
+pub async fn all_blocks_freed(engine: &dcpserve::Engine) -> bool {
+    for _ in 0..200 {
+        let st = engine.stats().await.unwrap();
+        if st.free_blocks == st.total_blocks && st.running == 0 {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    false
+}
+
 /// Starts a long greedy generation of `prompt`, waits for its first `tokens` tokens,
 /// makes rank `rank` fail, and returns the error the in-flight request ends with (it must
 /// end, within 30 s, not hang).

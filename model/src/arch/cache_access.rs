@@ -4,6 +4,7 @@
 //! shared cache is locked for cache reads and writes alone and the other micro-batch can
 //! use it while this one waits for its peers.
 
+use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use dcpserve_kernels::BatonTurn;
@@ -93,7 +94,29 @@ pub fn lock<C>(m: &Mutex<C>) -> MutexGuard<'_, C> {
 }
 
 /// The token ranges of `n` tokens split into at most `turns` pieces.
-pub(crate) fn pieces(n: usize, turns: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+fn pieces(n: usize, turns: usize) -> impl Iterator<Item = Range<usize>> {
     let per = n.div_ceil(turns.max(1)).max(1);
     (0..n).step_by(per).map(move |s| s..(s + per).min(n))
+}
+
+/// A long cache read (attention) over `n` tokens, as one [`CacheAccess::long`] in
+/// [`CacheAccess::turns`] pieces: `read(cache, tokens, out, lse)` per piece, `out` and
+/// `lse` cut to the piece's rows (`row` and `heads` values per token).
+pub(crate) fn read_in_pieces<C, A: CacheAccess<C>, E>(
+    cache: &mut A,
+    n: usize,
+    (row, heads): (usize, usize),
+    out: &mut [f32],
+    lse: &mut [f32],
+    mut read: impl FnMut(&mut C, Range<usize>, &mut [f32], &mut [f32]) -> Result<(), E>,
+) -> Result<(), E> {
+    let turns = cache.turns();
+    cache.long(|cache| {
+        for r in pieces(n, turns) {
+            let out = &mut out[r.start * row..r.end * row];
+            let lse = &mut lse[r.start * heads..r.end * heads];
+            cache.with(|c| read(c, r.clone(), out, lse))?;
+        }
+        Ok(())
+    })
 }

@@ -7,7 +7,7 @@ use dcpserve_kernels::{
     Communicator, InProcessComm, KernelError, RopeScalingKind, RopeTable, ThreadPool, WeightMatrix,
 };
 
-use super::cache_access::{pieces, CacheAccess};
+use super::cache_access::{read_in_pieces, CacheAccess};
 use super::dcp::{GroupQueries, ShardMerge};
 use super::kv_cache::KvCache;
 use super::weights::{split_range, DecoderWeights, HeadLayout, TpShard, WeightPrecision};
@@ -273,21 +273,19 @@ impl DecoderModel {
                 block_tables: input.block_tables,
             };
             // The cache is only touched inside `with`, never across a collective.
-            let turns = cache.turns();
             let mut attend = |b: &AttentionBatch, out: &mut [f32], lse: &mut [f32]| {
-                let (heads, row) = (b.n_q_heads, b.n_q_heads * b.head_dim);
-                cache.long(|cache| {
-                    for r in pieces(b.token_seq.len(), turns) {
-                        let part = b.tokens(r.clone());
-                        let out = &mut out[r.start * row..r.end * row];
-                        let lse = &mut lse[r.start * heads..r.end * heads];
-                        cache.with(|c| {
-                            let (kc, vc) = c.layer(li);
-                            paged_attention(pool, &part, kc, vc, out, lse)
-                        })?;
-                    }
-                    Ok::<_, KernelError>(())
-                })
+                let shape = (b.n_q_heads * b.head_dim, b.n_q_heads);
+                read_in_pieces(
+                    &mut cache,
+                    b.token_seq.len(),
+                    shape,
+                    out,
+                    lse,
+                    |c, r, o, l| {
+                        let (kc, vc) = c.layer(li);
+                        paged_attention(pool, &b.tokens(r), kc, vc, o, l)
+                    },
+                )
             };
             if comms.dcp.size() == 1 {
                 attend(&batch, &mut attn, &mut lse)?;

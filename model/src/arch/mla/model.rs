@@ -10,7 +10,7 @@ use super::moe::{mlp_forward, moe_forward};
 use super::mtp::MtpLayer;
 use super::rope::{softmax_scale, MlaRope};
 use super::weights::{FeedForward, MlaLayer, MlaWeights};
-use crate::arch::cache_access::{pieces, CacheAccess};
+use crate::arch::cache_access::{read_in_pieces, CacheAccess};
 use crate::arch::forward::{head_logits, pick_normed, BatchInput, ForwardOutput, RankComms};
 use crate::arch::weights::{TpShard, WeightPrecision};
 use crate::config::{MlaConfig, ModelConfig, MoeConfig};
@@ -307,17 +307,10 @@ impl MlaModel {
             block_tables: input.block_tables,
         };
         // The cache is only touched inside `with`, never across a collective.
-        let turns = cache.turns();
         let mut attend = |q: &LatentBatch, out: &mut [f32], lse: &mut [f32]| {
-            let (heads, row) = (q.n_heads, q.n_heads * q.v_dim);
-            cache.long(|cache| {
-                for r in pieces(q.token_seq.len(), turns) {
-                    let part = q.tokens(r.clone());
-                    let out = &mut out[r.start * row..r.end * row];
-                    let lse = &mut lse[r.start * heads..r.end * heads];
-                    cache.with(|c| latent_attention(pool, &part, c.layer(li), out, lse))?;
-                }
-                Ok::<_, ModelError>(())
+            let shape = (q.n_heads * q.v_dim, q.n_heads);
+            read_in_pieces(cache, q.token_seq.len(), shape, out, lse, |c, r, o, l| {
+                latent_attention(pool, &q.tokens(r), c.layer(li), o, l)
             })
         };
         if comms.dcp.size() == 1 {
