@@ -46,7 +46,7 @@ fn b_computes_while_a_waits(lend: bool) -> bool {
         s.spawn(|| b1.all_reduce_sum(&mut [20.0]).unwrap());
         // Rank 1's A: waits (a bounded time) for rank 0's B, then joins A's collective.
         let t = Instant::now();
-        while !b_computed.load(Ordering::SeqCst) && t.elapsed() < Duration::from_millis(300) {
+        while !b_computed.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(1) {
             std::thread::sleep(Duration::from_millis(1));
         }
         in_time = b_computed.load(Ordering::SeqCst);
@@ -122,6 +122,10 @@ fn long_computations_alternate_between_micro_batches() {
                 let log = &logs[rank];
                 s.spawn(move || {
                     let turn = baton.hold(mb);
+                    // Both micro-batches have a step in progress before the first one.
+                    while baton.lock().active != [true, true] {
+                        std::thread::yield_now();
+                    }
                     for _ in 0..4 {
                         turn.begin_long();
                         log.lock().unwrap().push(mb);
