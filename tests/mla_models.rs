@@ -87,13 +87,7 @@ async fn mla_noq_layouts_equal_single_rank() {
 /// Preemption under DCP: prompts that fit together but whose growth does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mla_dcp_with_forced_preemption_equals_single_rank() {
-    let prompts: Vec<Vec<u32>> = (0..6)
-        .map(|i| {
-            (0..90 + i)
-                .map(|j| ((j * 29 + i * 7) % 380) as u32 + 3)
-                .collect()
-        })
-        .collect();
+    let prompts = preemption_prompts();
     let base = run(
         &fixture(MODEL),
         cfg(layout(1, 1, 1), 256, 64 << 20),

@@ -83,13 +83,7 @@ async fn tiny_qwen3_sharded_equals_single_rank() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dcp_with_forced_preemption_equals_single_rank() {
     let model = fixture("tiny-llama");
-    let prompts: Vec<Vec<u32>> = (0..6)
-        .map(|i| {
-            (0..90 + i)
-                .map(|j| ((j * 29 + i * 7) % 380) as u32 + 3)
-                .collect()
-        })
-        .collect();
+    let prompts = preemption_prompts();
     let base = run(&model, cfg(layout(1, 1, 1), 256, 64 << 20), &prompts, 40).await;
     // Per rank: 2 layers × 1 KV head × 8 dims × 4 bytes × 2 (K, V) = 128 bytes per token.
     let tight = 128 * 16 * 20; // 20 blocks of 16 tokens per rank: 640 tokens under dcp=2

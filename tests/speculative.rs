@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::equivalence::{assert_same, cfg, layout, run_stats, Run};
+use common::equivalence::{assert_same, assert_sampled_completions, cfg, layout, run_stats, Run};
 use common::*;
 use dcpserve::{EngineConfig, SpeculativeConfig};
 use dcpserve_actors::SchedulerStats;
@@ -210,24 +210,9 @@ async fn ngram_greedy_equals_plain_decoding_on_the_default_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampled_requests_run_with_drafts() {
-    use dcpserve::{Engine, Prompt};
+    use dcpserve::Engine;
     let c = with_spec(cfg(layout(4, 2, 1), 64, KV), ngram(4));
     let engine = Engine::from_path(fixture("tiny-llama"), c).await.unwrap();
-    let prompts = repetitive_prompts(384, 50);
-    for (i, p) in prompts.iter().enumerate() {
-        let mut params = greedy(N);
-        params.sampling.temperature = 0.7;
-        params.seed = Some(i as u64);
-        let out = engine
-            .complete(Prompt::Tokens(p.clone()), params)
-            .await
-            .expect("completion");
-        assert_eq!(
-            out.token_ids.len(),
-            N,
-            "prompt {i}: ignore_eos keeps the length"
-        );
-        assert!(out.token_ids.iter().all(|&t| t < 384));
-    }
+    assert_sampled_completions(&engine, &repetitive_prompts(384, 50), 0.7, N).await;
     assert!(engine.stats().await.unwrap().speculation.num_drafts > 0);
 }

@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::equivalence::{assert_same, cfg, layout, prompts, run_stats, Run};
+use common::equivalence::{
+    assert_same, assert_sampled_completions, cfg, layout, preemption_prompts, prompts, run_stats,
+    Run,
+};
 use common::*;
 use dcpserve::{EngineConfig, SpeculativeConfig};
 use dcpserve_actors::SchedulerStats;
@@ -82,13 +85,7 @@ async fn mtp_greedy_equals_plain_decoding_across_layouts() {
 /// whose growth does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtp_greedy_equals_plain_decoding_under_preemption() {
-    let prompts: Vec<Vec<u32>> = (0..6)
-        .map(|i| {
-            (0..90 + i)
-                .map(|j| ((j * 29 + i * 7) % 380) as u32 + 3)
-                .collect()
-        })
-        .collect();
+    let prompts = preemption_prompts();
     let n = 40;
     let base = run_stats(&fixture(MODEL), cfg(layout(1, 1, 1), 256, KV), &prompts, n)
         .await
@@ -379,24 +376,10 @@ async fn mtp_drafts_again_after_a_rank_group_restart() {
 /// scheduler's rejection sampler's business, tested with the other methods).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampled_requests_run_with_mtp_drafts() {
-    use dcpserve::{Engine, Prompt};
+    use dcpserve::Engine;
     let c = with_spec(cfg(layout(2, 2, 1), 64, KV), mtp(2));
     let engine = Engine::from_path(fixture(MODEL), c).await.unwrap();
-    for (i, p) in prompts(384, 100).iter().enumerate() {
-        let mut params = greedy(N);
-        params.sampling.temperature = 0.8;
-        params.seed = Some(i as u64);
-        let out = engine
-            .complete(Prompt::Tokens(p.clone()), params)
-            .await
-            .expect("completion");
-        assert_eq!(
-            out.token_ids.len(),
-            N,
-            "prompt {i}: ignore_eos keeps the length"
-        );
-        assert!(out.token_ids.iter().all(|&t| t < 384));
-    }
+    assert_sampled_completions(&engine, &prompts(384, 100), 0.8, N).await;
     let stats = engine.stats().await.unwrap();
     assert_drafted(&stats, 2, "sampled mtp");
 }

@@ -39,6 +39,43 @@ pub fn prompts(vocab: u32, long: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Six prompts of 90 to 95 tokens that fit in a small KV cache together but whose
+/// growth does not, so running sequences are preempted and recomputed.
+pub fn preemption_prompts() -> Vec<Vec<u32>> {
+    (0..6)
+        .map(|i| {
+            (0..90 + i)
+                .map(|j| ((j * 29 + i * 7) % 380) as u32 + 3)
+                .collect()
+        })
+        .collect()
+}
+
+/// Sampled (temperature `temperature`, seeded per prompt) completions of `n` tokens with
+/// `ignore_eos`: each has exactly `n` tokens, all inside the 384-token vocabulary.
+pub async fn assert_sampled_completions(
+    engine: &Engine,
+    prompts: &[Vec<u32>],
+    temperature: f32,
+    n: usize,
+) {
+    for (i, p) in prompts.iter().enumerate() {
+        let mut params = greedy(n);
+        params.sampling.temperature = temperature;
+        params.seed = Some(i as u64);
+        let out = engine
+            .complete(Prompt::Tokens(p.clone()), params)
+            .await
+            .expect("completion");
+        assert_eq!(
+            out.token_ids.len(),
+            n,
+            "prompt {i}: ignore_eos keeps the length"
+        );
+        assert!(out.token_ids.iter().all(|&t| t < 384));
+    }
+}
+
 pub async fn generate_all(engine: &Engine, prompts: &[Vec<u32>], n: usize) -> Run {
     use futures::StreamExt;
     // Submit everything first so the sequences are batched together.
