@@ -98,16 +98,7 @@ with open(out / "model.safetensors", "wb") as f:
         f.write(data.tobytes())
 EOF
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-SERVER_PID=""
-stop_server() {
-  if [ -n "$SERVER_PID" ]; then
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=""
-  fi
-}
-trap stop_server EXIT
+. "$ROOT/scripts/lib/server.sh"
 
 run_layout() { # dcp
   local dcp=$1 label="tp${TP}-dcp$1" port
@@ -118,11 +109,7 @@ run_layout() { # dcp
     --kv-cache-memory-bytes "$KV_BYTES" --threads "$THREADS" --max-num-seqs 256 \
     --no-enable-prefix-caching >"$RESULT_DIR/logs/$label.log" 2>&1 &
   SERVER_PID=$!
-  for _ in $(seq 120); do
-    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-    kill -0 "$SERVER_PID" 2>/dev/null || { tail -20 "$RESULT_DIR/logs/$label.log" >&2; exit 1; }
-    sleep 1
-  done
+  wait_ready "$port" "$RESULT_DIR/logs/$label.log"
   # Each concurrency c runs 2c sessions (TURNS turns each), c of them at a time.
   "$DCPSERVE" bench --base-url "http://127.0.0.1:$port" --model mqa --label "$label" \
     --dataset-name agentic --agentic-context-len "$CONTEXT" --agentic-turns "$TURNS" \
