@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import torch
 
 from reference.common import DTYPE_NAMES, FIXTURES, TINY_VOCAB, dump_json, log
-from reference.dense import init_weights, reference_prompts
-from reference.tokenizer import tiny_tokenizer_config
+from reference.dense import fresh_fixture_model, reference_prompts, reload_fixture, save_fixture
 
 
 DEEPSEEK_SPECS = {
@@ -86,49 +84,30 @@ def make_deepseek_config(name: str):
     )
 
 
+def patch_config(path, storage, arch: str) -> None:
+    """Names the architecture and the storage dtype in config.json."""
+    cfg = json.loads(path.read_text())
+    cfg["architectures"] = [arch]
+    cfg["torch_dtype"] = DTYPE_NAMES[storage]
+    cfg["dtype"] = DTYPE_NAMES[storage]
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
 @torch.no_grad()
 def build_deepseek(name: str, tok_json: str) -> None:
     """Like build_tiny, for the MLA/MoE models. The router's e_score_correction_bias is a
     buffer (init_weights only touches parameters), so it is randomized here too: with zeros
     the grouped top-k would not show whether the bias is applied."""
-    from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
     spec = DEEPSEEK_SPECS[name]
-    out_dir = FIXTURES / name
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
-    torch.manual_seed(spec["seed"])
-    config = make_deepseek_config(name)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    init_weights(model, spec["seed"])
+    storage = spec["storage"]
+    model, out_dir = fresh_fixture_model(name, spec["seed"], lambda: make_deepseek_config(name))
     g = torch.Generator().manual_seed(spec["seed"] + 1)
     for bname, b in model.named_buffers():
         if bname.endswith("e_score_correction_bias"):
             b.copy_(0.3 * torch.randn(b.shape, generator=g))
-    model = model.to(spec["storage"])
-    model.generation_config = GenerationConfig(
-        bos_token_id=0, eos_token_id=[2, 0], pad_token_id=0, do_sample=False
-    )
-    model.save_pretrained(out_dir, safe_serialization=True)
-    arch = type(model).__name__
+    arch = save_fixture(model, out_dir, storage, tok_json, lambda path, arch: patch_config(path, storage, arch))
     del model
-    cfg_path = out_dir / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["architectures"] = [arch]
-    cfg["torch_dtype"] = DTYPE_NAMES[spec["storage"]]
-    cfg["dtype"] = DTYPE_NAMES[spec["storage"]]
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    (out_dir / "tokenizer.json").write_text(tok_json)
-    dump_json(out_dir / "tokenizer_config.json", tiny_tokenizer_config(), indent=2)
-
-    model = AutoModelForCausalLM.from_pretrained(
-        out_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    with safe_open(out_dir / "model.safetensors", "pt") as f:
-        keys = list(f.keys())
-        tensor_list = {k: [DTYPE_NAMES[f.get_tensor(k).dtype], list(f.get_tensor(k).shape)] for k in keys}
+    model, keys, tensor_list = reload_fixture(out_dir, storage, check_weights=False)
     prompts, _, min_margin = reference_prompts(model, spec["seed"] + 7)
     dump_json(
         out_dir / "reference.json",

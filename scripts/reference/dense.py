@@ -195,45 +195,75 @@ def reference_prompts(model, seed: int):
     return prompts, spreads, min_margin
 
 
-@torch.no_grad()
-def build_tiny(name: str, tok_json: str) -> dict:
-    from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, GenerationConfig
+def fresh_fixture_model(name: str, seed: int, make_config_fn):
+    """An empty fixtures/<name>/ and a float32 model of `make_config_fn()` with seeded random weights."""
+    from transformers import AutoModelForCausalLM
 
-    spec = TINY_SPECS[name]
     out_dir = FIXTURES / name
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
-
-    torch.manual_seed(spec["seed"])
-    config = make_config(name)
+    torch.manual_seed(seed)
+    config = make_config_fn()
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    init_weights(model, spec["seed"])
-    model = model.to(spec["storage"])
+    init_weights(model, seed)
+    return model, out_dir
+
+
+def save_fixture(model, out_dir: Path, storage, tok_json: str, patch_config) -> str:
+    """Writes `model` in `storage` dtype with its generation config and the tiny tokenizer;
+    `patch_config(config_path, arch)` then adjusts config.json. Returns the architecture."""
+    from transformers import GenerationConfig
+
+    model = model.to(storage)
     model.generation_config = GenerationConfig(
         bos_token_id=0, eos_token_id=[2, 0], pad_token_id=0, do_sample=False
     )
     model.save_pretrained(out_dir, safe_serialization=True)
     arch = type(model).__name__
-    del model
-    patch_config_json(out_dir / "config.json", spec["storage"], spec["legacy_rope_scaling"], arch)
+    patch_config(out_dir / "config.json", arch)
     (out_dir / "tokenizer.json").write_text(tok_json)
     dump_json(out_dir / "tokenizer_config.json", tiny_tokenizer_config(), indent=2)
+    return arch
 
-    # Reload from disk (this also proves the written config.json parses) and compute in float32
-    # from the weights exactly as stored.
+
+def reload_fixture(out_dir: Path, storage, check_weights: bool = True):
+    """Reloads the written fixture (this also proves its config.json parses) to compute in
+    float32 from the weights exactly as stored; with `check_weights`, every stored tensor
+    must be in `storage` dtype and equal the reloaded weight of the same name (not for MoE
+    checkpoints, whose per-expert tensors transformers fuses on load). Returns (model,
+    tensor names, tensor list)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(
         out_dir, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     with safe_open(out_dir / "model.safetensors", "pt") as f:
         keys = list(f.keys())
         sd = model.state_dict()
-        for k in keys:
+        for k in keys if check_weights else []:
             t = f.get_tensor(k)
-            assert t.dtype == spec["storage"], (k, t.dtype)
+            assert t.dtype == storage, (k, t.dtype)
             assert torch.equal(sd[k], t.float()), f"reloaded weight {k} differs"
         tensor_list = {k: [DTYPE_NAMES[f.get_tensor(k).dtype], list(f.get_tensor(k).shape)] for k in keys}
+    return model, keys, tensor_list
+
+
+@torch.no_grad()
+def build_tiny(name: str, tok_json: str) -> dict:
+    spec = TINY_SPECS[name]
+    model, out_dir = fresh_fixture_model(name, spec["seed"], lambda: make_config(name))
+    storage = spec["storage"]
+    arch = save_fixture(
+        model,
+        out_dir,
+        storage,
+        tok_json,
+        lambda path, arch: patch_config_json(path, storage, spec["legacy_rope_scaling"], arch),
+    )
+    del model
+    model, keys, tensor_list = reload_fixture(out_dir, storage)
     if spec["legacy_rope_scaling"]:
         rp = model.config.rope_parameters
         for k, v in spec["legacy_rope_scaling"].items():
