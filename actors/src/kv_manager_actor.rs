@@ -1,7 +1,7 @@
 //! A thin actor around [`KvBlockManager`] for when block management should live outside
 //! the scheduler: it answers one batched request per step (admissions, growth, commits,
-//! releases, applied in order) over ractor RPC, keeping each sequence's [`SeqBlocks`] and
-//! tokens itself. The scheduler may equally own a `KvBlockManager` directly; both give the
+//! releases, applied in order) over ractor RPC, keeping each sequence's [`SeqBlocks`] (its
+//! table and block-hash chain; the token stream stays the scheduler's). The scheduler may equally own a `KvBlockManager` directly; both give the
 //! same results (the actor is [`KvService`] behind a mailbox).
 //!
 //! ```
@@ -57,8 +57,8 @@ pub enum KvOp {
     },
     /// Return the blocks past the first `num_tokens` tokens (held for rejected drafts).
     Truncate { seq: u64, num_tokens: usize },
-    /// Free the sequence's blocks; `forget` drops its tokens too (finish/abort), otherwise
-    /// they are kept for re-admission (preemption).
+    /// Free the sequence's blocks; `forget` drops its chain too (finish/abort), otherwise
+    /// the sequence stays known until it is re-admitted (preemption).
     Release { seq: u64, forget: bool },
 }
 
@@ -92,15 +92,10 @@ pub struct KvStats {
     pub prefix_cache: PrefixCacheStats,
 }
 
-struct SeqState {
-    tokens: Vec<u32>,
-    blocks: SeqBlocks,
-}
-
-/// The actor's state: the manager plus every sequence's blocks and tokens.
+/// The actor's state: the manager plus every sequence's block chain.
 pub struct KvService {
     mgr: KvBlockManager,
-    seqs: HashMap<u64, SeqState>,
+    seqs: HashMap<u64, SeqBlocks>,
 }
 
 impl KvService {
@@ -127,32 +122,27 @@ impl KvService {
                 max_new_tokens,
                 use_prefix_cache,
             } => {
-                let st = self.seqs.entry(seq).or_insert_with(|| SeqState {
-                    tokens: Vec::new(),
-                    blocks: SeqBlocks::new(),
-                });
-                if !st.blocks.is_empty() {
+                if let Some(mut old) = self.seqs.remove(&seq) {
                     // Admitting a sequence that still holds blocks: start over (it re-hits them).
-                    self.mgr.release(&mut st.blocks);
+                    self.mgr.release(&mut old);
                 }
-                if st.tokens.len() > tokens.len() || st.tokens[..] != tokens[..st.tokens.len()] {
-                    st.blocks = SeqBlocks::new(); // a different stream: drop stale hashes
-                }
-                st.tokens = tokens;
+                // The chain is rebuilt from the tokens: its hashes are a pure function of
+                // them, so a re-admitted (preempted) sequence re-finds its blocks.
+                let st = self
+                    .seqs
+                    .entry(seq)
+                    .or_insert(SeqBlocks::with_tokens(&tokens));
                 let hit = if use_prefix_cache {
-                    self.mgr.find_cached_prefix(&mut st.blocks, &st.tokens)
+                    self.mgr.find_cached_prefix(st)
                 } else {
                     PrefixHit::none()
                 };
-                let new_tokens = (st.tokens.len() - hit.num_tokens).min(max_new_tokens);
-                if self
-                    .mgr
-                    .allocate(&mut st.blocks, &hit, hit.num_tokens + new_tokens)
-                {
+                let new_tokens = (tokens.len() - hit.num_tokens).min(max_new_tokens);
+                if self.mgr.allocate(st, &hit, hit.num_tokens + new_tokens) {
                     KvReply::Admitted {
                         cached_tokens: hit.num_tokens,
                         new_tokens,
-                        table: st.blocks.table().to_vec(),
+                        table: st.table().to_vec(),
                     }
                 } else {
                     KvReply::NoSpace
@@ -162,12 +152,9 @@ impl KvService {
                 let Some(st) = self.seqs.get_mut(&seq) else {
                     return KvReply::UnknownSeq;
                 };
-                if self
-                    .mgr
-                    .allocate(&mut st.blocks, &PrefixHit::none(), num_tokens)
-                {
+                if self.mgr.allocate(st, &PrefixHit::none(), num_tokens) {
                     KvReply::Grown {
-                        table: st.blocks.table().to_vec(),
+                        table: st.table().to_vec(),
                     }
                 } else {
                     KvReply::NoSpace
@@ -181,23 +168,22 @@ impl KvService {
                 let Some(st) = self.seqs.get_mut(&seq) else {
                     return KvReply::UnknownSeq;
                 };
-                st.tokens.extend(append);
-                self.mgr
-                    .commit_full_blocks(&mut st.blocks, &st.tokens, num_computed);
+                st.push_tokens(&append);
+                self.mgr.commit_full_blocks(st, num_computed);
                 KvReply::Done
             }
             KvOp::Truncate { seq, num_tokens } => {
                 let Some(st) = self.seqs.get_mut(&seq) else {
                     return KvReply::UnknownSeq;
                 };
-                self.mgr.truncate(&mut st.blocks, num_tokens);
+                self.mgr.truncate(st, num_tokens);
                 KvReply::Done
             }
             KvOp::Release { seq, forget } => {
                 let Some(st) = self.seqs.get_mut(&seq) else {
                     return KvReply::UnknownSeq;
                 };
-                self.mgr.release(&mut st.blocks);
+                self.mgr.release(st);
                 if forget {
                     self.seqs.remove(&seq);
                 }
@@ -220,7 +206,7 @@ impl KvService {
     /// was lost.
     pub fn reset(&mut self) {
         for st in self.seqs.values_mut() {
-            self.mgr.release(&mut st.blocks);
+            self.mgr.release(st);
         }
         let ok = self.mgr.reset_prefix_cache();
         debug_assert!(ok);

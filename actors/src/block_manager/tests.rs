@@ -1,6 +1,22 @@
 //! Unit tests of the KV-block manager.
 use super::*;
 
+/// Feeds `seq` the tokens of `tokens` it has not seen yet (the stream only grows).
+fn sync(seq: &mut SeqBlocks, tokens: &[u32]) {
+    assert!(seq.num_tokens() <= tokens.len(), "token stream shrank");
+    seq.push_tokens(&tokens[seq.num_tokens()..]);
+}
+
+fn find(m: &KvBlockManager, seq: &mut SeqBlocks, tokens: &[u32]) -> PrefixHit {
+    sync(seq, tokens);
+    m.find_cached_prefix(seq)
+}
+
+fn commit(m: &mut KvBlockManager, seq: &mut SeqBlocks, tokens: &[u32], num_computed: usize) {
+    sync(seq, tokens);
+    m.commit_full_blocks(seq, num_computed);
+}
+
 /// Admission as the scheduler does it: find, then allocate `chunk` more tokens.
 fn admit(
     m: &mut KvBlockManager,
@@ -8,7 +24,7 @@ fn admit(
     tokens: &[u32],
     chunk: usize,
 ) -> Option<usize> {
-    let hit = m.find_cached_prefix(seq, tokens);
+    let hit = find(m, seq, tokens);
     let n = (tokens.len() - hit.num_tokens).min(chunk);
     m.allocate(seq, &hit, hit.num_tokens + n)
         .then_some(hit.num_tokens)
@@ -56,7 +72,7 @@ fn exhaustion_changes_nothing() {
     let p = toks(0..12);
     let mut a = SeqBlocks::new();
     assert_eq!(admit(&mut m, &mut a, &p, 100), Some(0));
-    m.commit_full_blocks(&mut a, &p, 12);
+    commit(&mut m, &mut a, &p, 12);
     let free_before = m.free_queue();
     let mut b = SeqBlocks::new();
     // Hits 2 blocks (cap: 11 tokens → 2 blocks), needs 2 more; only 1 free.
@@ -83,12 +99,12 @@ fn prefix_hit_on_second_sequence_only_full_blocks() {
     let p = toks(0..10); // 2 full blocks + 2 tokens
     let mut a = SeqBlocks::new();
     assert_eq!(admit(&mut m, &mut a, &p, 100), Some(0));
-    m.commit_full_blocks(&mut a, &p, 10);
+    commit(&mut m, &mut a, &p, 10);
     assert_eq!(m.num_cached_blocks(), 2, "the partial block is not cached");
     // Same 10 tokens, then more.
     let q: Vec<u32> = toks(0..10).into_iter().chain([50, 51, 52]).collect();
     let mut b = SeqBlocks::new();
-    let hit = m.find_cached_prefix(&mut b, &q);
+    let hit = find(&m, &mut b, &q);
     assert_eq!(hit.num_tokens, 8);
     assert_eq!(hit.blocks, a.table()[..2].to_vec());
     assert!(m.allocate(&mut b, &hit, q.len()));
@@ -107,11 +123,11 @@ fn chained_hashes_do_not_hit_after_different_prefix() {
     let p = vec![1, 2, 3, 4, 9, 9, 9, 9, 0];
     let mut a = SeqBlocks::new();
     admit(&mut m, &mut a, &p, 100).unwrap();
-    m.commit_full_blocks(&mut a, &p, p.len());
+    commit(&mut m, &mut a, &p, p.len());
     // Second block has the same content, first differs.
     let q = vec![5, 6, 7, 8, 9, 9, 9, 9, 0];
     let mut b = SeqBlocks::new();
-    assert_eq!(m.find_cached_prefix(&mut b, &q).num_tokens, 0);
+    assert_eq!(find(&m, &mut b, &q).num_tokens, 0);
     // The hash function is deterministic and depends on the parent.
     assert_eq!(hash_block(None, &[1, 2]), hash_block(None, &[1, 2]));
     assert_ne!(hash_block(Some(1), &[1, 2]), hash_block(Some(2), &[1, 2]));
@@ -124,18 +140,18 @@ fn hit_is_capped_below_the_prompt_length() {
     let p = toks(0..8); // exactly 2 blocks
     let mut a = SeqBlocks::new();
     admit(&mut m, &mut a, &p, 100).unwrap();
-    m.commit_full_blocks(&mut a, &p, 8);
+    commit(&mut m, &mut a, &p, 8);
     assert_eq!(m.num_cached_blocks(), 2);
     let mut b = SeqBlocks::new();
-    let hit = m.find_cached_prefix(&mut b, &p);
+    let hit = find(&m, &mut b, &p);
     assert_eq!(
         hit.num_tokens, 4,
         "≤ len−1 = 7, rounded down to whole blocks"
     );
     let mut c = SeqBlocks::new();
-    assert_eq!(m.find_cached_prefix(&mut c, &toks(0..9)).num_tokens, 8);
+    assert_eq!(find(&m, &mut c, &toks(0..9)).num_tokens, 8);
     let mut d = SeqBlocks::new();
-    assert_eq!(m.find_cached_prefix(&mut d, &toks(0..1)).num_tokens, 0);
+    assert_eq!(find(&m, &mut d, &toks(0..1)).num_tokens, 0);
 }
 
 #[test]
@@ -146,9 +162,9 @@ fn lru_eviction_order() {
     let mut a = SeqBlocks::new();
     let mut b = SeqBlocks::new();
     admit(&mut m, &mut a, &pa, 100).unwrap();
-    m.commit_full_blocks(&mut a, &pa, 6);
+    commit(&mut m, &mut a, &pa, 6);
     admit(&mut m, &mut b, &pb, 100).unwrap();
-    m.commit_full_blocks(&mut b, &pb, 5);
+    commit(&mut m, &mut b, &pb, 5);
     assert_eq!(a.table(), &[0, 1, 2]);
     assert_eq!(b.table(), &[3, 4, 5]);
     m.release(&mut a); // cached: 2, 1, 0 to the tail
@@ -162,11 +178,11 @@ fn lru_eviction_order() {
     assert_eq!(m.num_cached_blocks(), 3, "hashes of 2 and 1 evicted");
     // a's first block is still hittable; its second is gone.
     let mut a2 = SeqBlocks::new();
-    let hit = m.find_cached_prefix(&mut a2, &pa);
+    let hit = find(&m, &mut a2, &pa);
     assert_eq!(hit.blocks, vec![0]);
     // b's blocks are both still there; hitting takes them out of the queue.
     let mut b2 = SeqBlocks::new();
-    let hit = m.find_cached_prefix(&mut b2, &pb);
+    let hit = find(&m, &mut b2, &pb);
     assert_eq!(hit.blocks, vec![3, 4]);
     assert!(m.allocate(&mut b2, &hit, 5));
     assert_eq!(
@@ -184,31 +200,31 @@ fn shared_prefix_ref_counts() {
     let p = toks(0..9);
     let mut a = SeqBlocks::new();
     admit(&mut m, &mut a, &p, 100).unwrap();
-    m.commit_full_blocks(&mut a, &p, 9);
+    commit(&mut m, &mut a, &p, 9);
     let mut b = SeqBlocks::new();
     assert_eq!(admit(&mut m, &mut b, &p, 100), Some(8));
-    assert_eq!(m.ref_counts[a.table()[0] as usize], 2);
-    assert_eq!(m.ref_counts[a.table()[1] as usize], 2);
+    assert_eq!(m.pool.ref_counts()[a.table()[0] as usize], 2);
+    assert_eq!(m.pool.ref_counts()[a.table()[1] as usize], 2);
     assert_eq!(m.num_free(), 4, "2 shared + 2 partial blocks in use");
     m.release(&mut a);
     assert_eq!(m.num_free(), 5, "only a's partial block was freed");
-    assert_eq!(m.ref_counts[b.table()[0] as usize], 1);
+    assert_eq!(m.pool.ref_counts()[b.table()[0] as usize], 1);
     m.check_invariants();
     // b keeps decoding into its own partial block, then finishes.
     let mut q = p.clone();
     q.extend([100, 101, 102, 103]);
     assert!(m.allocate(&mut b, &PrefixHit::none(), 13));
-    m.commit_full_blocks(&mut b, &q, 12);
+    commit(&mut m, &mut b, &q, 12);
     assert_eq!(m.num_cached_blocks(), 3);
     m.release(&mut b);
     assert_eq!(m.num_free(), 8);
     m.check_invariants();
     // A preempted-and-readmitted sequence re-finds its own blocks via its kept hashes.
-    let hit = m.find_cached_prefix(&mut b, &q);
+    let hit = find(&m, &mut b, &q);
     assert_eq!(hit.num_tokens, 12);
     assert!(m.reset_prefix_cache());
     assert_eq!(m.num_cached_blocks(), 0);
-    assert_eq!(m.find_cached_prefix(&mut b, &q).num_tokens, 0);
+    assert_eq!(find(&m, &mut b, &q).num_tokens, 0);
     m.check_invariants();
 }
 
@@ -226,7 +242,7 @@ fn disabled_caching_is_pure_allocation() {
     let p = toks(0..9);
     let mut a = SeqBlocks::new();
     assert_eq!(admit(&mut m, &mut a, &p, 100), Some(0));
-    m.commit_full_blocks(&mut a, &p, 9);
+    commit(&mut m, &mut a, &p, 9);
     let mut b = SeqBlocks::new();
     assert_eq!(admit(&mut m, &mut b, &p, 100), Some(0));
     assert_eq!(m.num_cached_blocks(), 0);
@@ -244,8 +260,8 @@ fn duplicate_content_stays_uncached() {
     let mut b = SeqBlocks::new();
     admit(&mut m, &mut a, &p, 100).unwrap();
     admit(&mut m, &mut b, &p, 100).unwrap();
-    m.commit_full_blocks(&mut a, &p, 5);
-    m.commit_full_blocks(&mut b, &p, 5);
+    commit(&mut m, &mut a, &p, 5);
+    commit(&mut m, &mut b, &p, 5);
     assert_eq!(m.num_cached_blocks(), 1);
     let bt = b.table().to_vec();
     assert_eq!(bt, vec![2, 3]);
@@ -310,7 +326,7 @@ fn randomized_against_a_model() {
                     let i = rng.below(seqs.len());
                     let s = &mut seqs[i];
                     if !s.running {
-                        let hit = m.find_cached_prefix(&mut s.kv, &s.tokens);
+                        let hit = find(&m, &mut s.kv, &s.tokens);
                         assert!(hit.num_tokens < s.tokens.len());
                         assert_eq!(hit.num_tokens % tpb, 0);
                         for (j, &b) in hit.blocks.iter().enumerate() {
@@ -360,7 +376,7 @@ fn randomized_against_a_model() {
                         }
                         content[b] = Some(want.to_vec());
                     }
-                    m.commit_full_blocks(&mut s.kv, &s.tokens, s.num_computed);
+                    commit(&mut m, &mut s.kv, &s.tokens, s.num_computed);
                 }
                 // Preempt (keep the sequence) or finish (drop it).
                 7 | 8 if !seqs.is_empty() => {
@@ -372,6 +388,13 @@ fn randomized_against_a_model() {
                         seqs.swap_remove(i);
                     }
                 }
+                // Finish by dropping the chain without a release: the manager takes the
+                // blocks back on its next change.
+                9 if !seqs.is_empty() => {
+                    let i = rng.below(seqs.len());
+                    seqs.swap_remove(i);
+                    m.reclaim_dropped();
+                }
                 _ => {}
             }
             m.check_invariants();
@@ -382,9 +405,9 @@ fn randomized_against_a_model() {
                     refs[b as usize] += 1;
                 }
             }
-            assert_eq!(refs, m.ref_counts);
+            assert_eq!(refs, m.pool.ref_counts());
             // Every cached block holds exactly the content its hash names.
-            for (b, h) in m.block_hash.iter().enumerate() {
+            for (b, h) in m.pool.hashes().iter().enumerate() {
                 if let Some(h) = h {
                     let c = content[b].as_ref().expect("cached block was computed");
                     let mut ph = None;
@@ -404,4 +427,52 @@ fn randomized_against_a_model() {
         assert_eq!(m.num_free(), nb);
         m.check_invariants();
     }
+}
+
+#[test]
+fn dropped_chain_returns_its_blocks() {
+    let mut m = KvBlockManager::new(6, 4, true);
+    let p = toks(0..10);
+    let mut a = SeqBlocks::new();
+    assert_eq!(admit(&mut m, &mut a, &p, 100), Some(0));
+    commit(&mut m, &mut a, &p, 10);
+    assert_eq!(m.num_free(), 3);
+    drop(a);
+    // Taken back by the next change, as a release would: the full blocks stay hittable.
+    let mut b = SeqBlocks::new();
+    assert_eq!(admit(&mut m, &mut b, &p, 100), Some(8));
+    assert_eq!(
+        m.num_free(),
+        3,
+        "b re-took a's two cached blocks and one new one"
+    );
+    m.check_invariants();
+    // A chain released first gives nothing back twice.
+    m.release(&mut b);
+    drop(b);
+    m.reclaim_dropped();
+    assert_eq!(m.num_free(), 6);
+    m.check_invariants();
+    // A chain that never held blocks has nothing to give back.
+    drop(SeqBlocks::with_tokens(&p));
+    m.reclaim_dropped();
+    assert_eq!(m.num_free(), 6);
+}
+
+#[test]
+fn chain_keeps_only_the_unfinished_block() {
+    let mut m = KvBlockManager::new(4, 4, true);
+    let mut a = SeqBlocks::new();
+    for t in 0..11u32 {
+        a.push_tokens(&[t]);
+    }
+    assert_eq!(a.num_tokens(), 11);
+    let hit = m.find_cached_prefix(&mut a);
+    assert!(m.allocate(&mut a, &hit, 11));
+    m.commit_full_blocks(&mut a, 11);
+    // Fed one token at a time or all at once, the chain hashes the same.
+    let mut b = SeqBlocks::with_tokens(&toks(0..11));
+    assert_eq!(m.find_cached_prefix(&mut b).num_tokens, 8);
+    assert_eq!(a.hashes, b.hashes);
+    assert!(a.unhashed_len() < 4);
 }
