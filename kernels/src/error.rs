@@ -1,6 +1,6 @@
 //! Error type shared by all kernels.
 
-use crate::WeightFormat;
+use crate::dtype::DType;
 
 /// Errors reported by kernel entry points on malformed input.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -25,7 +25,7 @@ pub enum KernelError {
     #[error("{format:?} needs a row length that is a multiple of {block}, got {cols}")]
     BlockAlignment {
         /// The quantized format.
-        format: WeightFormat,
+        format: DType,
         /// Its block size in elements.
         block: usize,
         /// The offending row length.

@@ -1,33 +1,41 @@
-//! dcpserve-kernels: the CPU compute kernels of dcpserve.
+//! dcpserve-kernels: the compute backends of dcpserve.
 //!
-//! Everything a rank needs to run a transformer forward pass on CPU: a low-latency
-//! thread pool, weight matrices in GGML/float formats with (de)quantization, an
-//! AVX-512 matmul (with a portable scalar fallback), element-wise ops and RoPE, paged
-//! attention returning log-sum-exp for decode context parallelism, and sampling.
+//! [`Backend`] is the device seam: buffers, allocation, host transfers and every op a
+//! forward pass uses. [`CpuBackend`] implements it with the CPU kernels in [`cpu`]: a
+//! low-latency thread pool, weight matrices in GGML/float formats with
+//! (de)quantization, an AVX-512 matmul (with a portable scalar fallback), element-wise
+//! ops and RoPE (incl. YaRN and Llama 3 scaling), paged attention and MLA latent
+//! attention returning log-sum-exp for decode context parallelism, MoE routing and
+//! sampling. A CUDA backend plugs in next to it (see [`backend`]). [`DType`] is the one
+//! element type of weights and buffers. The collectives ([`Communicator`]) live here too.
 
-pub mod attention;
+pub mod backend;
 pub mod comm;
 pub mod cpu;
+pub mod dtype;
 pub mod error;
 pub mod link_model;
-pub mod matmul;
-pub mod ops;
 pub mod overlap;
-pub mod pool;
-pub mod quant;
-pub mod sampling;
-pub mod spec_sampling;
-pub mod weights;
+
+// The CPU kernel modules, also at the crate root where callers have always found them.
+pub use cpu::{
+    attention, latent_attention, matmul, moe_routing, ops, pool, quant, sampling, spec_sampling,
+    weights,
+};
 
 pub use attention::{merge_partials, paged_attention, write_kv, AttentionBatch};
+pub use backend::{Backend, LatentAttentionParams, PagedAttentionParams};
 pub use comm::{Communicator, InProcessComm};
-pub use cpu::{features, force_scalar, CpuFeatures};
+pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
+pub use dtype::DType;
 pub use error::KernelError;
+pub use latent_attention::{latent_attention, LatentBatch};
 pub use link_model::{LinkModel, ModeledLink};
 pub use matmul::{matmul, matmul_fast, matmul_with_precision, Precision};
+pub use moe_routing::{route_experts, RouterParams, RouterScoring, Routing};
 pub use ops::{
     add_bias, add_inplace, log_softmax, rms_norm, rms_norm_inplace, silu_mul, softmax_inplace,
-    RopeScalingKind, RopeTable,
+    yarn_mscale, RopeScalingKind, RopeTable, YarnParams,
 };
 pub use overlap::{BatonComm, BatonTurn, ComputeBaton};
 pub use pool::{available_cores, pin_current_thread, ThreadPool};

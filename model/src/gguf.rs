@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::ModelError;
-use crate::tensors::{RawTensor, TensorBytes, TensorDType, TensorSource};
+use crate::tensors::{DType, RawTensor, TensorBytes, TensorSource};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 /// Default data alignment when `general.alignment` is absent.
@@ -165,27 +165,27 @@ pub fn ggml_type_name(id: u32) -> &'static str {
 }
 
 /// The storage type for a ggml type id, if the engine supports it.
-pub fn dtype_from_ggml(id: u32) -> Option<TensorDType> {
+pub fn dtype_from_ggml(id: u32) -> Option<DType> {
     Some(match id {
-        0 => TensorDType::F32,
-        1 => TensorDType::F16,
-        2 => TensorDType::Q4_0,
-        3 => TensorDType::Q4_1,
-        8 => TensorDType::Q8_0,
-        30 => TensorDType::BF16,
+        0 => DType::F32,
+        1 => DType::F16,
+        2 => DType::Q4_0,
+        3 => DType::Q4_1,
+        8 => DType::Q8_0,
+        30 => DType::BF16,
         _ => return None,
     })
 }
 
 /// The ggml type id of a storage type.
-pub fn ggml_from_dtype(dtype: TensorDType) -> u32 {
+pub fn ggml_from_dtype(dtype: DType) -> u32 {
     match dtype {
-        TensorDType::F32 => 0,
-        TensorDType::F16 => 1,
-        TensorDType::Q4_0 => 2,
-        TensorDType::Q4_1 => 3,
-        TensorDType::Q8_0 => 8,
-        TensorDType::BF16 => 30,
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Q4_0 => 2,
+        DType::Q4_1 => 3,
+        DType::Q8_0 => 8,
+        DType::BF16 => 30,
     }
 }
 
@@ -204,7 +204,7 @@ pub struct GgufTensorInfo {
 
 impl GgufTensorInfo {
     /// The engine's storage type, or `None` when the ggml type is unsupported.
-    pub fn dtype(&self) -> Option<TensorDType> {
+    pub fn dtype(&self) -> Option<DType> {
         dtype_from_ggml(self.ggml_type)
     }
 }
@@ -421,7 +421,7 @@ fn truncated(path: &Path, reason: impl Into<String>) -> ModelError {
 fn tensor_window(
     path: &Path,
     info: &GgufTensorInfo,
-    dtype: TensorDType,
+    dtype: DType,
     data_offset: usize,
 ) -> Result<(usize, usize), ModelError> {
     let len = dtype.storage_bytes(&info.shape).ok_or_else(|| {

@@ -21,7 +21,7 @@ pub use error::ModelError;
 pub use gguf::{GgufFile, GgufTensorSource};
 pub use safetensors_source::SafetensorsSource;
 pub use source::ModelFiles;
-pub use tensors::{RawTensor, TensorDType, TensorSource};
+pub use tensors::{DType, RawTensor, TensorSource};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// Shorthand for results of this crate.

@@ -10,7 +10,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::error::ModelError;
 use crate::hf_config::read_json;
-use crate::tensors::{RawTensor, TensorBytes, TensorDType, TensorSource};
+use crate::tensors::{DType, RawTensor, TensorBytes, TensorSource};
 
 /// Where one tensor lives.
 #[derive(Debug, Clone)]
@@ -53,11 +53,11 @@ fn map_file(path: &Path) -> Result<TensorBytes, ModelError> {
     Ok(Arc::new(mmap))
 }
 
-fn dtype_of(dtype: Dtype) -> Option<TensorDType> {
+fn dtype_of(dtype: Dtype) -> Option<DType> {
     match dtype {
-        Dtype::F32 => Some(TensorDType::F32),
-        Dtype::F16 => Some(TensorDType::F16),
-        Dtype::BF16 => Some(TensorDType::BF16),
+        Dtype::F32 => Some(DType::F32),
+        Dtype::F16 => Some(DType::F16),
+        Dtype::BF16 => Some(DType::BF16),
         _ => None,
     }
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use dcpserve_model::gguf::GgufFile;
-use dcpserve_model::{Architecture, ChatMessage, ModelFiles, TensorDType};
+use dcpserve_model::{Architecture, ChatMessage, DType, ModelFiles};
 
 #[test]
 fn config_matches_the_published_model() {
@@ -44,23 +44,17 @@ fn tensors_have_hf_names_shapes_and_types() {
     let emb = t.get("model.embed_tokens.weight").unwrap();
     assert_eq!(
         (emb.dtype, emb.shape.clone()),
-        (TensorDType::Q8_0, vec![49152, 576])
+        (DType::Q8_0, vec![49152, 576])
     );
     assert_eq!(emb.bytes().len(), 49152 * 576 / 32 * 34);
     let q = t.get("model.layers.0.self_attn.q_proj.weight").unwrap();
-    assert_eq!(
-        (q.dtype, q.shape.clone()),
-        (TensorDType::Q4_1, vec![576, 576])
-    );
+    assert_eq!((q.dtype, q.shape.clone()), (DType::Q4_1, vec![576, 576]));
     let k = t.get("model.layers.29.self_attn.k_proj.weight").unwrap();
     assert_eq!(k.shape, vec![192, 576]);
     let down = t.get("model.layers.3.mlp.down_proj.weight").unwrap();
     assert_eq!(down.shape, vec![576, 1536]);
     let norm = t.get("model.norm.weight").unwrap();
-    assert_eq!(
-        (norm.dtype, norm.shape.clone()),
-        (TensorDType::F32, vec![576])
-    );
+    assert_eq!((norm.dtype, norm.shape.clone()), (DType::F32, vec![576]));
     let v = norm.to_f32_vec().unwrap();
     assert!(v.iter().all(|x| x.is_finite()) && v.iter().any(|&x| x != 0.0));
     assert!(!t.contains("lm_head.weight"));

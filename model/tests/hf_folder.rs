@@ -5,7 +5,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use dcpserve_model::{ChatMessage, ModelError, ModelFiles, TensorDType};
+use dcpserve_model::{ChatMessage, DType, ModelError, ModelFiles};
 use safetensors::{serialize_to_file, Dtype, View};
 use serde_json::json;
 
@@ -145,7 +145,7 @@ fn single_file_folder() {
     let emb = files.tensors.get("model.embed_tokens.weight").unwrap();
     assert_eq!(
         (emb.dtype, emb.shape.clone(), emb.bytes().len()),
-        (TensorDType::BF16, vec![6, 8], 96)
+        (DType::BF16, vec![6, 8], 96)
     );
     assert_eq!(emb.bytes()[..3], [0, 1, 2]);
     let tmpl = files.chat_template.as_ref().unwrap();

@@ -1,12 +1,15 @@
 //! Loading a decoder's weights from any [`TensorSource`] into kernel-ready matrices.
 
-use dcpserve_kernels::{WeightFormat, WeightMatrix};
+use dcpserve_kernels::WeightMatrix;
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::tensors::{RawTensor, TensorDType, TensorSource};
+use crate::tensors::{DType, RawTensor, TensorSource};
 
-/// The precision weights are kept in.
+/// The precision weights are kept in: a loading policy, not an element type. It picks
+/// each tensor's [`DType`] (`Auto` keeps quantized tensors as they are). The user's
+/// `--dtype` (`dcpserve_config::DType`) spells the same choice; it is converted at the
+/// engine boundary because this crate does not depend on the config crate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightPrecision {
     /// Floating-point checkpoints in bf16, quantized ones as they are.
@@ -19,12 +22,12 @@ pub enum WeightPrecision {
 }
 
 impl WeightPrecision {
-    fn target(self, source: WeightFormat) -> WeightFormat {
+    fn target(self, source: DType) -> DType {
         match self {
-            WeightPrecision::F32 => WeightFormat::F32,
-            WeightPrecision::BF16 => WeightFormat::BF16,
+            WeightPrecision::F32 => DType::F32,
+            WeightPrecision::BF16 => DType::BF16,
             WeightPrecision::Auto => match source {
-                WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => WeightFormat::BF16,
+                DType::F32 | DType::F16 | DType::BF16 => DType::BF16,
                 quantized => quantized,
             },
         }
@@ -119,17 +122,6 @@ pub struct DecoderWeights {
     pub lm_head: Option<WeightMatrix>,
 }
 
-pub(crate) fn weight_format(dtype: TensorDType) -> WeightFormat {
-    match dtype {
-        TensorDType::F32 => WeightFormat::F32,
-        TensorDType::F16 => WeightFormat::F16,
-        TensorDType::BF16 => WeightFormat::BF16,
-        TensorDType::Q8_0 => WeightFormat::Q8_0,
-        TensorDType::Q4_0 => WeightFormat::Q4_0,
-        TensorDType::Q4_1 => WeightFormat::Q4_1,
-    }
-}
-
 fn shape_error(t: &RawTensor, expected: &[usize]) -> ModelError {
     ModelError::ShapeMismatch {
         path: std::path::PathBuf::new(),
@@ -189,7 +181,7 @@ pub(super) fn matrix(
     if t.shape != [rows, cols] {
         return Err(shape_error(&t, &[rows, cols]));
     }
-    let format = weight_format(t.dtype);
+    let format = t.dtype;
     let full = WeightMatrix::from_bytes(format, rows, cols, t.data.clone(), t.offset, t.len)
         .map_err(|e| ModelError::Invalid(format!("tensor {name}: {e}")))?;
     let mut m = if r == (0..rows) {

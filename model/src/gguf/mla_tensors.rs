@@ -125,7 +125,7 @@ pub(super) fn kv_b_from_split(
     let len = bytes.len();
     Ok(RawTensor {
         name: name.to_string(),
-        dtype: TensorDType::F32,
+        dtype: DType::F32,
         shape: vec![heads * per_head, rank],
         data: Arc::new(bytes),
         offset: 0,

@@ -105,7 +105,7 @@ fn serves_each_expert_of_a_stacked_tensor() {
     let t = src
         .get("model.layers.1.mlp.experts.1.down_proj.weight")
         .unwrap();
-    assert_eq!((t.dtype, t.shape.clone()), (TensorDType::Q8_0, vec![1, 32]));
+    assert_eq!((t.dtype, t.shape.clone()), (DType::Q8_0, vec![1, 32]));
     assert_eq!(t.to_f32_vec().unwrap(), vec![2.0; 32]);
 }
 

@@ -10,7 +10,9 @@
 //! sharded by position and the absorbed queries of the DCP group are gathered (see
 //! [`dcp`]).
 
-pub mod attention;
+/// The latent attention kernel, now in `dcpserve-kernels` (named here for the callers
+/// that reach it as `mla::attention`).
+pub use dcpserve_kernels::cpu::latent_attention as attention;
 pub mod cache;
 pub mod dcp;
 pub mod hf;

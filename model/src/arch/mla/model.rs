@@ -310,7 +310,7 @@ impl MlaModel {
         let mut attend = |q: &LatentBatch, out: &mut [f32], lse: &mut [f32]| {
             let shape = (q.n_heads * q.v_dim, q.n_heads);
             read_in_pieces(cache, q.token_seq.len(), shape, out, lse, |c, r, o, l| {
-                latent_attention(pool, &q.tokens(r), c.layer(li), o, l)
+                Ok::<_, ModelError>(latent_attention(pool, &q.tokens(r), c.layer(li), o, l)?)
             })
         };
         if comms.dcp.size() == 1 {

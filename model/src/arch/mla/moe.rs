@@ -4,28 +4,33 @@
 //! router, so all ranks choose the same experts; each rank then computes its slice of
 //! every chosen expert's intermediate dimension, and the caller all-reduces the partial sums.
 
-use dcpserve_kernels::{matmul, silu_mul, ThreadPool};
+use dcpserve_kernels::{
+    matmul, route_experts, silu_mul, RouterParams, RouterScoring, Routing, ThreadPool,
+};
 
 use super::weights::{MlpShard, MoeShard};
 use crate::config::{MoeConfig, MoeScoring};
 use crate::error::ModelError;
 
-/// Each token's chosen experts and their weights, `[n_tokens, num_experts_per_tok]`.
-pub struct Routing {
-    pub experts: Vec<usize>,
-    pub weights: Vec<f32>,
+/// The kernels' routing rule for a model's MoE configuration.
+fn router_params(cfg: &MoeConfig) -> RouterParams {
+    RouterParams {
+        n_experts: cfg.n_routed_experts,
+        experts_per_token: cfg.num_experts_per_tok,
+        n_group: cfg.n_group,
+        topk_group: cfg.topk_group,
+        group_limited: cfg.group_limited,
+        scoring: match cfg.scoring {
+            MoeScoring::Sigmoid => RouterScoring::Sigmoid,
+            MoeScoring::Softmax => RouterScoring::Softmax,
+        },
+        norm_topk_prob: cfg.norm_topk_prob,
+        routed_scaling_factor: cfg.routed_scaling_factor,
+    }
 }
 
-/// Indices of the `k` largest values (ties: the lower index first), largest first.
-fn top_k(values: &[f32], k: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..values.len()).collect();
-    idx.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
-    idx.truncate(k);
-    idx
-}
-
-/// transformers' `DeepseekV3TopkRouter` (sigmoid, bias-corrected choice, groups ranked by
-/// their top-2 sum) or `DeepseekV2TopkRouter` (softmax, groups ranked by their best score).
+/// The router's logits for `n` tokens, then transformers' `DeepseekV3TopkRouter` /
+/// `DeepseekV2TopkRouter` choice (the kernels' [`route_experts`]).
 pub fn route(
     pool: &ThreadPool,
     cfg: &MoeConfig,
@@ -33,53 +38,13 @@ pub fn route(
     x: &[f32],
     n: usize,
 ) -> Result<Routing, ModelError> {
-    let e = cfg.n_routed_experts;
-    let k = cfg.num_experts_per_tok;
-    let mut logits = vec![0.0f32; n * e];
+    let mut logits = vec![0.0f32; n * cfg.n_routed_experts];
     matmul(pool, x, n, &w.router, &mut logits)?;
-    let per_group = e / cfg.n_group;
-    let mut experts = Vec::with_capacity(n * k);
-    let mut weights = Vec::with_capacity(n * k);
-    for row in logits.chunks_exact(e) {
-        let scores: Vec<f32> = match cfg.scoring {
-            MoeScoring::Sigmoid => row.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
-            MoeScoring::Softmax => {
-                let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let ex: Vec<f32> = row.iter().map(|&l| (l - mx).exp()).collect();
-                let s: f32 = ex.iter().sum();
-                ex.iter().map(|v| v / s).collect()
-            }
-        };
-        let mut choice: Vec<f32> = match &w.correction_bias {
-            Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
-            None => scores.clone(),
-        };
-        if cfg.group_limited && cfg.n_group > 1 {
-            let group_scores: Vec<f32> = choice
-                .chunks_exact(per_group)
-                .map(|g| match cfg.scoring {
-                    MoeScoring::Sigmoid => top_k(g, 2).iter().map(|&i| g[i]).sum(),
-                    MoeScoring::Softmax => g.iter().copied().fold(f32::NEG_INFINITY, f32::max),
-                })
-                .collect();
-            let keep = top_k(&group_scores, cfg.topk_group);
-            for (gi, g) in choice.chunks_exact_mut(per_group).enumerate() {
-                if !keep.contains(&gi) {
-                    g.fill(f32::NEG_INFINITY);
-                }
-            }
-        }
-        let chosen = top_k(&choice, k);
-        let mut ws: Vec<f32> = chosen.iter().map(|&i| scores[i]).collect();
-        if cfg.norm_topk_prob {
-            let denom = ws.iter().sum::<f32>() + 1e-20;
-            ws.iter_mut().for_each(|v| *v /= denom);
-        }
-        ws.iter_mut().for_each(|v| *v *= cfg.routed_scaling_factor);
-        experts.extend(chosen);
-        weights.extend(ws);
-    }
-    Ok(Routing { experts, weights })
+    Ok(route_experts(
+        &logits,
+        &router_params(cfg),
+        w.correction_bias.as_deref(),
+    )?)
 }
 
 /// `down(silu(gate(x)) · up(x))` for `m` rows of `x`, this rank's slice, into `out`.

@@ -1,11 +1,11 @@
 //! Paged attention against the latent cache, where a value is the `v_dim`-wide prefix of
 //! its key row (MLA with absorbed weights: keys `[c_kv, k_pe]`, values `c_kv`). Returns
-//! the output and the log-sum-exp per (token, head) like `kernels::paged_attention`, so
+//! the output and the log-sum-exp per (token, head) like [`crate::paged_attention`], so
 //! partial results over KV shards merge exactly (decode context parallelism).
 
-use dcpserve_kernels::{merge_partials, ThreadPool};
-
-use crate::error::ModelError;
+use crate::attention::merge_partials;
+use crate::error::KernelError;
+use crate::pool::ThreadPool;
 
 /// Keys scored per online-softmax step.
 const CH: usize = 32;
@@ -17,12 +17,15 @@ const SPLIT_MIN: usize = 256;
 pub struct LatentBatch<'a> {
     /// Queries, `[n_tokens, n_heads, dim]`.
     pub q: &'a [f32],
+    /// Query heads (all share the one latent KV head).
     pub n_heads: usize,
     /// Key width: the cache row (`kv_lora_rank + qk_rope_head_dim`).
     pub dim: usize,
     /// Value width: the row prefix attention averages (`kv_lora_rank`).
     pub v_dim: usize,
+    /// Tokens per cache block.
     pub block_size: usize,
+    /// Score scale (MLA: the softmax scale incl. YaRN's correction).
     pub scale: f32,
     /// Sequence (index into `block_tables`) of each token.
     pub token_seq: &'a [u32],
@@ -60,7 +63,7 @@ pub fn latent_attention(
     cache: &[f32],
     out: &mut [f32],
     lse: &mut [f32],
-) -> Result<(), ModelError> {
+) -> Result<(), KernelError> {
     validate(b, cache, out, lse)?;
     let n = b.token_seq.len();
     let rows = n * b.n_heads;
@@ -111,12 +114,11 @@ pub fn latent_attention(
     let outs: Vec<&[f32]> = pout.chunks_exact(rows * b.v_dim).collect();
     let lses: Vec<&[f32]> = plse.chunks_exact(rows).collect();
     merge_partials(&outs, &lses, rows, b.v_dim, out, lse)
-        .map_err(|e| ModelError::Invalid(format!("latent attention merge: {e}")))
 }
 
-fn validate(b: &LatentBatch, cache: &[f32], out: &[f32], lse: &[f32]) -> Result<(), ModelError> {
+fn validate(b: &LatentBatch, cache: &[f32], out: &[f32], lse: &[f32]) -> Result<(), KernelError> {
     let n = b.token_seq.len();
-    let bad = |what: String| Err(ModelError::Invalid(format!("latent attention: {what}")));
+    let bad = |what: String| Err(KernelError::Shape(format!("latent attention: {what}")));
     if b.dim == 0 || b.v_dim > b.dim || b.block_size == 0 {
         return bad(format!(
             "dim {} / v_dim {} / block_size {}",

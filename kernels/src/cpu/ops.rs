@@ -133,6 +133,85 @@ pub enum RopeScalingKind {
         /// Context length of the original model.
         original_max_position_embeddings: usize,
     },
+    /// YaRN (transformers' `_compute_yarn_parameters`), as DeepSeek's latent attention
+    /// uses it: blended frequencies and cos/sin scaled by the attention factor.
+    Yarn(YarnParams),
+}
+
+/// YaRN parameters as Hugging Face `rope_scaling` names them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnParams {
+    /// Context extension factor.
+    pub factor: f32,
+    /// Context length of the original model.
+    pub original_max_position_embeddings: usize,
+    /// High-frequency boundary, in rotations.
+    pub beta_fast: f32,
+    /// Low-frequency boundary, in rotations.
+    pub beta_slow: f32,
+    /// `mscale`.
+    pub mscale: Option<f32>,
+    /// `mscale_all_dim`.
+    pub mscale_all_dim: Option<f32>,
+    /// Explicit cos/sin scale; derived from the mscales when absent.
+    pub attention_factor: Option<f32>,
+    /// Round the correction range to whole dimensions (transformers' default).
+    pub truncate: bool,
+}
+
+/// transformers' `yarn_get_mscale`: `0.1 · mscale · ln(scale) + 1` for `scale > 1`.
+pub fn yarn_mscale(scale: f32, mscale: f32) -> f32 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
+impl YarnParams {
+    /// The blended inverse frequencies (from `pos_freqs = theta^(2i/dim)`) and the
+    /// cos/sin attention factor.
+    fn inv_freq(&self, pos_freqs: &[f32], dim: usize, theta: f32) -> (Vec<f32>, f32) {
+        let factor = self.factor;
+        let attention_factor =
+            self.attention_factor
+                .unwrap_or_else(|| match (self.mscale, self.mscale_all_dim) {
+                    (Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
+                        yarn_mscale(factor, m) / yarn_mscale(factor, ma)
+                    }
+                    _ => yarn_mscale(factor, 1.0),
+                });
+        let (base, d) = (theta as f64, dim as f64);
+        let original = self.original_max_position_embeddings as f64;
+        let correction_dim = |rotations: f64| {
+            d * (original / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+        };
+        let (mut low, mut high) = (
+            correction_dim(self.beta_fast as f64),
+            correction_dim(self.beta_slow as f64),
+        );
+        if self.truncate {
+            low = low.floor();
+            high = high.ceil();
+        }
+        let low = low.max(0.0);
+        let mut high = high.min(d - 1.0);
+        if low == high {
+            high += 0.001; // transformers: prevent a singular ramp
+        }
+        let inv = pos_freqs
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                let extrapolation_factor = 1.0 - ramp;
+                let interpolation = 1.0 / (factor * p);
+                let extrapolation = 1.0 / p;
+                interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor
+            })
+            .collect();
+        (inv, attention_factor)
+    }
 }
 
 /// Precomputed RoPE cos/sin tables.
@@ -148,6 +227,8 @@ pub enum RopeScalingKind {
 pub struct RopeTable {
     head_dim: usize,
     inv_freq: Vec<f32>,
+    /// Scale of cos/sin (YaRN's attention factor; 1 otherwise).
+    attention_factor: f32,
     cos: Vec<f32>,
     sin: Vec<f32>,
     max_positions: usize,
@@ -163,12 +244,17 @@ impl RopeTable {
         max_positions: usize,
     ) -> Self {
         let half = head_dim / 2;
-        // Like torch: inv_freq = 1 / theta ** (arange(0, d, 2).float() / d), all in f32.
-        let mut inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+        // Like torch: base ** (arange(0, d, 2).float() / d), all in f32.
+        let pos_freqs: Vec<f32> = (0..half)
+            .map(|i| theta.powf((2 * i) as f32 / head_dim as f32))
             .collect();
+        let mut inv_freq: Vec<f32> = pos_freqs.iter().map(|p| 1.0 / p).collect();
+        let mut attention_factor = 1.0;
         match scaling {
             RopeScalingKind::None => {}
+            RopeScalingKind::Yarn(yarn) => {
+                (inv_freq, attention_factor) = yarn.inv_freq(&pos_freqs, head_dim, theta);
+            }
             RopeScalingKind::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
             RopeScalingKind::Llama3 {
                 factor,
@@ -200,13 +286,14 @@ impl RopeTable {
         for p in 0..max_positions {
             for &f in &inv_freq {
                 let (s, c) = angle(p, f);
-                cos.push(c);
-                sin.push(s);
+                cos.push(c * attention_factor);
+                sin.push(s * attention_factor);
             }
         }
         RopeTable {
             head_dim,
             inv_freq,
+            attention_factor,
             cos,
             sin,
             max_positions,
@@ -235,42 +322,95 @@ impl RopeTable {
     ) -> Result<(), KernelError> {
         let d = self.head_dim;
         check_len("rope x", n_heads * d, x.len())?;
-        let half = d / 2;
-        let (mut cbuf, mut sbuf) = ([0.0f32; 256], [0.0f32; 256]);
-        let heap: (Vec<f32>, Vec<f32>);
-        let (cos, sin): (&[f32], &[f32]) = if pos < self.max_positions {
-            (
+        self.with_cos_sin(pos, |cos, sin| {
+            for head in x.chunks_exact_mut(d) {
+                rotate(head, cos, sin, interleaved);
+            }
+        });
+        Ok(())
+    }
+
+    /// Rotates the `head_dim`-wide vector at `offset` of every `stride`-wide row of `x`
+    /// for position `pos` (MLA: the rope part of each head's query, or of the latent key).
+    ///
+    /// transformers' interleaved variant for DeepSeek rotates pairs (2i, 2i+1) and then
+    /// de-interleaves the result; queries and keys get the same permutation, so their
+    /// dot products (all attention ever uses) equal those of this in-place rotation.
+    ///
+    /// ```
+    /// use dcpserve_kernels::{RopeScalingKind, RopeTable};
+    /// let rope = RopeTable::new(2, 10000.0, RopeScalingKind::None, 4);
+    /// let mut rows = [9.0, 1.0, 0.0, 9.0, 1.0, 0.0]; // two rows of 3, rope part at 1..3
+    /// rope.apply_strided(&mut rows, 3, 1, 0, false).unwrap();
+    /// assert_eq!(rows, [9.0, 1.0, 0.0, 9.0, 1.0, 0.0]);
+    /// ```
+    pub fn apply_strided(
+        &self,
+        x: &mut [f32],
+        stride: usize,
+        offset: usize,
+        pos: usize,
+        interleaved: bool,
+    ) -> Result<(), KernelError> {
+        let d = self.head_dim;
+        if stride < offset + d || stride == 0 || !x.len().is_multiple_of(stride) {
+            return Err(KernelError::Shape(format!(
+                "rope: vectors of {d} at offset {offset} do not fit rows of {stride} (len {})",
+                x.len()
+            )));
+        }
+        self.with_cos_sin(pos, |cos, sin| {
+            for row in x.chunks_exact_mut(stride) {
+                rotate(&mut row[offset..offset + d], cos, sin, interleaved);
+            }
+        });
+        Ok(())
+    }
+
+    /// Calls `f(cos, sin)` with the (scaled) tables of position `pos`, computed on the
+    /// fly beyond the precomputed range.
+    #[inline]
+    fn with_cos_sin<R>(&self, pos: usize, f: impl FnOnce(&[f32], &[f32]) -> R) -> R {
+        let half = self.head_dim / 2;
+        if pos < self.max_positions {
+            return f(
                 &self.cos[pos * half..(pos + 1) * half],
                 &self.sin[pos * half..(pos + 1) * half],
-            )
-        } else if half <= cbuf.len() {
-            // Beyond the table: compute on the fly, on the stack.
-            for (i, &f) in self.inv_freq.iter().enumerate() {
-                (sbuf[i], cbuf[i]) = angle(pos, f);
-            }
-            (&cbuf[..half], &sbuf[..half])
-        } else {
-            heap = self
-                .inv_freq
-                .iter()
-                .map(|&f| angle(pos, f))
-                .map(|(s, c)| (c, s))
-                .unzip();
-            (&heap.0, &heap.1)
-        };
-        for head in x.chunks_exact_mut(d) {
-            for i in 0..half {
-                let (a, b) = if interleaved {
-                    (2 * i, 2 * i + 1)
-                } else {
-                    (i, i + half)
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos[i] - x1 * sin[i];
-                head[b] = x1 * cos[i] + x0 * sin[i];
-            }
+            );
         }
-        Ok(())
+        let af = self.attention_factor;
+        let (mut cbuf, mut sbuf) = ([0.0f32; 256], [0.0f32; 256]);
+        if half <= cbuf.len() {
+            // Beyond the table: compute on the fly, on the stack.
+            for (i, &fr) in self.inv_freq.iter().enumerate() {
+                let (s, c) = angle(pos, fr);
+                (sbuf[i], cbuf[i]) = (s * af, c * af);
+            }
+            return f(&cbuf[..half], &sbuf[..half]);
+        }
+        let (cos, sin): (Vec<f32>, Vec<f32>) = self
+            .inv_freq
+            .iter()
+            .map(|&fr| angle(pos, fr))
+            .map(|(s, c)| (c * af, s * af))
+            .unzip();
+        f(&cos, &sin)
+    }
+}
+
+/// Rotates one vector: pairs `(2i, 2i+1)` when `interleaved`, else `(i, i + d/2)`.
+#[inline(always)]
+fn rotate(v: &mut [f32], cos: &[f32], sin: &[f32], interleaved: bool) {
+    let half = v.len() / 2;
+    for i in 0..half {
+        let (a, b) = if interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + half)
+        };
+        let (x0, x1) = (v[a], v[b]);
+        v[a] = x0 * cos[i] - x1 * sin[i];
+        v[b] = x1 * cos[i] + x0 * sin[i];
     }
 }
 

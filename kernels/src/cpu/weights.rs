@@ -152,6 +152,28 @@ impl WeightMatrix {
         Ok(())
     }
 
+    /// Embedding gather: decodes row `ids[i]` into row `i` of `out`
+    /// (`out.len() == ids.len() * cols`); an id outside the matrix is an error.
+    ///
+    /// ```
+    /// use dcpserve_kernels::WeightMatrix;
+    /// let table = WeightMatrix::from_f32(3, 2, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
+    /// let mut out = [0.0; 4];
+    /// table.gather_rows(&[2, 0], &mut out).unwrap();
+    /// assert_eq!(out, [4.0, 5.0, 0.0, 1.0]);
+    /// assert!(table.gather_rows(&[3, 0], &mut out).is_err());
+    /// ```
+    pub fn gather_rows(&self, ids: &[u32], out: &mut [f32]) -> Result<(), KernelError> {
+        check_len("gather_rows output", ids.len() * self.cols, out.len())?;
+        if self.cols == 0 {
+            return Ok(());
+        }
+        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(self.cols)) {
+            self.dequantize_row(id as usize, row)?;
+        }
+        Ok(())
+    }
+
     /// The whole matrix decoded to f32, row-major.
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let mut out = vec![0.0f32; self.rows * self.cols];

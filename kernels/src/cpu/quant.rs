@@ -1,79 +1,13 @@
 //! Weight element formats (GGML block layouts) and (de)quantization of flat buffers.
 
+use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use half::{bf16, f16};
 
-/// Elements per block of the GGML quantized formats.
-pub const QK: usize = 32;
+pub use crate::dtype::QK;
 
-/// Storage format of weight elements.
-///
-/// Quantized formats use GGML's block layouts along a row, 32 elements per block:
-/// * `Q8_0`: f16 `d` + 32 × i8 (34 bytes), value `q·d`.
-/// * `Q4_0`: f16 `d` + 16 bytes; element `j` (0..16) is the low nibble of byte `j`,
-///   element `j+16` the high nibble; value `(q−8)·d` (18 bytes).
-/// * `Q4_1`: f16 `d`, f16 `m` + 16 bytes of nibbles as `Q4_0`; value `q·d + m` (20 bytes).
-#[allow(non_camel_case_types)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WeightFormat {
-    /// IEEE single precision, little endian.
-    F32,
-    /// IEEE half precision, little endian.
-    F16,
-    /// bfloat16, little endian.
-    BF16,
-    /// GGML Q8_0.
-    Q8_0,
-    /// GGML Q4_0.
-    Q4_0,
-    /// GGML Q4_1.
-    Q4_1,
-}
-
-impl WeightFormat {
-    /// Elements per block (1 for the float formats).
-    pub const fn block_elems(self) -> usize {
-        match self {
-            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => 1,
-            _ => QK,
-        }
-    }
-
-    /// Bytes per block.
-    pub const fn block_bytes(self) -> usize {
-        match self {
-            WeightFormat::F32 => 4,
-            WeightFormat::F16 | WeightFormat::BF16 => 2,
-            WeightFormat::Q8_0 => 34,
-            WeightFormat::Q4_0 => 18,
-            WeightFormat::Q4_1 => 20,
-        }
-    }
-
-    /// True for the block-quantized formats.
-    pub const fn is_quantized(self) -> bool {
-        self.block_elems() > 1
-    }
-
-    /// Bytes needed for `n_elems` elements (whole blocks; quantized formats need
-    /// `n_elems % 32 == 0` to be meaningful, see [`check_elems`](Self::check_elems)).
-    pub const fn bytes_for(self, n_elems: usize) -> usize {
-        n_elems.div_ceil(self.block_elems()) * self.block_bytes()
-    }
-
-    /// Checks that `n_elems` is a whole number of blocks.
-    pub fn check_elems(self, n_elems: usize) -> Result<(), KernelError> {
-        if n_elems.is_multiple_of(self.block_elems()) {
-            Ok(())
-        } else {
-            Err(KernelError::BlockAlignment {
-                format: self,
-                block: self.block_elems(),
-                cols: n_elems,
-            })
-        }
-    }
-}
+/// Storage format of weight elements: the crate's one element type, [`DType`].
+pub type WeightFormat = DType;
 
 /// Dequantizes `bytes` (in `format`) into `out`; `out.len()` elements are decoded.
 ///

@@ -1,0 +1,322 @@
+//! The device seam: [`Backend`] owns buffers and runs every op a forward pass needs.
+//!
+//! In the spirit of candle's `BackendDevice` / `BackendStorage`, one trait carries the
+//! device's types (a buffer of f32 elements, views into it, weight matrices in any
+//! [`DType`], RoPE tables) and its ops. Shapes and step metadata (token positions,
+//! block tables, KV slots) stay host slices: they are small, the scheduler produces
+//! them on the host, and a device backend uploads them once per call (or per step).
+//!
+//! Backends:
+//! * [`CpuBackend`](crate::CpuBackend) (`kernels/src/cpu/`): host memory, the buffer is
+//!   a `Vec<f32>` and views are plain slices, so every op is a direct call of today's
+//!   CPU kernel with no copy.
+//! * CUDA (`kernels/src/cuda/`, the next issue): buffers are cudarc `CudaSlice<f32>`
+//!   with `CudaView` / `CudaViewMut` as the view types, matmul through cuBLAS
+//!   (GEMM for f32/bf16 weights, NVRTC-compiled dequantizing kernels for the GGML
+//!   formats), and the remaining ops as NVRTC kernels launched on the rank's stream.
+//!   Its arm joins [`test_on_every_backend!`](crate::test_on_every_backend) so every
+//!   op test below runs on it too.
+//!
+//! Collectives are not part of this trait: they belong to the
+//! [`Communicator`](crate::Communicator), which an NCCL (GPU) or MPI (between
+//! processes) implementation replaces.
+
+use std::ops::Range;
+
+use crate::dtype::DType;
+use crate::error::KernelError;
+use crate::matmul::Precision;
+use crate::moe_routing::{RouterParams, Routing};
+use crate::ops::RopeScalingKind;
+use crate::sampling::{Rng, SamplingParams};
+use crate::weights::WeightMatrix;
+
+#[cfg(test)]
+mod tests;
+
+/// Shape and step metadata of one [`Backend::paged_attention`] call (the queries are
+/// passed separately as a device view).
+#[derive(Debug, Clone, Copy)]
+pub struct PagedAttentionParams<'a> {
+    /// Query heads.
+    pub n_q_heads: usize,
+    /// KV heads (query head `h` uses KV head `h / (n_q_heads / n_kv_heads)`, GQA).
+    pub n_kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Tokens per cache block.
+    pub block_size: usize,
+    /// Score scale, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+    /// Sequence index (into `block_tables`) of each token.
+    pub token_seq: &'a [u32],
+    /// Cached tokens each token attends to (causal mask applied by the caller).
+    pub token_kv_len: &'a [u32],
+    /// Per sequence: local token `j` lives in slot
+    /// `block_tables[s][j / block_size] * block_size + j % block_size`.
+    pub block_tables: &'a [&'a [u32]],
+}
+
+/// Shape and step metadata of one [`Backend::latent_attention`] call (MLA with
+/// absorbed weights: one latent KV head, values are the `v_dim` prefix of each key row).
+#[derive(Debug, Clone, Copy)]
+pub struct LatentAttentionParams<'a> {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key width: the cache row (`kv_lora_rank + qk_rope_head_dim`).
+    pub dim: usize,
+    /// Value width: the row prefix attention averages (`kv_lora_rank`).
+    pub v_dim: usize,
+    /// Tokens per cache block.
+    pub block_size: usize,
+    /// Score scale.
+    pub scale: f32,
+    /// Sequence index (into `block_tables`) of each token.
+    pub token_seq: &'a [u32],
+    /// Cached tokens each token attends to (causal mask applied by the caller).
+    pub token_kv_len: &'a [u32],
+    /// Per sequence: local token `j` lives in slot `block_tables[s][j / B]·B + j % B`.
+    pub block_tables: &'a [&'a [u32]],
+}
+
+/// A compute device: its memory types and the ops of a transformer forward pass.
+///
+/// Every op validates its arguments and returns [`KernelError`] on a mismatch rather
+/// than panicking. Buffers hold f32 elements (activations, KV caches, norms' weights);
+/// weights in any [`DType`] live in [`Backend::Matrix`]. A buffer is addressed through
+/// views ([`Backend::view`], [`Backend::view_mut`]) so ops can work on part of one.
+///
+/// ```
+/// use dcpserve_kernels::{Backend, CpuBackend, Precision, WeightMatrix};
+/// let dev = CpuBackend::new(1);
+/// let w = dev.upload_matrix(&WeightMatrix::from_f32(2, 2, vec![1.0, 0.0, 1.0, 1.0]).unwrap())
+///     .unwrap();
+/// let x = dev.upload(&[3.0, 4.0]).unwrap();
+/// let mut y = dev.zeros(2).unwrap();
+/// dev.matmul(dev.view(&x, 0..2).unwrap(), 1, &w, dev.view_mut(&mut y, 0..2).unwrap(),
+///     Precision::Exact).unwrap();
+/// let mut host = [0.0; 2];
+/// dev.download(dev.view(&y, 0..2).unwrap(), &mut host).unwrap();
+/// assert_eq!(host, [3.0, 7.0]);
+/// ```
+pub trait Backend: Send + Sync {
+    /// An owned device buffer of f32 elements.
+    type Buffer: Send + Sync;
+    /// A read-only window of a buffer.
+    type View<'a>: Copy
+    where
+        Self: 'a;
+    /// A writable window of a buffer.
+    type ViewMut<'a>
+    where
+        Self: 'a;
+    /// A weight matrix `[rows, cols]` in device memory, stored in its [`DType`].
+    type Matrix: Send + Sync;
+    /// RoPE cos/sin tables in device memory.
+    type Rope: Send + Sync;
+
+    /// Short name for logs and test names (`"cpu"`, `"cuda"`).
+    fn name(&self) -> &'static str;
+
+    // --- memory -------------------------------------------------------------------
+
+    /// A buffer of `len` zeros.
+    fn zeros(&self, len: usize) -> Result<Self::Buffer, KernelError>;
+    /// A buffer of `len` elements whose contents are unspecified (the caller writes
+    /// before it reads; a device backend skips the clearing).
+    fn alloc(&self, len: usize) -> Result<Self::Buffer, KernelError>;
+    /// A buffer holding a copy of `host`.
+    fn upload(&self, host: &[f32]) -> Result<Self::Buffer, KernelError>;
+    /// Copies `src` into `host` (`host.len()` must equal the view's length).
+    fn download(&self, src: Self::View<'_>, host: &mut [f32]) -> Result<(), KernelError>;
+    /// Elements in `buf`.
+    fn len(&self, buf: &Self::Buffer) -> usize;
+    /// Elements `range` of `buf`, read-only.
+    fn view<'a>(
+        &self,
+        buf: &'a Self::Buffer,
+        range: Range<usize>,
+    ) -> Result<Self::View<'a>, KernelError>;
+    /// Elements `range` of `buf`, writable.
+    fn view_mut<'a>(
+        &self,
+        buf: &'a mut Self::Buffer,
+        range: Range<usize>,
+    ) -> Result<Self::ViewMut<'a>, KernelError>;
+    /// Places a host weight matrix on the device, keeping its [`DType`].
+    fn upload_matrix(&self, w: &WeightMatrix) -> Result<Self::Matrix, KernelError>;
+    /// `(rows, cols, dtype)` of a device matrix.
+    fn matrix_shape(&self, w: &Self::Matrix) -> (usize, usize, DType);
+    /// RoPE tables for `head_dim`-wide vectors (Hugging Face `rope_theta` and
+    /// `rope_scaling`, incl. YaRN), precomputed for positions `0..max_positions`.
+    fn rope_table(
+        &self,
+        head_dim: usize,
+        theta: f32,
+        scaling: RopeScalingKind,
+        max_positions: usize,
+    ) -> Result<Self::Rope, KernelError>;
+
+    // --- dense ops ----------------------------------------------------------------
+
+    /// `out[m, w.rows] = x[m, w.cols] · wᵀ`; `precision` may allow bf16 products for
+    /// bf16 weights ([`Precision::Fast`]).
+    fn matmul(
+        &self,
+        x: Self::View<'_>,
+        m: usize,
+        w: &Self::Matrix,
+        out: Self::ViewMut<'_>,
+        precision: Precision,
+    ) -> Result<(), KernelError>;
+    /// RMSNorm over rows of `weight.len()`: `out = x / sqrt(mean(x²) + eps) · weight`.
+    fn rms_norm(
+        &self,
+        x: Self::View<'_>,
+        weight: Self::View<'_>,
+        eps: f32,
+        out: Self::ViewMut<'_>,
+    ) -> Result<(), KernelError>;
+    /// In-place [`rms_norm`](Backend::rms_norm).
+    fn rms_norm_inplace(
+        &self,
+        x: Self::ViewMut<'_>,
+        weight: Self::View<'_>,
+        eps: f32,
+    ) -> Result<(), KernelError>;
+    /// SwiGLU: `out = silu(gate) · up`.
+    fn silu_mul(
+        &self,
+        gate: Self::View<'_>,
+        up: Self::View<'_>,
+        out: Self::ViewMut<'_>,
+    ) -> Result<(), KernelError>;
+    /// `a += b` (residual connections).
+    fn add(&self, a: Self::ViewMut<'_>, b: Self::View<'_>) -> Result<(), KernelError>;
+    /// Rotates, for each token `t`, the `head_dim`-wide vector at `offset` of every
+    /// `stride`-wide row of token `t`'s part of `x` (`x` is `[positions.len(), …]`) by
+    /// position `positions[t]`. GQA heads: `stride = head_dim`, `offset = 0`; MLA: the
+    /// rope part of each query head, or of the latent key row. `interleaved` rotates
+    /// pairs `(2i, 2i+1)`, otherwise `(i, i + d/2)`.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        table: &Self::Rope,
+        x: Self::ViewMut<'_>,
+        positions: &[usize],
+        stride: usize,
+        offset: usize,
+        interleaved: bool,
+    ) -> Result<(), KernelError>;
+    /// Embedding gather: row `ids[i]` of `table` (decoded to f32) into row `i` of `out`.
+    fn embedding(
+        &self,
+        table: &Self::Matrix,
+        ids: &[u32],
+        out: Self::ViewMut<'_>,
+    ) -> Result<(), KernelError>;
+
+    // --- attention ----------------------------------------------------------------
+
+    /// Stores K/V rows of new tokens into paged caches
+    /// (`[num_blocks, block_size, n_kv_heads, head_dim]`); slot `usize::MAX` skips a
+    /// token (one another DCP rank stores).
+    #[allow(clippy::too_many_arguments)]
+    fn write_kv(
+        &self,
+        k_cache: Self::ViewMut<'_>,
+        v_cache: Self::ViewMut<'_>,
+        n_kv_heads: usize,
+        head_dim: usize,
+        slots: &[usize],
+        k: Self::View<'_>,
+        v: Self::View<'_>,
+    ) -> Result<(), KernelError>;
+    /// Paged GQA attention of `q` (`[n_tokens, n_q_heads, head_dim]`): the output
+    /// `[n_tokens, n_q_heads, head_dim]` and its log-sum-exp `[n_tokens, n_q_heads]`
+    /// (`-inf` and zeros for tokens without keys), so partials over KV shards merge.
+    fn paged_attention(
+        &self,
+        q: Self::View<'_>,
+        p: &PagedAttentionParams<'_>,
+        k_cache: Self::View<'_>,
+        v_cache: Self::View<'_>,
+        out: Self::ViewMut<'_>,
+        lse: Self::ViewMut<'_>,
+    ) -> Result<(), KernelError>;
+    /// MLA latent attention of absorbed queries `q` (`[n_tokens, n_heads, dim]`) against
+    /// the latent cache: output `[n_tokens, n_heads, v_dim]` and log-sum-exp.
+    fn latent_attention(
+        &self,
+        q: Self::View<'_>,
+        p: &LatentAttentionParams<'_>,
+        cache: Self::View<'_>,
+        out: Self::ViewMut<'_>,
+        lse: Self::ViewMut<'_>,
+    ) -> Result<(), KernelError>;
+    /// Merges attention partials over disjoint KV shards by their log-sum-exp: row `i`
+    /// of part `p` is `partial_out[p][i·head_dim..]` with `partial_lse[p][i]`.
+    fn merge_lse(
+        &self,
+        partial_out: &[Self::View<'_>],
+        partial_lse: &[Self::View<'_>],
+        n_rows: usize,
+        head_dim: usize,
+        out: Self::ViewMut<'_>,
+        lse: Self::ViewMut<'_>,
+    ) -> Result<(), KernelError>;
+
+    // --- routing and sampling (results come back to the host) ------------------------
+
+    /// MoE routing of router logits `[n_tokens, n_experts]` (see
+    /// [`route_experts`](crate::route_experts)).
+    fn route_experts(
+        &self,
+        logits: Self::View<'_>,
+        p: &RouterParams,
+        correction_bias: Option<Self::View<'_>>,
+    ) -> Result<Routing, KernelError>;
+    /// The most likely token of each `vocab`-wide row of `logits`.
+    fn argmax(&self, logits: Self::View<'_>, vocab: usize) -> Result<Vec<u32>, KernelError>;
+    /// One token drawn from one row of `logits` with `params` (greedy below temperature
+    /// 1e-5) and the sequence's `rng`.
+    fn sample(
+        &self,
+        logits: Self::View<'_>,
+        params: &SamplingParams,
+        rng: &mut Rng,
+    ) -> Result<u32, KernelError>;
+}
+
+/// Runs generic test bodies on every backend present: for each `name`, a module `name`
+/// with one `#[test]` per backend calling `name(&backend)`, where `name` is a
+/// `fn<B: Backend>(&B)` in the invoking module. CPU always; the CUDA arm joins when
+/// that backend lands (and runs only where a GPU is present).
+///
+/// ```
+/// use dcpserve_kernels::{test_on_every_backend, Backend, CpuBackend};
+/// fn zeros_are_zero<B: Backend>(dev: &B) {
+///     let b = dev.zeros(3).unwrap();
+///     let mut host = [1.0; 3];
+///     dev.download(dev.view(&b, 0..3).unwrap(), &mut host).unwrap();
+///     assert_eq!(host, [0.0; 3]);
+/// }
+/// test_on_every_backend!(zeros_are_zero); // in a test build: `zeros_are_zero::cpu`
+/// fn main() {
+///     zeros_are_zero(&CpuBackend::new(1));
+/// }
+/// ```
+#[macro_export]
+macro_rules! test_on_every_backend {
+    ($($name:ident),+ $(,)?) => {
+        $(
+            #[allow(non_snake_case)]
+            mod $name {
+                #[test]
+                fn cpu() {
+                    super::$name(&$crate::CpuBackend::new(2));
+                }
+            }
+        )+
+    };
+}

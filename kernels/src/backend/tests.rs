@@ -1,0 +1,620 @@
+//! Op-level tests through the [`Backend`] trait, each run on every backend present
+//! ([`test_on_every_backend!`](crate::test_on_every_backend)) and compared with a
+//! straightforward f64 reference on random inputs.
+
+use super::*;
+use crate::moe_routing::RouterScoring;
+use crate::ops::YarnParams;
+use crate::test_on_every_backend;
+
+/// Deterministic uniform values in `[-1, 1)`.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+fn all<'a, B: Backend>(dev: &B, buf: &'a B::Buffer) -> B::View<'a> {
+    dev.view(buf, 0..dev.len(buf)).unwrap()
+}
+
+fn all_mut<'a, B: Backend>(dev: &B, buf: &'a mut B::Buffer) -> B::ViewMut<'a> {
+    let n = dev.len(buf);
+    dev.view_mut(buf, 0..n).unwrap()
+}
+
+fn host<B: Backend>(dev: &B, buf: &B::Buffer) -> Vec<f32> {
+    let mut h = vec![0.0; dev.len(buf)];
+    dev.download(all(dev, buf), &mut h).unwrap();
+    h
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_infinite() {
+            g as f64 == w
+        } else {
+            (g as f64 - w).abs() <= tol * (1.0 + w.abs())
+        };
+        assert!(ok, "{what}[{i}]: got {g}, want {w}");
+    }
+}
+
+const DTYPES: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+];
+
+fn memory_round_trip<B: Backend>(dev: &B) {
+    let data: Vec<f32> = Lcg(1).vec(10);
+    let mut buf = dev.upload(&data).unwrap();
+    assert_eq!(host(dev, &buf), data);
+    let mut part = [0.0; 3];
+    dev.download(dev.view(&buf, 4..7).unwrap(), &mut part)
+        .unwrap();
+    assert_eq!(part, data[4..7]);
+    assert!(dev.view(&buf, 8..11).is_err());
+    assert!(dev.view_mut(&mut buf, 0..11).is_err());
+    assert!(dev
+        .download(dev.view(&buf, 0..2).unwrap(), &mut part)
+        .is_err());
+    assert_eq!(host(dev, &dev.zeros(5).unwrap()), [0.0; 5]);
+    assert_eq!(dev.len(&dev.alloc(7).unwrap()), 7);
+}
+
+fn matmul_every_dtype<B: Backend>(dev: &B) {
+    let (n, k) = (19, 64);
+    let mut rng = Lcg(2);
+    let w32 = WeightMatrix::from_f32(n, k, rng.vec(n * k)).unwrap();
+    for dtype in DTYPES {
+        let host_w = w32.to_format(dtype).unwrap();
+        let w = dev.upload_matrix(&host_w).unwrap();
+        assert_eq!(dev.matrix_shape(&w), (n, k, dtype));
+        let wf = host_w.to_f32_vec(); // the values the matmul must use, exactly
+        for m in [1, 3, 9] {
+            let x = rng.vec(m * k);
+            let xb = dev.upload(&x).unwrap();
+            let mut out = dev.zeros(m * n).unwrap();
+            let ov = all_mut(dev, &mut out);
+            dev.matmul(all(dev, &xb), m, &w, ov, Precision::Exact)
+                .unwrap();
+            let want: Vec<f64> = (0..m * n)
+                .map(|i| {
+                    let (r, c) = (i / n, i % n);
+                    (0..k)
+                        .map(|j| x[r * k + j] as f64 * wf[c * k + j] as f64)
+                        .sum()
+                })
+                .collect();
+            assert_close(
+                &format!("matmul {dtype} m={m}"),
+                &host(dev, &out),
+                &want,
+                1e-5,
+            );
+        }
+    }
+}
+
+fn norms_and_elementwise<B: Backend>(dev: &B) {
+    let (rows, d) = (3, 10);
+    let mut rng = Lcg(3);
+    let (x, w, g, u) = (
+        rng.vec(rows * d),
+        rng.vec(d),
+        rng.vec(rows * d),
+        rng.vec(rows * d),
+    );
+    let (xb, wb, gb, ub) = (
+        dev.upload(&x).unwrap(),
+        dev.upload(&w).unwrap(),
+        dev.upload(&g).unwrap(),
+        dev.upload(&u).unwrap(),
+    );
+    let eps = 1e-5;
+    let want: Vec<f64> = (0..rows * d)
+        .map(|i| {
+            let row = &x[i / d * d..(i / d + 1) * d];
+            let ms = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
+            x[i] as f64 / (ms + eps as f64).sqrt() * w[i % d] as f64
+        })
+        .collect();
+    let mut out = dev.zeros(rows * d).unwrap();
+    let ov = all_mut(dev, &mut out);
+    dev.rms_norm(all(dev, &xb), all(dev, &wb), eps, ov).unwrap();
+    assert_close("rms_norm", &host(dev, &out), &want, 1e-5);
+    let mut inplace = dev.upload(&x).unwrap();
+    dev.rms_norm_inplace(all_mut(dev, &mut inplace), all(dev, &wb), eps)
+        .unwrap();
+    assert_close("rms_norm_inplace", &host(dev, &inplace), &want, 1e-5);
+    assert!(dev
+        .rms_norm_inplace(
+            all_mut(dev, &mut inplace),
+            dev.view(&wb, 0..7).unwrap(),
+            eps
+        )
+        .is_err());
+
+    let ov = all_mut(dev, &mut out);
+    dev.silu_mul(all(dev, &gb), all(dev, &ub), ov).unwrap();
+    let want: Vec<f64> = g
+        .iter()
+        .zip(&u)
+        .map(|(&g, &u)| g as f64 / (1.0 + (-g as f64).exp()) * u as f64)
+        .collect();
+    assert_close("silu_mul", &host(dev, &out), &want, 1e-6);
+
+    let mut a = dev.upload(&g).unwrap();
+    dev.add(all_mut(dev, &mut a), all(dev, &ub)).unwrap();
+    let want: Vec<f64> = g.iter().zip(&u).map(|(&a, &b)| (a + b) as f64).collect();
+    assert_close("add", &host(dev, &a), &want, 0.0);
+}
+
+/// Plain RoPE against rotations computed in f64, for both pair layouts and for a
+/// position beyond the precomputed table.
+fn rope_matches_rotation<B: Backend>(dev: &B) {
+    let (hd, heads, theta) = (8, 2, 10000.0f32);
+    let table = dev
+        .rope_table(hd, theta, RopeScalingKind::None, 16)
+        .unwrap();
+    let positions = [0usize, 5, 40];
+    let x = Lcg(4).vec(positions.len() * heads * hd);
+    for interleaved in [false, true] {
+        let mut xb = dev.upload(&x).unwrap();
+        let xv = all_mut(dev, &mut xb);
+        dev.rope(&table, xv, &positions, hd, 0, interleaved)
+            .unwrap();
+        let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        for (t, &pos) in positions.iter().enumerate() {
+            for h in 0..heads {
+                let v = &mut want[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                for i in 0..hd / 2 {
+                    let inv = 1.0 / (theta as f64).powf(2.0 * i as f64 / hd as f64);
+                    let (s, c) = (pos as f64 * inv).sin_cos();
+                    let (a, b) = if interleaved {
+                        (2 * i, 2 * i + 1)
+                    } else {
+                        (i, i + hd / 2)
+                    };
+                    let (x0, x1) = (v[a], v[b]);
+                    v[a] = x0 * c - x1 * s;
+                    v[b] = x1 * c + x0 * s;
+                }
+            }
+        }
+        assert_close("rope", &host(dev, &xb), &want, 1e-5);
+    }
+}
+
+/// YaRN RoPE on MLA-shaped rows (rope part at an offset): every pair's length is
+/// scaled by the attention factor, scores depend only on relative positions, and
+/// positions beyond the table agree with the table.
+fn yarn_rope_properties<B: Backend>(dev: &B) {
+    let (d, stride, offset) = (8, 12, 4);
+    let yarn = YarnParams {
+        factor: 40.0,
+        original_max_position_embeddings: 4096,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        mscale: Some(1.0),
+        mscale_all_dim: Some(0.0),
+        attention_factor: None,
+        truncate: true,
+    };
+    let scaling = RopeScalingKind::Yarn(yarn);
+    let short = dev.rope_table(d, 10000.0, scaling, 4).unwrap();
+    let long = dev.rope_table(d, 10000.0, scaling, 64).unwrap();
+    let af = 0.1 * 40f64.ln() + 1.0; // mscale_all_dim 0: yarn_get_mscale(factor, 1)
+    let mut rng = Lcg(5);
+    let (q, k) = (rng.vec(stride), rng.vec(stride));
+    let rot = |table: &B::Rope, v: &[f32], pos: usize| {
+        let mut b = dev.upload(v).unwrap();
+        let bv = all_mut(dev, &mut b);
+        dev.rope(table, bv, &[pos], stride, offset, false).unwrap();
+        host(dev, &b)
+    };
+    let dot = |a: &[f32], b: &[f32]| -> f64 {
+        a[offset..offset + d]
+            .iter()
+            .zip(&b[offset..offset + d])
+            .map(|(x, y)| *x as f64 * *y as f64)
+            .sum()
+    };
+    let (q3, k1) = (rot(&long, &q, 3), rot(&long, &k, 1));
+    let (q33, k31) = (rot(&long, &q, 33), rot(&long, &k, 31));
+    assert_eq!(
+        q3[..offset],
+        q[..offset],
+        "values before the rope part move"
+    );
+    assert_close(
+        "yarn relative",
+        &[dot(&q3, &k1) as f32],
+        &[dot(&q33, &k31)],
+        1e-4,
+    );
+    for i in 0..d / 2 {
+        let pair = |v: &[f32]| (v[offset + i] as f64).hypot(v[offset + i + d / 2] as f64);
+        assert_close(
+            "yarn pair length",
+            &[pair(&q3) as f32],
+            &[af * pair(&q)],
+            1e-5,
+        );
+    }
+    let beyond: Vec<f64> = rot(&long, &q, 30).iter().map(|&v| v as f64).collect();
+    assert_close("yarn beyond table", &rot(&short, &q, 30), &beyond, 1e-6);
+    let mut bad = dev.upload(&q[..10]).unwrap();
+    let bv = all_mut(dev, &mut bad);
+    assert!(dev.rope(&long, bv, &[0], stride, offset, false).is_err());
+}
+
+fn embedding_gather<B: Backend>(dev: &B) {
+    let (vocab, hidden) = (6, 32);
+    let t32 = WeightMatrix::from_f32(vocab, hidden, Lcg(6).vec(vocab * hidden)).unwrap();
+    for dtype in DTYPES {
+        let host_t = t32.to_format(dtype).unwrap();
+        let table = dev.upload_matrix(&host_t).unwrap();
+        let rows = host_t.to_f32_vec();
+        let ids = [3u32, 0, 5, 3];
+        let mut out = dev.zeros(ids.len() * hidden).unwrap();
+        dev.embedding(&table, &ids, all_mut(dev, &mut out)).unwrap();
+        let want: Vec<f64> = ids
+            .iter()
+            .flat_map(|&i| &rows[i as usize * hidden..(i as usize + 1) * hidden])
+            .map(|&v| v as f64)
+            .collect();
+        assert_close(&format!("embedding {dtype}"), &host(dev, &out), &want, 0.0);
+        let mut out = dev.zeros(hidden).unwrap();
+        assert!(dev.embedding(&table, &[6], all_mut(dev, &mut out)).is_err());
+    }
+}
+
+/// A softmax over `scores` (f64) averaging `values`; `(out, lse)`.
+fn naive_attention(scores: &[f64], values: &[&[f32]], dim: usize) -> (Vec<f64>, f64) {
+    if scores.is_empty() {
+        return (vec![0.0; dim], f64::NEG_INFINITY);
+    }
+    let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let z: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
+    let mut out = vec![0.0; dim];
+    for (s, v) in scores.iter().zip(values) {
+        let p = (s - mx).exp() / z;
+        for (o, &x) in out.iter_mut().zip(v.iter()) {
+            *o += p * x as f64;
+        }
+    }
+    (out, mx + z.ln())
+}
+
+/// Random block tables over a shuffled cache: `(tables, n_blocks)`.
+fn block_tables(lens: &[usize], bs: usize, seed: u64) -> (Vec<Vec<u32>>, usize) {
+    let per: Vec<usize> = lens.iter().map(|l| l.div_ceil(bs)).collect();
+    let n_blocks = per.iter().sum::<usize>() + 3;
+    let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
+    let mut rng = Lcg(seed);
+    for i in (1..ids.len()).rev() {
+        let j = ((rng.next() + 1.0) / 2.0 * (i + 1) as f32) as usize % (i + 1);
+        ids.swap(i, j);
+    }
+    let mut tables = Vec::new();
+    let mut next = 0;
+    for p in per {
+        tables.push(ids[next..next + p].to_vec());
+        next += p;
+    }
+    (tables, n_blocks)
+}
+
+/// GQA paged attention after `write_kv` (with a skipped slot), decode tokens long
+/// enough to split the keys across threads, and a token without keys.
+fn paged_attention_matches_reference<B: Backend>(dev: &B) {
+    let (nq, nkv, hd, bs) = (4, 2, 16, 4);
+    let lens = [600usize, 45];
+    let (tables, n_blocks) = block_tables(&lens, bs, 7);
+    let row = nkv * hd;
+    let mut rng = Lcg(8);
+    let mut kc = dev.zeros(n_blocks * bs * row).unwrap();
+    let mut vc = dev.zeros(n_blocks * bs * row).unwrap();
+    let mut keys = Vec::new(); // per sequence, host copies of the K/V rows
+    for (s, &len) in lens.iter().enumerate() {
+        let (k, v) = (rng.vec((len + 1) * row), rng.vec((len + 1) * row));
+        let mut slots: Vec<usize> = (0..len)
+            .map(|j| tables[s][j / bs] as usize * bs + j % bs)
+            .collect();
+        slots.push(usize::MAX); // a token another rank stores
+        let (kb, vb) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap());
+        let (kv, vv) = (all_mut(dev, &mut kc), all_mut(dev, &mut vc));
+        dev.write_kv(kv, vv, nkv, hd, &slots, all(dev, &kb), all(dev, &vb))
+            .unwrap();
+        keys.push((k, v));
+    }
+    let token_seq = [0u32, 0, 1, 1];
+    let token_kv_len = [599u32, 600, 45, 0];
+    let q = rng.vec(token_seq.len() * nq * hd);
+    let qb = dev.upload(&q).unwrap();
+    let bt: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
+    let p = PagedAttentionParams {
+        n_q_heads: nq,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        block_size: bs,
+        scale: 0.25,
+        token_seq: &token_seq,
+        token_kv_len: &token_kv_len,
+        block_tables: &bt,
+    };
+    let mut out = dev.zeros(q.len()).unwrap();
+    let mut lse = dev.zeros(token_seq.len() * nq).unwrap();
+    let (ov, lv) = (all_mut(dev, &mut out), all_mut(dev, &mut lse));
+    dev.paged_attention(all(dev, &qb), &p, all(dev, &kc), all(dev, &vc), ov, lv)
+        .unwrap();
+    let (mut want_out, mut want_lse) = (Vec::new(), Vec::new());
+    for (t, (&s, &len)) in token_seq.iter().zip(&token_kv_len).enumerate() {
+        let (k, v) = &keys[s as usize];
+        for h in 0..nq {
+            let g = h / (nq / nkv);
+            let qh = &q[(t * nq + h) * hd..(t * nq + h + 1) * hd];
+            let ks: Vec<&[f32]> = (0..len as usize)
+                .map(|j| &k[j * row + g * hd..j * row + (g + 1) * hd])
+                .collect();
+            let vs: Vec<&[f32]> = (0..len as usize)
+                .map(|j| &v[j * row + g * hd..j * row + (g + 1) * hd])
+                .collect();
+            let sc: Vec<f64> = ks
+                .iter()
+                .map(|kr| 0.25 * qh.iter().zip(*kr).map(|(a, b)| (a * b) as f64).sum::<f64>())
+                .collect();
+            let (o, l) = naive_attention(&sc, &vs, hd);
+            want_out.extend(o);
+            want_lse.push(l);
+        }
+    }
+    assert_close("paged out", &host(dev, &out), &want_out, 1e-4);
+    assert_close("paged lse", &host(dev, &lse), &want_lse, 1e-5);
+}
+
+/// MLA latent attention (values are the key rows' prefix), with split keys.
+fn latent_attention_matches_reference<B: Backend>(dev: &B) {
+    let (h, d, vd, bs) = (3, 12, 8, 4);
+    let lens = [600usize, 30];
+    let (tables, n_blocks) = block_tables(&lens, bs, 9);
+    let mut rng = Lcg(10);
+    let cache_host = rng.vec(n_blocks * bs * d);
+    let cache = dev.upload(&cache_host).unwrap();
+    let token_seq = [0u32, 1, 1];
+    let token_kv_len = [600u32, 30, 0];
+    let q = rng.vec(token_seq.len() * h * d);
+    let qb = dev.upload(&q).unwrap();
+    let bt: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
+    let p = LatentAttentionParams {
+        n_heads: h,
+        dim: d,
+        v_dim: vd,
+        block_size: bs,
+        scale: 0.7,
+        token_seq: &token_seq,
+        token_kv_len: &token_kv_len,
+        block_tables: &bt,
+    };
+    let mut out = dev.zeros(token_seq.len() * h * vd).unwrap();
+    let mut lse = dev.zeros(token_seq.len() * h).unwrap();
+    let (ov, lv) = (all_mut(dev, &mut out), all_mut(dev, &mut lse));
+    dev.latent_attention(all(dev, &qb), &p, all(dev, &cache), ov, lv)
+        .unwrap();
+    let (mut want_out, mut want_lse) = (Vec::new(), Vec::new());
+    for (t, (&s, &len)) in token_seq.iter().zip(&token_kv_len).enumerate() {
+        let rows: Vec<&[f32]> = (0..len as usize)
+            .map(|j| {
+                let slot = tables[s as usize][j / bs] as usize * bs + j % bs;
+                &cache_host[slot * d..(slot + 1) * d]
+            })
+            .collect();
+        for hh in 0..h {
+            let qh = &q[(t * h + hh) * d..(t * h + hh + 1) * d];
+            let sc: Vec<f64> = rows
+                .iter()
+                .map(|r| 0.7 * qh.iter().zip(*r).map(|(a, b)| (a * b) as f64).sum::<f64>())
+                .collect();
+            let vals: Vec<&[f32]> = rows.iter().map(|r| &r[..vd]).collect();
+            let (o, l) = naive_attention(&sc, &vals, vd);
+            want_out.extend(o);
+            want_lse.push(l);
+        }
+    }
+    assert_close("latent out", &host(dev, &out), &want_out, 1e-4);
+    assert_close("latent lse", &host(dev, &lse), &want_lse, 1e-5);
+}
+
+/// Attention over three KV shards (one empty), merged by LSE, equals attention over
+/// the whole range.
+fn merge_lse_of_shards<B: Backend>(dev: &B) {
+    let (h, d, bs) = (2, 8, 4);
+    let n_keys = 300;
+    let (tables, n_blocks) = block_tables(&[n_keys], bs, 11);
+    let mut rng = Lcg(12);
+    let cache = dev.upload(&rng.vec(n_blocks * bs * d)).unwrap();
+    let qb = dev.upload(&rng.vec(h * d)).unwrap();
+    let attend = |table: &[u32], len: u32| {
+        let bt = [table];
+        let p = LatentAttentionParams {
+            n_heads: h,
+            dim: d,
+            v_dim: d,
+            block_size: bs,
+            scale: 0.5,
+            token_seq: &[0],
+            token_kv_len: &[len],
+            block_tables: &bt,
+        };
+        let (mut out, mut lse) = (dev.zeros(h * d).unwrap(), dev.zeros(h).unwrap());
+        let (ov, lv) = (all_mut(dev, &mut out), all_mut(dev, &mut lse));
+        dev.latent_attention(all(dev, &qb), &p, all(dev, &cache), ov, lv)
+            .unwrap();
+        (out, lse)
+    };
+    let whole = attend(&tables[0], n_keys as u32);
+    let first = attend(&tables[0], 128); // keys 0..128 = blocks 0..32
+    let rest = attend(&tables[0][32..], n_keys as u32 - 128);
+    let empty = attend(&tables[0], 0);
+    let outs = [all(dev, &first.0), all(dev, &rest.0), all(dev, &empty.0)];
+    let lses = [all(dev, &first.1), all(dev, &rest.1), all(dev, &empty.1)];
+    let (mut out, mut lse) = (dev.zeros(h * d).unwrap(), dev.zeros(h).unwrap());
+    let (ov, lv) = (all_mut(dev, &mut out), all_mut(dev, &mut lse));
+    dev.merge_lse(&outs, &lses, h, d, ov, lv).unwrap();
+    let f64s = |v: Vec<f32>| v.into_iter().map(|x| x as f64).collect::<Vec<_>>();
+    assert_close(
+        "merged out",
+        &host(dev, &out),
+        &f64s(host(dev, &whole.0)),
+        1e-5,
+    );
+    assert_close(
+        "merged lse",
+        &host(dev, &lse),
+        &f64s(host(dev, &whole.1)),
+        1e-6,
+    );
+    assert!(host(dev, &empty.1).iter().all(|&l| l == f32::NEG_INFINITY));
+}
+
+/// Routing against brute force: softmax top-k, and V3's group-limited sigmoid choice
+/// with a correction bias.
+fn route_experts_matches_brute_force<B: Backend>(dev: &B) {
+    let (n, e, k) = (6, 8, 3);
+    let mut rng = Lcg(13);
+    let logits = rng.vec(n * e).iter().map(|v| 3.0 * v).collect::<Vec<_>>();
+    let bias = rng.vec(e);
+    let lb = dev.upload(&logits).unwrap();
+    let bb = dev.upload(&bias).unwrap();
+    for (scoring, grouped) in [
+        (RouterScoring::Softmax, false),
+        (RouterScoring::Sigmoid, true),
+    ] {
+        let p = RouterParams {
+            n_experts: e,
+            experts_per_token: k,
+            n_group: 4,
+            topk_group: 2,
+            group_limited: grouped,
+            scoring,
+            norm_topk_prob: true,
+            routed_scaling_factor: 2.5,
+        };
+        let b = grouped.then(|| all(dev, &bb));
+        let r = dev.route_experts(all(dev, &lb), &p, b).unwrap();
+        for t in 0..n {
+            let row: Vec<f64> = logits[t * e..(t + 1) * e]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            let scores: Vec<f64> = match scoring {
+                RouterScoring::Sigmoid => row.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect(),
+                RouterScoring::Softmax => {
+                    let z: f64 = row.iter().map(|l| l.exp()).sum();
+                    row.iter().map(|l| l.exp() / z).collect()
+                }
+            };
+            let choice: Vec<f64> = if grouped {
+                scores
+                    .iter()
+                    .zip(&bias)
+                    .map(|(s, b)| s + *b as f64)
+                    .collect()
+            } else {
+                scores.clone()
+            };
+            let mut allowed: Vec<usize> = (0..e).collect();
+            if grouped {
+                // Groups of 2 ranked by the sum of both members; keep the best two.
+                let mut groups: Vec<usize> = (0..4).collect();
+                groups.sort_by(|&a, &b| {
+                    let s = |g: usize| choice[2 * g] + choice[2 * g + 1];
+                    s(b).total_cmp(&s(a))
+                });
+                allowed.retain(|&x| groups[..2].contains(&(x / 2)));
+            }
+            allowed.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]));
+            let chosen = &allowed[..k];
+            let total: f64 = chosen.iter().map(|&i| scores[i]).sum();
+            let got = &r.experts[t * k..(t + 1) * k];
+            assert_eq!(got, chosen, "token {t}, {scoring:?}");
+            let want: Vec<f64> = chosen.iter().map(|&i| scores[i] / total * 2.5).collect();
+            assert_close(
+                "routing weights",
+                &r.weights[t * k..(t + 1) * k],
+                &want,
+                1e-5,
+            );
+        }
+    }
+}
+
+fn argmax_and_sampling<B: Backend>(dev: &B) {
+    let vocab = 50;
+    let logits = Lcg(14).vec(4 * vocab);
+    let lb = dev.upload(&logits).unwrap();
+    let want: Vec<u32> = logits
+        .chunks_exact(vocab)
+        .map(|r| (0..vocab).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap() as u32)
+        .collect();
+    assert_eq!(dev.argmax(all(dev, &lb), vocab).unwrap(), want);
+    assert!(dev.argmax(all(dev, &lb), 7).is_err());
+    let mut rng = Rng::new(1);
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let top1 = SamplingParams {
+        top_k: 1,
+        ..Default::default()
+    };
+    for (r, &w) in want.iter().enumerate() {
+        let row = dev.view(&lb, r * vocab..(r + 1) * vocab).unwrap();
+        assert_eq!(dev.sample(row, &greedy, &mut rng).unwrap(), w);
+        assert_eq!(dev.sample(row, &top1, &mut rng).unwrap(), w);
+    }
+    // Two tokens with probabilities 1/4 and 3/4.
+    let two = dev.upload(&[0.0, 3f32.ln()]).unwrap();
+    let draws = 4000;
+    let ones = (0..draws)
+        .filter(|_| {
+            dev.sample(all(dev, &two), &SamplingParams::default(), &mut rng)
+                .unwrap()
+                == 1
+        })
+        .count();
+    let frac = ones as f64 / draws as f64;
+    assert!(
+        (frac - 0.75).abs() < 0.03,
+        "sampled 1 with frequency {frac}"
+    );
+}
+
+test_on_every_backend!(
+    memory_round_trip,
+    matmul_every_dtype,
+    norms_and_elementwise,
+    rope_matches_rotation,
+    yarn_rope_properties,
+    embedding_gather,
+    paged_attention_matches_reference,
+    latent_attention_matches_reference,
+    merge_lse_of_shards,
+    route_experts_matches_brute_force,
+    argmax_and_sampling,
+);

@@ -1,0 +1,301 @@
+//! [`CpuBackend`]: the [`Backend`] over host memory, calling the CPU kernels directly.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::attention::{merge_partials, paged_attention, write_kv, AttentionBatch};
+use crate::backend::{Backend, LatentAttentionParams, PagedAttentionParams};
+use crate::dtype::DType;
+use crate::error::{check_len, KernelError};
+use crate::latent_attention::{latent_attention, LatentBatch};
+use crate::matmul::{matmul_with_precision, Precision};
+use crate::moe_routing::{route_experts, RouterParams, Routing};
+use crate::ops::{add_inplace, rms_norm, rms_norm_inplace, silu_mul, RopeScalingKind, RopeTable};
+use crate::pool::ThreadPool;
+use crate::sampling::{argmax, sample, Rng, SamplingParams};
+use crate::weights::WeightMatrix;
+
+/// The CPU device: buffers are `Vec<f32>`, views are slices, weights are
+/// [`WeightMatrix`] (shared, never copied), and multi-threaded kernels run on the
+/// backend's [`ThreadPool`].
+///
+/// ```
+/// use dcpserve_kernels::{Backend, CpuBackend};
+/// let cpu = CpuBackend::new(2);
+/// let mut a = cpu.upload(&[1.0, 2.0]).unwrap();
+/// let b = cpu.upload(&[0.5, 0.5]).unwrap();
+/// cpu.add(cpu.view_mut(&mut a, 0..2).unwrap(), cpu.view(&b, 0..2).unwrap()).unwrap();
+/// assert_eq!(a, [1.5, 2.5]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct CpuBackend {
+    pool: Arc<ThreadPool>,
+}
+
+impl CpuBackend {
+    /// A backend with its own pool of `threads` compute threads.
+    pub fn new(threads: usize) -> Self {
+        Self::with_pool(Arc::new(ThreadPool::new(threads)))
+    }
+
+    /// A backend computing on an existing pool (e.g. a rank's pinned threads).
+    pub fn with_pool(pool: Arc<ThreadPool>) -> Self {
+        CpuBackend { pool }
+    }
+
+    /// The pool the kernels run on.
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+}
+
+fn check_range(what: &'static str, range: &Range<usize>, len: usize) -> Result<(), KernelError> {
+    if range.start > range.end || range.end > len {
+        return Err(KernelError::OutOfRange {
+            what,
+            value: range.end.max(range.start),
+            limit: len + 1,
+        });
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Vec<f32>;
+    type View<'a> = &'a [f32];
+    type ViewMut<'a> = &'a mut [f32];
+    type Matrix = WeightMatrix;
+    type Rope = RopeTable;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn zeros(&self, len: usize) -> Result<Vec<f32>, KernelError> {
+        Ok(vec![0.0; len])
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>, KernelError> {
+        // Zeroed pages come straight from the allocator; uninitialized f32s would be UB.
+        self.zeros(len)
+    }
+
+    fn upload(&self, host: &[f32]) -> Result<Vec<f32>, KernelError> {
+        Ok(host.to_vec())
+    }
+
+    fn download(&self, src: &[f32], host: &mut [f32]) -> Result<(), KernelError> {
+        check_len("download host", src.len(), host.len())?;
+        host.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn len(&self, buf: &Vec<f32>) -> usize {
+        buf.len()
+    }
+
+    fn view<'a>(&self, buf: &'a Vec<f32>, range: Range<usize>) -> Result<&'a [f32], KernelError> {
+        check_range("view range", &range, buf.len())?;
+        Ok(&buf[range])
+    }
+
+    fn view_mut<'a>(
+        &self,
+        buf: &'a mut Vec<f32>,
+        range: Range<usize>,
+    ) -> Result<&'a mut [f32], KernelError> {
+        check_range("view range", &range, buf.len())?;
+        Ok(&mut buf[range])
+    }
+
+    fn upload_matrix(&self, w: &WeightMatrix) -> Result<WeightMatrix, KernelError> {
+        Ok(w.clone()) // shares the storage
+    }
+
+    fn matrix_shape(&self, w: &WeightMatrix) -> (usize, usize, DType) {
+        (w.rows(), w.cols(), w.format())
+    }
+
+    fn rope_table(
+        &self,
+        head_dim: usize,
+        theta: f32,
+        scaling: RopeScalingKind,
+        max_positions: usize,
+    ) -> Result<RopeTable, KernelError> {
+        Ok(RopeTable::new(head_dim, theta, scaling, max_positions))
+    }
+
+    fn matmul(
+        &self,
+        x: &[f32],
+        m: usize,
+        w: &WeightMatrix,
+        out: &mut [f32],
+        precision: Precision,
+    ) -> Result<(), KernelError> {
+        matmul_with_precision(&self.pool, x, m, w, out, precision)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &[f32],
+        weight: &[f32],
+        eps: f32,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        rms_norm(x, weight, eps, out)
+    }
+
+    fn rms_norm_inplace(&self, x: &mut [f32], weight: &[f32], eps: f32) -> Result<(), KernelError> {
+        rms_norm_inplace(x, weight, eps)
+    }
+
+    fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
+        silu_mul(gate, up, out)
+    }
+
+    fn add(&self, a: &mut [f32], b: &[f32]) -> Result<(), KernelError> {
+        add_inplace(a, b)
+    }
+
+    fn rope(
+        &self,
+        table: &RopeTable,
+        x: &mut [f32],
+        positions: &[usize],
+        stride: usize,
+        offset: usize,
+        interleaved: bool,
+    ) -> Result<(), KernelError> {
+        if positions.is_empty() {
+            return check_len("rope x", 0, x.len());
+        }
+        if !x.len().is_multiple_of(positions.len()) {
+            return Err(KernelError::Shape(format!(
+                "rope: {} values are not {} equal tokens",
+                x.len(),
+                positions.len()
+            )));
+        }
+        let width = x.len() / positions.len();
+        for (token, &pos) in x.chunks_exact_mut(width).zip(positions) {
+            if offset == 0 && stride == table.head_dim() {
+                table.apply(token, width / stride.max(1), pos, interleaved)?;
+            } else {
+                table.apply_strided(token, stride, offset, pos, interleaved)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn embedding(
+        &self,
+        table: &WeightMatrix,
+        ids: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        table.gather_rows(ids, out)
+    }
+
+    fn write_kv(
+        &self,
+        k_cache: &mut [f32],
+        v_cache: &mut [f32],
+        n_kv_heads: usize,
+        head_dim: usize,
+        slots: &[usize],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), KernelError> {
+        write_kv(k_cache, v_cache, n_kv_heads, head_dim, slots, k, v)
+    }
+
+    fn paged_attention(
+        &self,
+        q: &[f32],
+        p: &PagedAttentionParams<'_>,
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let batch = AttentionBatch {
+            q,
+            n_q_heads: p.n_q_heads,
+            n_kv_heads: p.n_kv_heads,
+            head_dim: p.head_dim,
+            block_size: p.block_size,
+            scale: p.scale,
+            token_seq: p.token_seq,
+            token_kv_len: p.token_kv_len,
+            block_tables: p.block_tables,
+        };
+        paged_attention(&self.pool, &batch, k_cache, v_cache, out, lse)
+    }
+
+    fn latent_attention(
+        &self,
+        q: &[f32],
+        p: &LatentAttentionParams<'_>,
+        cache: &[f32],
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let batch = LatentBatch {
+            q,
+            n_heads: p.n_heads,
+            dim: p.dim,
+            v_dim: p.v_dim,
+            block_size: p.block_size,
+            scale: p.scale,
+            token_seq: p.token_seq,
+            token_kv_len: p.token_kv_len,
+            block_tables: p.block_tables,
+        };
+        latent_attention(&self.pool, &batch, cache, out, lse)
+    }
+
+    fn merge_lse(
+        &self,
+        partial_out: &[&[f32]],
+        partial_lse: &[&[f32]],
+        n_rows: usize,
+        head_dim: usize,
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) -> Result<(), KernelError> {
+        merge_partials(partial_out, partial_lse, n_rows, head_dim, out, lse)
+    }
+
+    fn route_experts(
+        &self,
+        logits: &[f32],
+        p: &RouterParams,
+        correction_bias: Option<&[f32]>,
+    ) -> Result<Routing, KernelError> {
+        route_experts(logits, p, correction_bias)
+    }
+
+    fn argmax(&self, logits: &[f32], vocab: usize) -> Result<Vec<u32>, KernelError> {
+        if vocab == 0 || !logits.len().is_multiple_of(vocab) {
+            return Err(KernelError::Shape(format!(
+                "argmax: {} logits are not rows of {vocab}",
+                logits.len()
+            )));
+        }
+        Ok(logits.chunks_exact(vocab).map(argmax).collect())
+    }
+
+    fn sample(
+        &self,
+        logits: &[f32],
+        params: &SamplingParams,
+        rng: &mut Rng,
+    ) -> Result<u32, KernelError> {
+        if logits.is_empty() {
+            return Err(KernelError::Shape("sample: empty logits".into()));
+        }
+        Ok(sample(logits, params, rng))
+    }
+}

@@ -1,0 +1,25 @@
+//! The CPU backend's kernels: AVX-512 code with portable scalar fallbacks, run on a
+//! low-latency [`ThreadPool`](pool::ThreadPool).
+//!
+//! Every function here works on host slices (`&[f32]`); [`crate::CpuBackend`] exposes
+//! them through the [`crate::Backend`] trait without copies. The modules are also
+//! re-exported at the crate root (`dcpserve_kernels::matmul`, …) because the model and
+//! the actors call them directly today.
+
+pub mod attention;
+mod backend;
+mod features;
+pub mod latent_attention;
+pub mod matmul;
+pub mod moe_routing;
+pub mod ops;
+pub mod pool;
+pub mod quant;
+pub mod sampling;
+pub mod spec_sampling;
+pub mod weights;
+
+pub use backend::CpuBackend;
+pub use features::{
+    features, force_scalar, scalar_forced, use_avx512, use_avx512_bf16, CpuFeatures,
+};
