@@ -3,11 +3,14 @@
 //! Everything a rank needs to run a transformer forward pass on CPU: a low-latency
 //! thread pool, weight matrices in GGML/float formats with (de)quantization, an
 //! AVX-512 matmul (with a portable scalar fallback), element-wise ops and RoPE, paged
-//! attention returning log-sum-exp for decode context parallelism, and sampling.
+//! attention returning log-sum-exp for decode context parallelism, and sampling;
+//! DCP's placement, layout, merge and attention step ([`dcp`]); the communicators and
+//! their bootstrap from group specs ([`comm`]).
 
 pub mod attention;
 pub mod comm;
 pub mod cpu;
+pub mod dcp;
 pub mod error;
 pub mod link_model;
 pub mod matmul;
@@ -19,9 +22,10 @@ pub mod sampling;
 pub mod spec_sampling;
 pub mod weights;
 
-pub use attention::{merge_partials, paged_attention, write_kv, AttentionBatch};
-pub use comm::{Communicator, InProcessComm};
+pub use attention::{paged_attention, write_kv, AttentionBatch};
+pub use comm::{Communicator, Elems, ElemsMut, InProcessComm};
 pub use cpu::{features, force_scalar, CpuFeatures};
+pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};
 pub use error::KernelError;
 pub use link_model::{LinkModel, ModeledLink};
 pub use matmul::{matmul, matmul_fast, matmul_with_precision, Precision};
