@@ -4,7 +4,9 @@
 //! it without DCP), it measures
 //! - the decode step time of one long sequence at tp=N, dcp=1 vs tp=N, dcp=N;
 //! - the KV capacity and the most sequences running at once, with the same KV memory
-//!   per rank, for both layouts.
+//!   per rank, for both layouts;
+//! - overlapped micro-batches, and the two ways of exchanging DCP partials (sections
+//!   `overlap` and `merge`).
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +14,8 @@ use anyhow::{bail, Result};
 use futures::StreamExt;
 
 use crate::synthetic::{write_synthetic_llama, SyntheticSpec, SYNTHETIC_VOCAB};
+use dcpserve_config::MergeExchange;
+
 use crate::{
     DType, Engine, EngineConfig, GenerationEvent, GenerationParams, ModeledLinkConfig,
     ParallelConfig, Prompt,
@@ -45,6 +49,9 @@ pub enum DcpBenchSection {
     Capacity,
     /// Decode step time with and without two overlapped micro-batches.
     Overlap,
+    /// Decode step time with the DCP partials merged after one all-to-all vs after an
+    /// LSE all-gather and a reduce-scatter.
+    Merge,
 }
 
 fn model_spec(context: usize, query_heads: usize) -> SyntheticSpec {
@@ -185,6 +192,9 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
     if spec.sections.contains(&DcpBenchSection::Overlap) {
         report.push_str(&overlap_report(&dir, spec, per_token).await?);
     }
+    if spec.sections.contains(&DcpBenchSection::Merge) {
+        report.push_str(&merge_report(&dir, spec, per_token).await?);
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
 }
@@ -237,6 +247,79 @@ async fn overlap_report(
         }
         out.push_str(&format!(
             "{name:<34}{:>20}{:>20}{:>8.2}\n",
+            format!("{:.2} ms", step[0]),
+            format!("{:.2} ms", step[1]),
+            step[1] / step[0]
+        ));
+    }
+    Ok(out)
+}
+
+/// Decode of a batch at tp=N, dcp=N with the two ways of exchanging the DCP partials,
+/// over shared memory and over a modeled link. The two engines run alternately (3 runs
+/// each) so drifting load affects both alike.
+async fn merge_report(
+    dir: &std::path::Path,
+    spec: &DcpBenchSpec,
+    per_token: usize,
+) -> Result<String> {
+    let tp = spec.tp;
+    let batch_budget = (spec.overlap_batch * (spec.overlap_context + 96) * per_token) as u64;
+    let link = spec.link;
+    let exchanges = [
+        MergeExchange::AllGatherReduceScatter,
+        MergeExchange::AllToAll,
+    ];
+    let mut out = format!(
+        "decode step, {} sequences of {} tokens at tp={tp} dcp={tp} (median of 3 runs):\n{:<34}{:>28}{:>20}{:>8}\n",
+        spec.overlap_batch,
+        spec.overlap_context,
+        "collectives",
+        "LSE all-gather + red.-scatter",
+        "one all-to-all",
+        "ratio"
+    );
+    let links = [
+        ("shared memory".to_string(), None),
+        (
+            format!(
+                "modeled link {} us + {} GB/s",
+                link.latency_us, link.gigabytes_per_second
+            ),
+            Some(link),
+        ),
+    ];
+    for (name, modeled) in links {
+        let mut engines = Vec::new();
+        for exchange in exchanges {
+            let mut cfg = engine_config(tp, tp, batch_budget, spec.threads);
+            cfg.modeled_link = modeled;
+            cfg.dcp_merge_exchange = exchange;
+            engines.push(Engine::from_path(dir, cfg).await?);
+        }
+        let mut runs = vec![Vec::new(); engines.len()];
+        for r in 0..3 {
+            for (engine, times) in engines.iter().zip(&mut runs) {
+                let tok_s = crate::engine_bench::decode_once(
+                    engine,
+                    spec.overlap_batch,
+                    spec.overlap_context,
+                    64,
+                    r,
+                )
+                .await?;
+                times.push(spec.overlap_batch as f64 / tok_s * 1e3);
+            }
+        }
+        let step: Vec<f64> = runs
+            .iter_mut()
+            .map(|t| {
+                t.sort_by(f64::total_cmp);
+                t[t.len() / 2]
+            })
+            .collect();
+        out.push_str(&format!(
+            "{name:<34}{:>28}{:>20}{:>8.2}\n",
             format!("{:.2} ms", step[0]),
             format!("{:.2} ms", step[1]),
             step[1] / step[0]

@@ -62,19 +62,19 @@ struct BenchDcpArgs {
     /// Sequences submitted at once in the capacity measurement.
     #[arg(long, default_value_t = 16)]
     capacity_sequences: usize,
-    /// Sequences in the overlap measurement.
+    /// Sequences in the overlap and merge measurements.
     #[arg(long, default_value_t = 32)]
     overlap_batch: usize,
-    /// Prompt length of each sequence in the overlap measurement.
+    /// Prompt length of each sequence in the overlap and merge measurements.
     #[arg(long, default_value_t = 1024)]
     overlap_context: usize,
     /// Compute threads in all.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Latency per collective of the modeled link in the overlap measurement (µs).
+    /// Latency per collective of the modeled link in the overlap and merge measurements (µs).
     #[arg(long, default_value_t = 100.0)]
     link_latency_us: f64,
-    /// Bandwidth of the modeled link in the overlap measurement (GB/s).
+    /// Bandwidth of the modeled link in the overlap and merge measurements (GB/s).
     #[arg(long, default_value_t = 10.0)]
     link_gbps: f64,
     /// Measurements to run (all by default).
@@ -264,7 +264,7 @@ fn main() -> Result<()> {
                     },
                     sections: if a.sections.is_empty() {
                         use dcpserve::dcp_bench::DcpBenchSection::*;
-                        vec![Step, Capacity, Overlap]
+                        vec![Step, Capacity, Overlap, Merge]
                     } else {
                         a.sections
                     },

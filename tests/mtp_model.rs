@@ -356,6 +356,7 @@ fn mtp_layer_sharded_matches_the_torch_reference() {
             .map(|w| RankComms {
                 world: Arc::new(w) as Arc<dyn Communicator>,
                 dcp: Arc::new(dcps.remove(0)) as Arc<dyn Communicator>,
+                dcp_merge: Default::default(),
             })
             .collect();
         let results: Vec<_> = std::thread::scope(|s| {

@@ -1,11 +1,14 @@
-//! The collective actor: owns the communicators of one rank group.
+//! The collective actor: lays out the communicator groups of one rank group.
 //!
-//! It builds the groups (the tensor-parallel world and the contiguous DCP groups, one
-//! set per micro-batch) before the ranks start, hands each rank its handles, reports the
-//! time ranks spend inside collectives, and poisons the groups when a rank dies so the
-//! survivors' pending collectives fail fast instead of waiting forever. The collectives
-//! themselves run rank-to-rank through shared memory: one fixed order per step and
-//! micro-batch (the forward pass's), never a mailbox hop per layer.
+//! It creates the groups (the tensor-parallel world and the contiguous DCP groups of
+//! the [`Layout`], one set per micro-batch) before the ranks start and hands each rank
+//! plain, serializable [`RankCommSpecs`]; a rank builds its communicators from them
+//! through the bootstrap ([`RankCommSpecs::connect`]). The actor keeps the groups'
+//! [`GroupOwner`]s: it reports the time ranks spend inside collectives, and aborts the
+//! groups when a rank dies so the survivors' pending collectives fail fast instead of
+//! waiting forever. The collectives themselves run rank-to-rank (shared memory today):
+//! one fixed order per step and micro-batch (the forward pass's), never a mailbox hop
+//! per layer.
 //!
 //! With two micro-batches, each has its own groups (their collectives never interleave)
 //! and each rank gets a [`ComputeBaton`] its two micro-batch threads share: the handles
@@ -14,22 +17,81 @@
 
 use std::sync::Arc;
 
+use dcpserve_kernels::comm::{connect, CommGroupSpec, GroupOwner, Transport};
+use dcpserve_kernels::dcp::{Layout, MergeExchange};
 use dcpserve_kernels::{
-    BatonComm, Communicator, ComputeBaton, InProcessComm, LinkModel, ModeledLink,
+    BatonComm, Communicator, ComputeBaton, KernelError, LinkModel, ModeledLink,
 };
 use dcpserve_model::arch::RankComms;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
 
 /// Messages the collective actor understands.
 pub enum CollectiveMsg {
-    /// The communicators of TP rank `n`.
-    Comms(usize, RpcReplyPort<RankChannels>),
+    /// The group specs TP rank `n` connects with.
+    Comms(usize, RpcReplyPort<RankCommSpecs>),
     /// Seconds each rank has spent in collectives so far (all micro-batches).
     SecondsInCollectives(RpcReplyPort<Vec<f64>>),
     /// A rank failed: make every pending and future collective of this group fail. The
-    /// reply comes once the group is poisoned (ask before stopping the actor: a stop
+    /// reply comes once the groups are aborted (ask before stopping the actor: a stop
     /// overtakes queued messages).
     Poison(RpcReplyPort<()>),
+}
+
+/// The groups of one micro-batch, as one rank sees them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MicroBatchSpecs {
+    /// The tensor-parallel world (all ranks of the model).
+    pub world: CommGroupSpec,
+    /// The rank's DCP group (a contiguous block of `dcp` ranks).
+    pub dcp: CommGroupSpec,
+}
+
+/// Everything one rank needs to build its communicators: plain data that could travel
+/// to a rank in another process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankCommSpecs {
+    /// The rank's global (TP) rank.
+    pub rank: usize,
+    /// One set of groups per micro-batch.
+    pub micro_batches: Vec<MicroBatchSpecs>,
+    /// A modeled interconnect every collective also waits for (benchmarks).
+    pub link: Option<LinkModel>,
+    /// How the DCP group exchanges attention partials.
+    pub dcp_merge: MergeExchange,
+}
+
+impl RankCommSpecs {
+    /// Connects to every group through the bootstrap and wraps the handles: through
+    /// the modeled link if any, lending the rank's (new) baton with two micro-batches.
+    pub fn connect(&self) -> Result<RankChannels, KernelError> {
+        let baton = (self.micro_batches.len() > 1).then(ComputeBaton::new);
+        let handle = |spec: &CommGroupSpec| -> Result<Arc<dyn Communicator>, KernelError> {
+            let mut c = connect(spec, self.rank)?;
+            if let Some(link) = self.link {
+                c = Arc::new(ModeledLink::new(c, link));
+            }
+            if let Some(b) = &baton {
+                c = Arc::new(BatonComm::new(c, b.clone()));
+            }
+            Ok(c)
+        };
+        let micro_batches = self
+            .micro_batches
+            .iter()
+            .map(|mb| {
+                Ok(RankComms {
+                    world: handle(&mb.world)?,
+                    dcp: handle(&mb.dcp)?,
+                    dcp_merge: self.dcp_merge,
+                })
+            })
+            .collect::<Result<_, KernelError>>()?;
+        Ok(RankChannels {
+            micro_batches,
+            baton,
+        })
+    }
 }
 
 /// What one rank computes with.
@@ -41,98 +103,73 @@ pub struct RankChannels {
     pub baton: Option<Arc<ComputeBaton>>,
 }
 
-/// How a rank group is laid out.
+/// How the collective actor lays out its groups.
 #[derive(Debug, Clone, Copy)]
-pub struct GroupSpec {
-    pub tp: usize,
-    pub dcp: usize,
-    /// 1, or 2 for micro-batches in ping-pong.
-    pub micro_batches: usize,
+pub struct CollectiveArgs {
+    /// The rank group's layout (tp, DCP groups, micro-batches).
+    pub layout: Layout,
     /// A modeled interconnect every collective also waits for (benchmarks).
     pub link: Option<LinkModel>,
+    /// How DCP groups exchange attention partials.
+    pub dcp_merge: MergeExchange,
 }
 
-impl GroupSpec {
-    /// One micro-batch, shared-memory collectives.
-    pub fn new(tp: usize, dcp: usize) -> Self {
+impl CollectiveArgs {
+    /// Shared-memory collectives, the default merge exchange.
+    pub fn new(layout: Layout) -> Self {
         Self {
-            tp,
-            dcp,
-            micro_batches: 1,
+            layout,
             link: None,
+            dcp_merge: MergeExchange::default(),
         }
     }
 }
 
 pub struct CollectiveActor;
 
-/// The raw groups of one micro-batch, indexed by TP rank.
+/// The groups of one micro-batch.
 struct GroupSet {
-    world: Vec<Arc<InProcessComm>>,
-    dcp: Vec<Arc<InProcessComm>>,
+    world: GroupOwner,
+    /// One per DCP group, in group order.
+    dcp: Vec<GroupOwner>,
 }
 
 impl GroupSet {
-    fn new(tp: usize, dcp: usize) -> Self {
-        let world = InProcessComm::group(tp).into_iter().map(Arc::new).collect();
-        // DCP groups are contiguous blocks of `dcp` TP ranks: dcp_rank = tp_rank % dcp.
-        let dcp = (0..tp / dcp)
-            .flat_map(|_| InProcessComm::group(dcp))
-            .map(Arc::new)
-            .collect();
-        Self { world, dcp }
+    fn new(layout: &Layout) -> Result<Self, KernelError> {
+        let world = GroupOwner::create((0..layout.tp()).collect(), Transport::SharedMemory)?;
+        let dcp = (0..layout.num_dcp_groups())
+            .map(|g| {
+                GroupOwner::create(layout.dcp_group_ranks(g).collect(), Transport::SharedMemory)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { world, dcp })
+    }
+
+    fn abort(&self) {
+        self.world.abort();
+        self.dcp.iter().for_each(GroupOwner::abort);
     }
 }
 
 pub struct CollectiveState {
-    spec: GroupSpec,
+    args: CollectiveArgs,
     sets: Vec<GroupSet>,
-    batons: Vec<Arc<ComputeBaton>>,
-}
-
-impl CollectiveState {
-    /// Rank `rank`'s handle on `comm`: through the modeled link if any, lending the
-    /// rank's baton if it has two micro-batches.
-    fn handle(&self, rank: usize, comm: &Arc<InProcessComm>) -> Arc<dyn Communicator> {
-        let mut c: Arc<dyn Communicator> = comm.clone();
-        if let Some(link) = self.spec.link {
-            c = Arc::new(ModeledLink::new(c, link));
-        }
-        if self.spec.micro_batches > 1 {
-            c = Arc::new(BatonComm::new(c, self.batons[rank].clone()));
-        }
-        c
-    }
 }
 
 impl Actor for CollectiveActor {
     type Msg = CollectiveMsg;
     type State = CollectiveState;
-    type Arguments = GroupSpec;
+    type Arguments = CollectiveArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<CollectiveMsg>,
-        spec: GroupSpec,
+        args: CollectiveArgs,
     ) -> Result<CollectiveState, ActorProcessingErr> {
-        let (tp, dcp) = (spec.tp, spec.dcp);
-        if tp == 0 || dcp == 0 || tp % dcp != 0 {
-            return Err(format!("tp_size={tp} must be divisible by dcp_size={dcp}.").into());
-        }
-        if !(1..=2).contains(&spec.micro_batches) {
-            return Err(format!(
-                "{} micro-batches requested; 1 or 2 are supported.",
-                spec.micro_batches
-            )
-            .into());
-        }
-        Ok(CollectiveState {
-            spec,
-            sets: (0..spec.micro_batches)
-                .map(|_| GroupSet::new(tp, dcp))
-                .collect(),
-            batons: (0..tp).map(|_| ComputeBaton::new()).collect(),
-        })
+        let sets = (0..args.layout.micro_batches())
+            .map(|_| GroupSet::new(&args.layout))
+            .collect::<Result<_, _>>()?;
+        Ok(CollectiveState { args, sets })
     }
 
     async fn handle(
@@ -141,31 +178,35 @@ impl Actor for CollectiveActor {
         msg: CollectiveMsg,
         st: &mut CollectiveState,
     ) -> Result<(), ActorProcessingErr> {
+        let layout = st.args.layout;
         match msg {
             CollectiveMsg::Comms(rank, port) => {
-                if rank < st.spec.tp {
+                if rank < layout.tp() {
                     let micro_batches = st
                         .sets
                         .iter()
-                        .map(|set| RankComms {
-                            world: st.handle(rank, &set.world[rank]),
-                            dcp: st.handle(rank, &set.dcp[rank]),
+                        .map(|set| MicroBatchSpecs {
+                            world: set.world.spec().clone(),
+                            dcp: set.dcp[layout.dcp_group_of(rank)].spec().clone(),
                         })
                         .collect();
-                    let _ = port.send(RankChannels {
+                    let _ = port.send(RankCommSpecs {
+                        rank,
                         micro_batches,
-                        baton: (st.spec.micro_batches > 1).then(|| st.batons[rank].clone()),
+                        link: st.args.link,
+                        dcp_merge: st.args.dcp_merge,
                     });
                 }
             }
             CollectiveMsg::SecondsInCollectives(port) => {
-                let secs = (0..st.spec.tp)
+                let secs = (0..layout.tp())
                     .map(|r| {
                         st.sets
                             .iter()
                             .map(|s| {
-                                s.world[r].seconds_in_collectives()
-                                    + s.dcp[r].seconds_in_collectives()
+                                s.world.seconds_in_collectives(r)
+                                    + s.dcp[layout.dcp_group_of(r)]
+                                        .seconds_in_collectives(layout.dcp_rank(r))
                             })
                             .sum()
                     })
@@ -173,11 +214,7 @@ impl Actor for CollectiveActor {
                 let _ = port.send(secs);
             }
             CollectiveMsg::Poison(port) => {
-                for set in &st.sets {
-                    for c in set.world.iter().chain(&set.dcp) {
-                        c.poison();
-                    }
-                }
+                st.sets.iter().for_each(GroupSet::abort);
                 let _ = port.send(());
             }
         }

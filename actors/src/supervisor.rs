@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dcpserve_config::EngineConfig;
+use dcpserve_kernels::dcp::Layout;
 use dcpserve_kernels::LinkModel;
 use dcpserve_model::arch::{kv_capacity, KvStorage, MtpLayer, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::collective::{CollectiveActor, CollectiveMsg, GroupSpec};
+use crate::collective::{CollectiveActor, CollectiveArgs, CollectiveMsg};
 use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs, KvManagerMsg};
-use crate::placement::Placement;
 use crate::rank::{RankActor, RankArgs, RankMsg, StepSink};
 use crate::scheduler::{
     Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SpeculationLimits,
@@ -64,6 +64,8 @@ pub struct SupervisorState {
     collective: Option<ActorRef<CollectiveMsg>>,
     kv: ActorRef<KvManagerMsg>,
     threads_per_rank: usize,
+    /// The rank group's layout, computed once from the parallel config.
+    layout: Layout,
 }
 
 /// KV budget per rank when none is configured: a quarter of available memory, split
@@ -88,6 +90,7 @@ async fn draft_proposer(
     args: &SupervisorArgs,
     kv_budget_per_rank: u64,
     threads: usize,
+    layout: &Layout,
 ) -> Result<Option<Box<dyn DraftProposer>>, ActorProcessingErr> {
     let Some(spec) = &args.engine.speculative else {
         return Ok(None);
@@ -128,10 +131,7 @@ async fn draft_proposer(
         SpeculativeMethod::Mtp => {
             let e = &args.engine;
             check_mtp(args)?;
-            Box::new(MtpProposer::new(
-                e.block_size * e.parallel.decode_context_parallel_size,
-                e.seed,
-            ))
+            Box::new(MtpProposer::new(layout.virtual_block_size(), e.seed))
         }
     };
     Ok(Some(proposer))
@@ -187,6 +187,8 @@ impl Actor for ModelSupervisor {
                 .into());
             }
         }
+        let micro_batches = if e.overlap_micro_batches { 2 } else { 1 };
+        let layout = e.parallel.layout(e.block_size, micro_batches)?;
         let budget = e
             .kv_cache_memory_bytes
             .unwrap_or_else(|| default_kv_bytes(tp));
@@ -205,8 +207,7 @@ impl Actor for ModelSupervisor {
             e.block_size,
             budget,
         );
-        let capacity_total =
-            cap.num_blocks * e.block_size * e.parallel.decode_context_parallel_size;
+        let capacity_total = cap.num_blocks * layout.virtual_block_size();
         let max_model_len = match e.max_model_len {
             Some(len) if len > capacity_total => {
                 return Err(format!(
@@ -238,7 +239,7 @@ impl Actor for ModelSupervisor {
             per_token
         );
         let sched_cfg = SchedulerConfig {
-            tokens_per_block: e.block_size * e.parallel.decode_context_parallel_size,
+            tokens_per_block: layout.virtual_block_size(),
             num_blocks,
             max_num_seqs: e.max_num_seqs,
             max_num_batched_tokens: e.max_num_batched_tokens,
@@ -267,7 +268,7 @@ impl Actor for ModelSupervisor {
         let threads = e
             .num_threads
             .unwrap_or_else(dcpserve_kernels::available_cores);
-        let draft = match draft_proposer(&args, budget, threads).await? {
+        let draft = match draft_proposer(&args, budget, threads, &layout).await? {
             Some(p) => Some(
                 Actor::spawn_linked(None, DraftActor, p, myself.get_cell())
                     .await?
@@ -291,7 +292,7 @@ impl Actor for ModelSupervisor {
                 scheduler,
                 max_model_len,
                 kv_tokens_per_rank: tokens_per_rank,
-                kv_tokens_total: tokens_per_rank * e.parallel.decode_context_parallel_size,
+                kv_tokens_total: layout.tokens_total(tokens_per_rank),
                 restarts: 0,
             },
             threads_per_rank: (threads / tp).max(1),
@@ -300,6 +301,7 @@ impl Actor for ModelSupervisor {
             collective: None,
             kv,
             args,
+            layout,
         };
         state.start_ranks(myself.get_cell()).await?;
         Ok(state)
@@ -393,23 +395,23 @@ impl SupervisorState {
     /// Brings up a collective actor and `tp` rank actors (loading their shards in parallel).
     async fn start_ranks(&mut self, supervisor: ActorCell) -> Result<(), ActorProcessingErr> {
         let e = &self.args.engine;
-        let tp = e.parallel.tensor_parallel_size;
-        let dcp = e.parallel.decode_context_parallel_size;
-        let spec = GroupSpec {
-            tp,
-            dcp,
-            micro_batches: if e.overlap_micro_batches { 2 } else { 1 },
+        let layout = self.layout;
+        let tp = layout.tp();
+        let spec = CollectiveArgs {
+            layout,
             link: e.modeled_link.map(|l| LinkModel {
                 latency: Duration::from_secs_f64(l.latency_us * 1e-6),
                 bytes_per_second: l.gigabytes_per_second * 1e9,
             }),
+            dcp_merge: e.dcp_merge_exchange,
         };
         let (collective, _) =
             Actor::spawn_linked(None, CollectiveActor, spec, supervisor.clone()).await?;
         let mut spawns = Vec::with_capacity(tp);
         for rank in 0..tp {
-            let layout = e.parallel.rank_layout(rank);
-            let comms = ractor::call!(collective, CollectiveMsg::Comms, rank)?;
+            // In-process ranks connect here; a rank in another process would connect
+            // from the same plain specs through its own bootstrap.
+            let comms = ractor::call!(collective, CollectiveMsg::Comms, rank)?.connect()?;
             let args = RankArgs {
                 rank,
                 tp_size: tp,
@@ -417,12 +419,7 @@ impl SupervisorState {
                 comms,
                 files: self.args.files.clone(),
                 precision: self.args.precision,
-                placement: Placement {
-                    block_size: e.block_size,
-                    dcp_size: layout.dcp_size,
-                    interleave: e.parallel.cp_kv_cache_interleave_size,
-                    dcp_rank: layout.dcp_rank,
-                },
+                placement: layout.placement(rank),
                 num_blocks: self.sched_cfg.num_blocks,
                 threads: self.threads_per_rank,
                 reports: StepSink::Scheduler(self.info.scheduler.clone()),

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use dcpserve_kernels::dcp::MergeExchange;
+
 use crate::parallel::{ConfigError, ParallelConfig};
 use crate::speculative::SpeculativeConfig;
 
@@ -63,6 +65,9 @@ pub struct EngineConfig {
     /// For benchmarks: every collective also waits (without using a core) as long as this
     /// link would take, to measure on CPU ranks what a slower interconnect costs.
     pub modeled_link: Option<ModeledLinkConfig>,
+    /// How a DCP group exchanges attention partials: one all-to-all (the default), or
+    /// the earlier LSE all-gather + reduce-scatter, kept to measure against.
+    pub dcp_merge_exchange: MergeExchange,
 }
 
 /// A modeled interconnect: a fixed latency per collective plus bytes over bandwidth.
@@ -90,6 +95,7 @@ impl Default for EngineConfig {
             seed: 0,
             speculative: None,
             modeled_link: None,
+            dcp_merge_exchange: MergeExchange::default(),
         }
     }
 }

@@ -13,6 +13,8 @@ mod engine;
 mod parallel;
 mod speculative;
 
+/// How a DCP group exchanges attention partials (an [`EngineConfig`] setting).
+pub use dcpserve_kernels::dcp::MergeExchange;
 pub use engine::{DType, EngineConfig, ModeledLinkConfig};
 pub use parallel::{AttentionKind, ConfigError, ParallelConfig, RankLayout};
 pub use speculative::{SpeculativeConfig, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};

@@ -1,5 +1,7 @@
 //! Tensor-parallel and decode-context-parallel layout, with vLLM's constraints.
 
+use dcpserve_kernels::dcp::{dcp_rank_of, Layout};
+use dcpserve_kernels::KernelError;
 use serde::{Deserialize, Serialize};
 
 /// A layout or engine setting that cannot work, with a message meant for the user.
@@ -137,14 +139,38 @@ impl ParallelConfig {
         Ok(())
     }
 
-    /// The layout of TP rank `tp_rank`: DCP groups are contiguous blocks of `dcp` ranks.
+    /// The layout of TP rank `tp_rank`: DCP groups are contiguous blocks of `dcp` ranks
+    /// ([`dcp_rank_of`]).
     pub fn rank_layout(&self, tp_rank: usize) -> RankLayout {
         RankLayout {
             tp_rank,
             tp_size: self.tensor_parallel_size,
-            dcp_rank: tp_rank % self.decode_context_parallel_size,
+            dcp_rank: dcp_rank_of(tp_rank, self.decode_context_parallel_size),
             dcp_size: self.decode_context_parallel_size,
         }
+    }
+
+    /// The rank group's [`Layout`] with `block_size` tokens per block on one rank and
+    /// `micro_batches` (1, or 2 in ping-pong): computed once, read by everything that
+    /// needs the group rule, the placement or the virtual block size.
+    ///
+    /// ```
+    /// use dcpserve_config::ParallelConfig;
+    /// let p = ParallelConfig { tensor_parallel_size: 4, decode_context_parallel_size: 2, cp_kv_cache_interleave_size: 1 };
+    /// assert_eq!(p.layout(16, 1).unwrap().virtual_block_size(), 32);
+    /// ```
+    pub fn layout(&self, block_size: usize, micro_batches: usize) -> Result<Layout, ConfigError> {
+        Layout::new(
+            self.tensor_parallel_size,
+            self.decode_context_parallel_size,
+            self.cp_kv_cache_interleave_size,
+            block_size,
+            micro_batches,
+        )
+        .map_err(|e| match e {
+            KernelError::Shape(m) => ConfigError(m),
+            other => ConfigError(other.to_string()),
+        })
     }
 }
 

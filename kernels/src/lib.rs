@@ -7,11 +7,14 @@
 //! ops and RoPE (incl. YaRN and Llama 3 scaling), paged attention and MLA latent
 //! attention returning log-sum-exp for decode context parallelism, MoE routing and
 //! sampling. A CUDA backend plugs in next to it (see [`backend`]). [`DType`] is the one
-//! element type of weights and buffers. The collectives ([`Communicator`]) live here too.
+//! element type of weights and buffers. DCP's placement, layout, merge and attention
+//! step live in [`dcp`]; the communicators and their bootstrap from group specs in
+//! [`comm`].
 
 pub mod backend;
 pub mod comm;
 pub mod cpu;
+pub mod dcp;
 pub mod dtype;
 pub mod error;
 pub mod link_model;
@@ -23,10 +26,11 @@ pub use cpu::{
     weights,
 };
 
-pub use attention::{merge_partials, paged_attention, write_kv, AttentionBatch};
+pub use attention::{paged_attention, write_kv, AttentionBatch};
 pub use backend::{Backend, LatentAttentionParams, PagedAttentionParams};
-pub use comm::{Communicator, InProcessComm};
+pub use comm::{Communicator, Elems, ElemsMut, InProcessComm};
 pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
+pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};
 pub use dtype::DType;
 pub use error::KernelError;
 pub use latent_attention::{latent_attention, LatentBatch};

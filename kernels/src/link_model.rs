@@ -7,12 +7,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::comm::Communicator;
+use crate::comm::{Communicator, Elems, ElemsMut};
 use crate::error::KernelError;
 
 /// Latency and bandwidth of a modeled link (ring algorithms: an all-reduce moves
-/// `2·(n−1)/n` of its data per rank, a reduce-scatter or all-gather `(n−1)/n`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// `2·(n−1)/n` of its data per rank, a reduce-scatter, all-gather or all-to-all `(n−1)/n`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LinkModel {
     /// Fixed cost of one collective.
     pub latency: Duration,
@@ -56,10 +56,11 @@ impl ModeledLink {
         out
     }
 
-    /// Bytes one rank sends when `values` f32 are spread over the group (ring).
-    fn ring_share(&self, values: usize) -> usize {
+    /// Bytes one rank sends when `values` elements of `elem_bytes` each are spread over
+    /// the group (ring; an all-to-all sends the same share).
+    fn ring_share(&self, values: usize, elem_bytes: usize) -> usize {
         let n = self.inner.size().max(1);
-        values * 4 * (n - 1) / n
+        values * elem_bytes * (n - 1) / n
     }
 }
 
@@ -76,30 +77,42 @@ impl Communicator for ModeledLink {
     fn size(&self) -> usize {
         self.inner.size()
     }
-    fn all_gather(&self, input: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
-        let bytes = self.ring_share(out.len());
-        self.after(bytes, |c| c.all_gather(input, out))
+    fn all_gather_elems(&self, input: Elems<'_>, out: ElemsMut<'_>) -> Result<(), KernelError> {
+        let bytes = self.ring_share(out.len(), out.dtype().bytes_for(1));
+        self.after(bytes, |c| c.all_gather_elems(input, out))
     }
-    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), KernelError> {
-        let bytes = 2 * self.ring_share(data.len());
-        self.after(bytes, |c| c.all_reduce_sum(data))
+    fn all_reduce_sum_elems(&self, data: ElemsMut<'_>) -> Result<(), KernelError> {
+        let bytes = 2 * self.ring_share(data.len(), data.dtype().bytes_for(1));
+        self.after(bytes, |c| c.all_reduce_sum_elems(data))
     }
-    fn reduce_scatter_sum(&self, input: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
-        let bytes = self.ring_share(input.len());
-        self.after(bytes, |c| c.reduce_scatter_sum(input, out))
-    }
-    fn broadcast(&self, data: &mut [f32], root: usize) -> Result<(), KernelError> {
-        let bytes = data.len() * 4;
-        self.after(bytes, |c| c.broadcast(data, root))
-    }
-    fn all_gather_varying(
+    fn reduce_scatter_sum_elems(
         &self,
-        input: &[f32],
-        counts: &[usize],
-        out: &mut [f32],
+        input: Elems<'_>,
+        out: ElemsMut<'_>,
     ) -> Result<(), KernelError> {
-        let bytes = self.ring_share(out.len());
-        self.after(bytes, |c| c.all_gather_varying(input, counts, out))
+        let bytes = self.ring_share(input.len(), input.dtype().bytes_for(1));
+        self.after(bytes, |c| c.reduce_scatter_sum_elems(input, out))
+    }
+    fn broadcast_elems(&self, data: ElemsMut<'_>, root: usize) -> Result<(), KernelError> {
+        let bytes = data.len() * data.dtype().bytes_for(1);
+        self.after(bytes, |c| c.broadcast_elems(data, root))
+    }
+    fn all_gather_varying_elems(
+        &self,
+        input: Elems<'_>,
+        counts: &[usize],
+        out: ElemsMut<'_>,
+    ) -> Result<(), KernelError> {
+        let bytes = self.ring_share(out.len(), out.dtype().bytes_for(1));
+        self.after(bytes, |c| c.all_gather_varying_elems(input, counts, out))
+    }
+    fn all_to_all_elems(&self, input: Elems<'_>, out: ElemsMut<'_>) -> Result<(), KernelError> {
+        // Every chunk but this rank's own leaves it.
+        let bytes = self.ring_share(input.len(), input.dtype().bytes_for(1));
+        self.after(bytes, |c| c.all_to_all_elems(input, out))
+    }
+    fn abort(&self) {
+        self.inner.abort()
     }
     fn seconds_in_collectives(&self) -> f64 {
         self.inner.seconds_in_collectives()

@@ -11,7 +11,7 @@
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
-use crate::comm::Communicator;
+use crate::comm::{Communicator, Elems, ElemsMut};
 use crate::error::KernelError;
 
 /// The right to compute on a rank, shared by its micro-batch threads (micro-batches 0
@@ -251,25 +251,36 @@ impl Communicator for BatonComm {
     fn size(&self) -> usize {
         self.inner.size()
     }
-    fn all_gather(&self, input: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
-        self.lend(|c| c.all_gather(input, out))
+    fn all_gather_elems(&self, input: Elems<'_>, out: ElemsMut<'_>) -> Result<(), KernelError> {
+        self.lend(|c| c.all_gather_elems(input, out))
     }
-    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), KernelError> {
-        self.lend(|c| c.all_reduce_sum(data))
+    fn all_reduce_sum_elems(&self, data: ElemsMut<'_>) -> Result<(), KernelError> {
+        self.lend(|c| c.all_reduce_sum_elems(data))
     }
-    fn reduce_scatter_sum(&self, input: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
-        self.lend(|c| c.reduce_scatter_sum(input, out))
-    }
-    fn broadcast(&self, data: &mut [f32], root: usize) -> Result<(), KernelError> {
-        self.lend(|c| c.broadcast(data, root))
-    }
-    fn all_gather_varying(
+    fn reduce_scatter_sum_elems(
         &self,
-        input: &[f32],
-        counts: &[usize],
-        out: &mut [f32],
+        input: Elems<'_>,
+        out: ElemsMut<'_>,
     ) -> Result<(), KernelError> {
-        self.lend(|c| c.all_gather_varying(input, counts, out))
+        self.lend(|c| c.reduce_scatter_sum_elems(input, out))
+    }
+    fn broadcast_elems(&self, data: ElemsMut<'_>, root: usize) -> Result<(), KernelError> {
+        self.lend(|c| c.broadcast_elems(data, root))
+    }
+    fn all_gather_varying_elems(
+        &self,
+        input: Elems<'_>,
+        counts: &[usize],
+        out: ElemsMut<'_>,
+    ) -> Result<(), KernelError> {
+        self.lend(|c| c.all_gather_varying_elems(input, counts, out))
+    }
+    fn all_to_all_elems(&self, input: Elems<'_>, out: ElemsMut<'_>) -> Result<(), KernelError> {
+        self.lend(|c| c.all_to_all_elems(input, out))
+    }
+    fn abort(&self) {
+        // Never waits, so the baton stays with the caller.
+        self.inner.abort()
     }
     fn seconds_in_collectives(&self) -> f64 {
         self.inner.seconds_in_collectives()

@@ -17,8 +17,7 @@ use tokio::sync::mpsc;
 
 use super::{Draft, DraftProposer, DraftRequest};
 use crate::block_manager::{KvBlockManager, PrefixHit, SeqBlocks};
-use crate::collective::{CollectiveActor, CollectiveMsg, GroupSpec};
-use crate::placement::Placement;
+use crate::collective::{CollectiveActor, CollectiveArgs, CollectiveMsg};
 use crate::plan::{StepOutput, StepPlan};
 use crate::rank::{RankActor, RankArgs, RankMsg, StepReport, StepSink};
 
@@ -58,16 +57,20 @@ pub struct DraftModelProposer {
 impl DraftModelProposer {
     /// Brings up the draft model's collective actor and rank actors.
     pub async fn spawn(files: Arc<ModelFiles>, spec: DraftModelSpec) -> Result<Self, String> {
-        let tp = spec.parallel.tensor_parallel_size;
-        let dcp = spec.parallel.decode_context_parallel_size;
-        let (collective, _) = Actor::spawn(None, CollectiveActor, GroupSpec::new(tp, dcp))
+        let layout = spec
+            .parallel
+            .layout(spec.block_size, 1)
+            .map_err(|e| format!("draft model: {e}"))?;
+        let tp = layout.tp();
+        let (collective, _) = Actor::spawn(None, CollectiveActor, CollectiveArgs::new(layout))
             .await
             .map_err(|e| format!("draft model: {e}"))?;
         let (tx, reports) = mpsc::unbounded_channel();
         let mut ranks = Vec::with_capacity(tp);
         for rank in 0..tp {
-            let layout = spec.parallel.rank_layout(rank);
             let comms = ractor::call!(collective, CollectiveMsg::Comms, rank)
+                .map_err(|e| format!("draft model: {e}"))?
+                .connect()
                 .map_err(|e| format!("draft model: {e}"))?;
             let args = RankArgs {
                 rank,
@@ -76,12 +79,7 @@ impl DraftModelProposer {
                 comms,
                 files: files.clone(),
                 precision: spec.precision,
-                placement: Placement {
-                    block_size: spec.block_size,
-                    dcp_size: layout.dcp_size,
-                    interleave: spec.parallel.cp_kv_cache_interleave_size,
-                    dcp_rank: layout.dcp_rank,
-                },
+                placement: layout.placement(rank),
                 num_blocks: spec.num_blocks,
                 threads: spec.threads_per_rank,
                 reports: StepSink::Channel(tx.clone()),
@@ -100,7 +98,7 @@ impl DraftModelProposer {
             ranks,
             collective,
             reports,
-            blocks: KvBlockManager::new(spec.num_blocks, spec.block_size * dcp, false),
+            blocks: KvBlockManager::new(spec.num_blocks, layout.virtual_block_size(), false),
             seqs: HashMap::new(),
             next_step: 0,
             rng: Rng::new(spec.seed ^ 0xD4AF_7E11),

@@ -1,7 +1,7 @@
 //! Paged attention over a block-table KV cache, returning output and log-sum-exp.
 //!
 //! The LSE lets decode context parallelism merge partial results computed on
-//! different KV shards ([`merge_partials`]). Inside one call, a long sequence with few
+//! different KV shards ([`crate::dcp::merge`]). Inside one call, a long sequence with few
 //! query tokens is also split along the KV axis so every thread has work, and the
 //! splits are merged the same way.
 //!
@@ -10,6 +10,10 @@
 //! split of the KV range. Each K/V row is then streamed from memory once per tile and
 //! reused from L1 for every query row of the tile (see `avx512`).
 
+use crate::dcp::merge::merge_rows;
+// The attention tests check the merge of split partials through it.
+#[cfg(test)]
+use crate::dcp::merge::merge_partials;
 use crate::error::{check_len, KernelError};
 use crate::pool::ThreadPool;
 use std::cell::RefCell;
@@ -551,92 +555,6 @@ fn attend_body<M: Math>(it: &Item, out: &mut [f32], lse: &mut [f32], scratch: &m
         } else {
             acc.fill(0.0);
             lse[h] = f32::NEG_INFINITY;
-        }
-    }
-}
-
-/// Merges attention partials computed over disjoint KV shards.
-///
-/// Row `i` of part `p` is `partial_out[p][i*head_dim..]` with `partial_lse[p][i]`.
-/// `lse = m + ln Σ exp(lse_p − m)` with `m = max_p lse_p`, and
-/// `out = Σ exp(lse_p − lse) · out_p`. Rows empty in every part give zeros and `-inf`.
-///
-/// ```
-/// use dcpserve_kernels::merge_partials;
-/// let (a, b) = ([1.0f32, 2.0], [3.0f32, 4.0]);
-/// let (la, lb) = ([0.0f32], [f32::NEG_INFINITY]); // second shard is empty
-/// let (mut out, mut lse) = ([0.0; 2], [0.0; 1]);
-/// merge_partials(&[&a, &b], &[&la, &lb], 1, 2, &mut out, &mut lse).unwrap();
-/// assert_eq!(out, [1.0, 2.0]);
-/// assert_eq!(lse, [0.0]);
-/// ```
-pub fn merge_partials(
-    partial_out: &[&[f32]],
-    partial_lse: &[&[f32]],
-    n_rows: usize,
-    head_dim: usize,
-    out: &mut [f32],
-    lse_out: &mut [f32],
-) -> Result<(), KernelError> {
-    check_len(
-        "merge_partials partial_lse count",
-        partial_out.len(),
-        partial_lse.len(),
-    )?;
-    for (o, l) in partial_out.iter().zip(partial_lse) {
-        check_len("merge_partials partial_out", n_rows * head_dim, o.len())?;
-        check_len("merge_partials partial_lse", n_rows, l.len())?;
-    }
-    check_len("merge_partials out", n_rows * head_dim, out.len())?;
-    check_len("merge_partials lse_out", n_rows, lse_out.len())?;
-    merge_rows(
-        partial_out.len(),
-        |i| partial_out[i],
-        |i| partial_lse[i],
-        n_rows,
-        head_dim,
-        out,
-        lse_out,
-    );
-    Ok(())
-}
-
-fn merge_rows<'a>(
-    n_parts: usize,
-    get_out: impl Fn(usize) -> &'a [f32],
-    get_lse: impl Fn(usize) -> &'a [f32],
-    n_rows: usize,
-    hd: usize,
-    out: &mut [f32],
-    lse_out: &mut [f32],
-) {
-    for row in 0..n_rows {
-        let m = (0..n_parts)
-            .map(|p| get_lse(p)[row])
-            .filter(|v| !v.is_nan())
-            .fold(f32::NEG_INFINITY, f32::max);
-        let o = &mut out[row * hd..(row + 1) * hd];
-        o.fill(0.0);
-        if m == f32::NEG_INFINITY {
-            lse_out[row] = f32::NEG_INFINITY;
-            continue;
-        }
-        let sum: f32 = (0..n_parts)
-            .map(|p| get_lse(p)[row])
-            .filter(|v| !v.is_nan())
-            .map(|v| (v - m).exp())
-            .sum();
-        let lse = m + sum.ln();
-        lse_out[row] = lse;
-        for p in 0..n_parts {
-            let lp = get_lse(p)[row];
-            if lp.is_nan() || lp == f32::NEG_INFINITY {
-                continue; // empty shard: weight 0, and its output must not leak NaN
-            }
-            let w = (lp - lse).exp();
-            for (a, v) in o.iter_mut().zip(&get_out(p)[row * hd..(row + 1) * hd]) {
-                *a += w * v;
-            }
         }
     }
 }

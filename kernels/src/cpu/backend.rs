@@ -3,8 +3,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::attention::{merge_partials, paged_attention, write_kv, AttentionBatch};
+use crate::attention::{paged_attention, write_kv, AttentionBatch};
 use crate::backend::{Backend, LatentAttentionParams, PagedAttentionParams};
+use crate::dcp::merge_partials;
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::latent_attention::{latent_attention, LatentBatch};

@@ -3,7 +3,7 @@
 //! the output and the log-sum-exp per (token, head) like [`crate::paged_attention`], so
 //! partial results over KV shards merge exactly (decode context parallelism).
 
-use crate::attention::merge_partials;
+use crate::dcp::merge_partials;
 use crate::error::KernelError;
 use crate::pool::ThreadPool;
 

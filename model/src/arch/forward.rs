@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
+use dcpserve_kernels::dcp::{DcpAttention, DcpShape, MergeExchange};
 use dcpserve_kernels::{
     add_bias, add_inplace, matmul, paged_attention, rms_norm, silu_mul, write_kv, AttentionBatch,
-    Communicator, InProcessComm, KernelError, RopeScalingKind, RopeTable, ThreadPool, WeightMatrix,
+    Communicator, InProcessComm, RopeScalingKind, RopeTable, ThreadPool, WeightMatrix,
 };
 
 use super::cache_access::{read_in_pieces, CacheAccess};
-use super::dcp::{GroupQueries, ShardMerge};
 use super::kv_cache::KvCache;
 use super::weights::{split_range, DecoderWeights, HeadLayout, TpShard, WeightPrecision};
 use crate::config::{ModelConfig, RopeScaling};
@@ -78,11 +78,13 @@ pub struct ForwardOutput {
 }
 
 /// The communicators one rank computes with: its tensor-parallel group (all ranks of
-/// the model) and its decode-context-parallel group (a contiguous block of `dcp` ranks).
+/// the model) and its decode-context-parallel group (a contiguous block of `dcp` ranks),
+/// and how the DCP group exchanges attention partials.
 #[derive(Clone)]
 pub struct RankComms {
     pub world: Arc<dyn Communicator>,
     pub dcp: Arc<dyn Communicator>,
+    pub dcp_merge: MergeExchange,
 }
 
 impl RankComms {
@@ -92,6 +94,7 @@ impl RankComms {
         Self {
             dcp: world.clone(),
             world,
+            dcp_merge: MergeExchange::default(),
         }
     }
 }
@@ -215,14 +218,13 @@ impl DecoderModel {
         let mut k = vec![0.0f32; n * kv_dim];
         let mut v = vec![0.0f32; n * kv_dim];
         let mut attn = vec![0.0f32; n * q_dim];
-        let mut lse = vec![0.0f32; n * nq];
         let mut proj = vec![0.0f32; n * h];
         let inter = self
             .weights
             .layers
             .first()
             .map_or(0, |l| l.gate_proj.rows());
-        let mut dcp = DcpScratch::default();
+        let mut dcp = DcpAttention::new(comms.dcp_merge);
         let mut gate = vec![0.0f32; n * inter];
         let mut up = vec![0.0f32; n * inter];
         let mut act = vec![0.0f32; n * inter];
@@ -287,11 +289,26 @@ impl DecoderModel {
                     },
                 )
             };
-            if comms.dcp.size() == 1 {
-                attend(&batch, &mut attn, &mut lse)?;
-            } else {
-                dcp.attention(comms.dcp.as_ref(), batch, &mut attn, attend)?;
-            }
+            let shape = DcpShape {
+                tokens: n,
+                heads: nq,
+                q_dim: hd,
+                v_dim: hd,
+            };
+            dcp.run(
+                comms.dcp.as_ref(),
+                &q,
+                shape,
+                &mut attn,
+                |q, heads, o, l| {
+                    let group = AttentionBatch {
+                        q,
+                        n_q_heads: heads,
+                        ..batch
+                    };
+                    attend(&group, o, l)
+                },
+            )?;
             matmul(pool, &attn, n, &lw.o_proj, &mut proj)?;
             comms.world.all_reduce_sum(&mut proj)?;
             add_inplace(&mut x, &proj)?;
@@ -396,39 +413,6 @@ pub(super) fn gather_vocab(
         at += w * m;
     }
     Ok(logits)
-}
-
-/// Buffers of decode-context-parallel attention, reused across layers.
-#[derive(Default)]
-struct DcpScratch {
-    queries: GroupQueries,
-    merge: ShardMerge,
-}
-
-impl DcpScratch {
-    /// Attention with the KV cache sharded by position over the DCP group: gather the
-    /// group's queries, attend to the local shard (output + LSE), then merge the shards'
-    /// partials and reduce-scatter over heads so each rank gets its own heads.
-    fn attention(
-        &mut self,
-        group: &dyn Communicator,
-        local: AttentionBatch,
-        attn: &mut [f32],
-        attend: impl FnOnce(&AttentionBatch, &mut [f32], &mut [f32]) -> Result<(), KernelError>,
-    ) -> Result<(), ModelError> {
-        let n = local.token_seq.len();
-        let (h, hd) = (local.n_q_heads, local.head_dim);
-        let all_h = group.size() * h;
-        let q_all = self.queries.gather(group, local.q, n, h, hd)?;
-        let batch = AttentionBatch {
-            q: q_all,
-            n_q_heads: all_h,
-            ..local
-        };
-        let (out_all, lse_all) = self.merge.partials(n, all_h, hd);
-        attend(&batch, out_all, lse_all)?;
-        self.merge.merge_into(group, n, h, hd, attn)
-    }
 }
 
 /// RMSNorm applied to every head vector (Qwen3's q/k norm).

@@ -6,7 +6,6 @@
 //! and attention reads the paged KV cache through per-sequence block tables.
 
 pub mod cache_access;
-mod dcp;
 mod forward;
 mod kv_cache;
 pub mod mla;

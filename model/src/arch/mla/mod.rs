@@ -7,14 +7,13 @@
 //! attention runs against the latent rows (values are their `c_kv` prefix), and W_UV then
 //! `o_proj` turn the attended latents into the output. Under tensor parallelism heads are
 //! split and the latent cache is replicated; under decode context parallelism it is
-//! sharded by position and the absorbed queries of the DCP group are gathered (see
-//! [`dcp`]).
+//! sharded by position and the absorbed queries of the DCP group are gathered (the one
+//! DCP attention step, `dcpserve_kernels::dcp::DcpAttention`).
 
 /// The latent attention kernel, now in `dcpserve-kernels` (named here for the callers
 /// that reach it as `mla::attention`).
 pub use dcpserve_kernels::cpu::latent_attention as attention;
 pub mod cache;
-pub mod dcp;
 pub mod hf;
 pub mod model;
 pub mod moe;

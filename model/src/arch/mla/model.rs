@@ -1,11 +1,11 @@
 //! One rank's DeepSeek-V2/V3 forward step: MLA with weight absorption over the latent
 //! cache (decode and prefill alike), then a dense or mixture-of-experts MLP.
 
+use dcpserve_kernels::dcp::{DcpAttention, DcpShape};
 use dcpserve_kernels::{add_inplace, matmul, rms_norm, rms_norm_inplace, ThreadPool, WeightMatrix};
 
 use super::attention::{latent_attention, LatentBatch};
 use super::cache::LatentCache;
-use super::dcp::LatentDcp;
 use super::moe::{mlp_forward, moe_forward};
 use super::mtp::MtpLayer;
 use super::rope::{softmax_scale, MlaRope};
@@ -44,7 +44,6 @@ pub(super) struct Buffers {
     kv: Vec<f32>,
     q_abs: Vec<f32>,
     lat_out: Vec<f32>,
-    lse: Vec<f32>,
     head_in: Vec<f32>,
     head_out: Vec<f32>,
     attn: Vec<f32>,
@@ -143,7 +142,7 @@ impl MlaModel {
         let h = cfg.hidden_size;
         let mut x = input.embed(&self.weights.embed_tokens, cfg.vocab_size, h)?;
         let mut b = self.buffers(n);
-        let mut dcp = LatentDcp::default();
+        let mut dcp = DcpAttention::new(comms.dcp_merge);
         for (li, lw) in self.weights.layers.iter().enumerate() {
             self.layer(
                 pool,
@@ -188,7 +187,7 @@ impl MlaModel {
         (li, lw): (usize, &MlaLayer),
         x: &mut [f32],
         b: &mut Buffers,
-        dcp: &mut LatentDcp,
+        dcp: &mut DcpAttention,
     ) -> Result<(), ModelError> {
         let cfg = &self.config;
         let (n, h) = (input.tokens.len(), cfg.hidden_size);
@@ -223,7 +222,6 @@ impl MlaModel {
             kv: vec![0.0; n * d],
             q_abs: vec![0.0; n * hl * d],
             lat_out: vec![0.0; n * hl * r],
-            lse: vec![0.0; n * hl],
             head_in: vec![0.0; n * width],
             head_out: vec![0.0; n * width.max(m.v_head_dim)],
             attn: vec![0.0; n * hl * m.v_head_dim],
@@ -243,7 +241,7 @@ impl MlaModel {
         (li, layer): (usize, &MlaLayer),
         x: &[f32],
         b: &mut Buffers,
-        dcp: &mut LatentDcp,
+        dcp: &mut DcpAttention,
     ) -> Result<(), ModelError> {
         let cfg = &self.config;
         let m = &self.mla;
@@ -313,11 +311,26 @@ impl MlaModel {
                 Ok::<_, ModelError>(latent_attention(pool, &q.tokens(r), c.layer(li), o, l)?)
             })
         };
-        if comms.dcp.size() == 1 {
-            attend(&batch, &mut b.lat_out, &mut b.lse)?;
-        } else {
-            dcp.attention(comms.dcp.as_ref(), batch, &mut b.lat_out, attend)?;
-        }
+        let shape = DcpShape {
+            tokens: n,
+            heads: hl,
+            q_dim: d,
+            v_dim: r,
+        };
+        dcp.run(
+            comms.dcp.as_ref(),
+            &b.q_abs,
+            shape,
+            &mut b.lat_out,
+            |q, heads, o, l| {
+                let group = LatentBatch {
+                    q,
+                    n_heads: heads,
+                    ..batch
+                };
+                attend(&group, o, l)
+            },
+        )?;
         // W_UV per head turns the attended latents into values; then o_proj.
         for hh in 0..hl {
             for t in 0..n {

@@ -20,7 +20,6 @@
 use dcpserve_kernels::{matmul, rms_norm, ThreadPool, WeightMatrix};
 
 use super::cache::LatentCache;
-use super::dcp::LatentDcp;
 use super::model::MlaModel;
 use super::weights::MlaLayer;
 use crate::arch::cache_access::CacheAccess;
@@ -29,6 +28,7 @@ use crate::arch::weights::{matrix, vector, TpShard, WeightPrecision};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
+use dcpserve_kernels::dcp::DcpAttention;
 
 /// One rank's share of the MTP layer.
 pub struct MtpLayer {
@@ -182,7 +182,7 @@ impl MlaModel {
         let mut x = vec![0.0f32; n * h];
         matmul(pool, &cat, n, &mtp.eh_proj, &mut x)?;
         let mut b = self.buffers(n);
-        let mut dcp = LatentDcp::default();
+        let mut dcp = DcpAttention::new(comms.dcp_merge);
         let li = cfg.num_hidden_layers;
         self.layer(
             pool,

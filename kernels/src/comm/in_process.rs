@@ -1,61 +1,52 @@
-//! Collective communication between the ranks of a group.
-//!
-//! [`Communicator`] is shaped like NCCL's API (rank-ordered, every rank calls the same
-//! collectives in the same order, grouped calls allowed) so a device implementation can
-//! sit behind it; [`InProcessComm`] serves CPU ranks that are threads of one process,
-//! through shared memory: no allocation per call once buffers have grown, no mailbox.
+//! Collectives of CPU ranks that are threads of one process, through shared memory.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use half::bf16;
+
+use super::elems::{dtype_mismatch, CommElem, Elems, ElemsMut};
+use super::Communicator;
 use crate::error::KernelError;
 
-/// The collectives one rank of a group can take part in. Every rank of the group must
-/// make the same calls in the same order (as with NCCL).
-///
-/// Semantics are NCCL's: a call is ordered after the rank's earlier work on its stream and
-/// before its later work, and calls between [`Communicator::group_start`] and
-/// [`Communicator::group_end`] may be fused and complete together. A device
-/// implementation enqueues on the rank's stream and returns at once; the in-process one
-/// has no stream, so each call completes before it returns and grouping is a no-op.
-pub trait Communicator: Send + Sync {
-    /// Opens a group of calls that may be issued together (`ncclGroupStart`).
-    fn group_start(&self) {}
-    /// Closes the group (`ncclGroupEnd`).
-    fn group_end(&self) -> Result<(), KernelError> {
-        Ok(())
+/// One rank's published buffer, one vector per element type (each keeps its capacity).
+#[derive(Default)]
+struct Slot {
+    f32: Vec<f32>,
+    bf16: Vec<bf16>,
+}
+
+/// Picks a [`Slot`]'s vector of the element type.
+trait SlotElem: CommElem {
+    fn of(slot: &Slot) -> &Vec<Self>;
+    fn of_mut(slot: &mut Slot) -> &mut Vec<Self>;
+}
+
+impl SlotElem for f32 {
+    fn of(slot: &Slot) -> &Vec<Self> {
+        &slot.f32
     }
-    /// This rank's index in the group.
-    fn rank(&self) -> usize;
-    /// Ranks in the group.
-    fn size(&self) -> usize;
-    /// `out` = the `input`s of all ranks, concatenated in rank order (`out.len() == size × input.len()`).
-    fn all_gather(&self, input: &[f32], out: &mut [f32]) -> Result<(), KernelError>;
-    /// Element-wise sum over ranks, in place, identical on every rank.
-    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), KernelError>;
-    /// Sum over ranks of `input`, of which this rank receives chunk `rank`
-    /// (`input.len() == size × out.len()`).
-    fn reduce_scatter_sum(&self, input: &[f32], out: &mut [f32]) -> Result<(), KernelError>;
-    /// Copies `root`'s `data` to every rank.
-    fn broadcast(&self, data: &mut [f32], root: usize) -> Result<(), KernelError>;
-    /// Uneven all-gather: rank `r` contributes `counts[r]` values; `out` is their concatenation.
-    fn all_gather_varying(
-        &self,
-        input: &[f32],
-        counts: &[usize],
-        out: &mut [f32],
-    ) -> Result<(), KernelError>;
-    /// Seconds this rank has spent inside collectives (waiting included).
-    fn seconds_in_collectives(&self) -> f64;
+    fn of_mut(slot: &mut Slot) -> &mut Vec<Self> {
+        &mut slot.f32
+    }
+}
+
+impl SlotElem for bf16 {
+    fn of(slot: &Slot) -> &Vec<Self> {
+        &slot.bf16
+    }
+    fn of_mut(slot: &mut Slot) -> &mut Vec<Self> {
+        &mut slot.bf16
+    }
 }
 
 /// Shared state of one in-process group.
 struct Shared {
     size: usize,
     /// One buffer per rank; a rank only writes its own, between barriers.
-    slots: Vec<UnsafeCell<Vec<f32>>>,
+    slots: Vec<UnsafeCell<Slot>>,
     arrived: AtomicUsize,
     generation: AtomicU64,
     poisoned: AtomicBool,
@@ -95,7 +86,9 @@ impl InProcessComm {
     pub fn group(size: usize) -> Vec<InProcessComm> {
         let shared = Arc::new(Shared {
             size,
-            slots: (0..size).map(|_| UnsafeCell::new(Vec::new())).collect(),
+            slots: (0..size)
+                .map(|_| UnsafeCell::new(Slot::default()))
+                .collect(),
             arrived: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
@@ -109,14 +102,6 @@ impl InProcessComm {
                 nanos: AtomicU64::new(0),
             })
             .collect()
-    }
-
-    /// Marks the group broken: every rank blocked in (or entering) a collective returns an
-    /// error instead of waiting forever for a rank that died.
-    pub fn poison(&self) {
-        self.shared.poisoned.store(true, Ordering::SeqCst);
-        let _g = self.shared.lock.lock();
-        self.shared.wake.notify_all();
     }
 
     fn barrier(&self) -> Result<(), KernelError> {
@@ -167,16 +152,16 @@ impl InProcessComm {
     }
 
     /// Writes `data` into this rank's slot.
-    fn publish(&self, data: &[f32]) {
+    fn publish<T: SlotElem>(&self, data: &[T]) {
         // SAFETY: only this rank writes its slot, and only between barriers.
-        let slot = unsafe { &mut *self.shared.slots[self.rank].get() };
+        let slot = T::of_mut(unsafe { &mut *self.shared.slots[self.rank].get() });
         slot.clear();
         slot.extend_from_slice(data);
     }
 
-    fn slot(&self, r: usize) -> &[f32] {
+    fn slot<T: SlotElem>(&self, r: usize) -> &[T] {
         // SAFETY: read after the barrier that follows the owner's write.
-        unsafe { &*self.shared.slots[r].get() }
+        T::of(unsafe { &*self.shared.slots[r].get() })
     }
 
     fn timed<T>(&self, f: impl FnOnce() -> Result<T, KernelError>) -> Result<T, KernelError> {
@@ -186,22 +171,8 @@ impl InProcessComm {
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         r
     }
-}
 
-fn len_error(what: &str, want: usize, got: usize) -> KernelError {
-    KernelError::Shape(format!("{what}: expected {want} values, got {got}"))
-}
-
-impl Communicator for InProcessComm {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.shared.size
-    }
-
-    fn all_gather(&self, input: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
+    fn all_gather_t<T: SlotElem>(&self, input: &[T], out: &mut [T]) -> Result<(), KernelError> {
         let (n, c) = (self.size(), input.len());
         if out.len() != n * c {
             return Err(len_error("all_gather output", n * c, out.len()));
@@ -210,7 +181,7 @@ impl Communicator for InProcessComm {
             self.publish(input);
             self.barrier()?;
             for r in 0..n {
-                let src = self.slot(r);
+                let src = self.slot::<T>(r);
                 if src.len() != c {
                     return Err(len_error("all_gather peer", c, src.len()));
                 }
@@ -220,11 +191,11 @@ impl Communicator for InProcessComm {
         })
     }
 
-    fn all_gather_varying(
+    fn all_gather_varying_t<T: SlotElem>(
         &self,
-        input: &[f32],
+        input: &[T],
         counts: &[usize],
-        out: &mut [f32],
+        out: &mut [T],
     ) -> Result<(), KernelError> {
         let n = self.size();
         if counts.len() != n || counts[self.rank] != input.len() {
@@ -241,7 +212,7 @@ impl Communicator for InProcessComm {
             self.barrier()?;
             let mut at = 0;
             for (r, &c) in counts.iter().enumerate() {
-                let src = self.slot(r);
+                let src = self.slot::<T>(r);
                 if src.len() != c {
                     return Err(len_error("all_gather_varying peer", c, src.len()));
                 }
@@ -252,7 +223,7 @@ impl Communicator for InProcessComm {
         })
     }
 
-    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), KernelError> {
+    fn all_reduce_sum_t<T: SlotElem>(&self, data: &mut [T]) -> Result<(), KernelError> {
         if self.size() == 1 {
             return Ok(());
         }
@@ -260,21 +231,25 @@ impl Communicator for InProcessComm {
             self.publish(data);
             self.barrier()?;
             // Same order on every rank, so every rank gets bit-identical sums.
-            data.copy_from_slice(self.slot(0));
+            data.copy_from_slice(self.slot::<T>(0));
             for r in 1..self.size() {
-                let src = self.slot(r);
+                let src = self.slot::<T>(r);
                 if src.len() != data.len() {
                     return Err(len_error("all_reduce peer", data.len(), src.len()));
                 }
-                for (d, s) in data.iter_mut().zip(src) {
-                    *d += s;
+                for (d, &s) in data.iter_mut().zip(src) {
+                    *d = T::add(*d, s);
                 }
             }
             self.barrier()
         })
     }
 
-    fn reduce_scatter_sum(&self, input: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
+    fn reduce_scatter_sum_t<T: SlotElem>(
+        &self,
+        input: &[T],
+        out: &mut [T],
+    ) -> Result<(), KernelError> {
         let n = self.size();
         if input.len() != n * out.len() {
             return Err(len_error(
@@ -287,17 +262,17 @@ impl Communicator for InProcessComm {
             self.publish(input);
             self.barrier()?;
             let (lo, hi) = (self.rank * out.len(), (self.rank + 1) * out.len());
-            out.copy_from_slice(&self.slot(0)[lo..hi]);
+            out.copy_from_slice(&self.slot::<T>(0)[lo..hi]);
             for r in 1..n {
-                for (d, s) in out.iter_mut().zip(&self.slot(r)[lo..hi]) {
-                    *d += s;
+                for (d, &s) in out.iter_mut().zip(&self.slot::<T>(r)[lo..hi]) {
+                    *d = T::add(*d, s);
                 }
             }
             self.barrier()
         })
     }
 
-    fn broadcast(&self, data: &mut [f32], root: usize) -> Result<(), KernelError> {
+    fn broadcast_t<T: SlotElem>(&self, data: &mut [T], root: usize) -> Result<(), KernelError> {
         if root >= self.size() {
             return Err(KernelError::Shape(format!(
                 "broadcast root {root} out of range"
@@ -309,7 +284,7 @@ impl Communicator for InProcessComm {
             }
             self.barrier()?;
             if self.rank != root {
-                let src = self.slot(root);
+                let src = self.slot::<T>(root);
                 if src.len() != data.len() {
                     return Err(len_error("broadcast", data.len(), src.len()));
                 }
@@ -319,73 +294,107 @@ impl Communicator for InProcessComm {
         })
     }
 
-    fn seconds_in_collectives(&self) -> f64 {
-        self.nanos.load(Ordering::Relaxed) as f64 * 1e-9
+    fn all_to_all_t<T: SlotElem>(&self, input: &[T], out: &mut [T]) -> Result<(), KernelError> {
+        let n = self.size();
+        if input.len() != out.len() || !input.len().is_multiple_of(n) {
+            return Err(KernelError::Shape(format!(
+                "all_to_all: input ({}) and output ({}) must be the same multiple of the group size ({n})",
+                input.len(),
+                out.len()
+            )));
+        }
+        let c = input.len() / n;
+        let mine = self.rank * c..(self.rank + 1) * c;
+        self.timed(|| {
+            self.publish(input);
+            self.barrier()?;
+            for r in 0..n {
+                let src = self.slot::<T>(r);
+                if src.len() != n * c {
+                    return Err(len_error("all_to_all peer", n * c, src.len()));
+                }
+                out[r * c..(r + 1) * c].copy_from_slice(&src[mine.clone()]);
+            }
+            self.barrier()
+        })
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+fn len_error(what: &str, want: usize, got: usize) -> KernelError {
+    KernelError::Shape(format!("{what}: expected {want} values, got {got}"))
+}
 
-    fn run<F: Fn(&InProcessComm) + Sync>(n: usize, f: F) {
-        let comms = InProcessComm::group(n);
-        std::thread::scope(|s| {
-            for c in &comms {
-                let f = &f;
-                s.spawn(move || f(c));
-            }
-        });
+/// Runs `$body` with `$i`/`$o` bound to the typed slices of an (Elems, ElemsMut) pair of
+/// one element type, or fails for a mixed pair.
+macro_rules! typed_pair {
+    ($what:expr, $input:expr, $out:expr, |$i:ident, $o:ident| $body:expr) => {
+        match ($input, $out) {
+            (Elems::F32($i), ElemsMut::F32($o)) => $body,
+            (Elems::Bf16($i), ElemsMut::Bf16($o)) => $body,
+            (i, o) => Err(dtype_mismatch($what, i.dtype(), o.dtype())),
+        }
+    };
+}
+
+impl Communicator for InProcessComm {
+    fn rank(&self) -> usize {
+        self.rank
     }
 
-    #[test]
-    fn collectives_agree_with_their_definitions() {
-        for n in [1, 2, 3, 4] {
-            run(n, |c| {
-                let r = c.rank() as f32;
-                for round in 0..50 {
-                    let input: Vec<f32> =
-                        (0..4).map(|i| r * 10.0 + i as f32 + round as f32).collect();
-                    let mut out = vec![0.0; 4 * n];
-                    c.all_gather(&input, &mut out).unwrap();
-                    for q in 0..n {
-                        for i in 0..4 {
-                            assert_eq!(out[q * 4 + i], q as f32 * 10.0 + i as f32 + round as f32);
-                        }
-                    }
-                    let mut sum = input.clone();
-                    c.all_reduce_sum(&mut sum).unwrap();
-                    let ranks: f32 = (0..n).map(|q| q as f32 * 10.0).sum();
-                    for (i, v) in sum.iter().enumerate() {
-                        assert_eq!(*v, ranks + n as f32 * (i as f32 + round as f32));
-                    }
-                    let big: Vec<f32> = (0..2 * n).map(|i| i as f32 + r).collect();
-                    let mut mine = vec![0.0; 2];
-                    c.reduce_scatter_sum(&big, &mut mine).unwrap();
-                    let rs: f32 = (0..n).map(|q| q as f32).sum();
-                    for (j, v) in mine.iter().enumerate() {
-                        let i = c.rank() * 2 + j;
-                        assert_eq!(*v, n as f32 * i as f32 + rs);
-                    }
-                    let mut b = vec![r; 3];
-                    c.broadcast(&mut b, n - 1).unwrap();
-                    assert_eq!(b, vec![(n - 1) as f32; 3]);
-                    let counts: Vec<usize> = (0..n).map(|q| q + 1).collect();
-                    let mine: Vec<f32> = vec![r; c.rank() + 1];
-                    let mut out = vec![0.0; counts.iter().sum()];
-                    c.all_gather_varying(&mine, &counts, &mut out).unwrap();
-                    let want: Vec<f32> = (0..n).flat_map(|q| vec![q as f32; q + 1]).collect();
-                    assert_eq!(out, want);
-                }
-            });
+    fn size(&self) -> usize {
+        self.shared.size
+    }
+
+    fn all_gather_elems(&self, input: Elems<'_>, out: ElemsMut<'_>) -> Result<(), KernelError> {
+        typed_pair!("all_gather", input, out, |i, o| self.all_gather_t(i, o))
+    }
+
+    fn all_gather_varying_elems(
+        &self,
+        input: Elems<'_>,
+        counts: &[usize],
+        out: ElemsMut<'_>,
+    ) -> Result<(), KernelError> {
+        typed_pair!("all_gather_varying", input, out, |i, o| self
+            .all_gather_varying_t(i, counts, o))
+    }
+
+    fn all_reduce_sum_elems(&self, data: ElemsMut<'_>) -> Result<(), KernelError> {
+        match data {
+            ElemsMut::F32(d) => self.all_reduce_sum_t(d),
+            ElemsMut::Bf16(d) => self.all_reduce_sum_t(d),
         }
     }
 
-    #[test]
-    fn a_poisoned_group_errors_instead_of_hanging() {
-        let comms = InProcessComm::group(2);
-        comms[1].poison();
-        let mut x = vec![1.0];
-        assert!(comms[0].all_reduce_sum(&mut x).is_err());
+    fn reduce_scatter_sum_elems(
+        &self,
+        input: Elems<'_>,
+        out: ElemsMut<'_>,
+    ) -> Result<(), KernelError> {
+        typed_pair!("reduce_scatter", input, out, |i, o| self
+            .reduce_scatter_sum_t(i, o))
+    }
+
+    fn broadcast_elems(&self, data: ElemsMut<'_>, root: usize) -> Result<(), KernelError> {
+        match data {
+            ElemsMut::F32(d) => self.broadcast_t(d, root),
+            ElemsMut::Bf16(d) => self.broadcast_t(d, root),
+        }
+    }
+
+    fn all_to_all_elems(&self, input: Elems<'_>, out: ElemsMut<'_>) -> Result<(), KernelError> {
+        typed_pair!("all_to_all", input, out, |i, o| self.all_to_all_t(i, o))
+    }
+
+    /// Poisons the group's shared state: every rank blocked in (or entering) a collective
+    /// returns an error instead of waiting forever for a rank that died.
+    fn abort(&self) {
+        self.shared.poisoned.store(true, Ordering::SeqCst);
+        let _g = self.shared.lock.lock();
+        self.shared.wake.notify_all();
+    }
+
+    fn seconds_in_collectives(&self) -> f64 {
+        self.nanos.load(Ordering::Relaxed) as f64 * 1e-9
     }
 }

@@ -1,0 +1,146 @@
+use super::*;
+use crate::comm::InProcessComm;
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn values(seed: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let x = (seed * 7919 + i * 104_729) % 1009;
+            x as f32 / 504.5 - 1.0
+        })
+        .collect()
+}
+
+/// Naive attention of `q` (`[n, heads, d]`) to `keys`/`vals` (`[len, d]`, one KV head),
+/// writing output and LSE; no keys gives zeros and −inf.
+fn attend_naive(
+    q: &[f32],
+    heads: usize,
+    d: usize,
+    keys: &[f32],
+    vals: &[f32],
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    let len = keys.len() / d;
+    for (row, qv) in q.chunks_exact(d).enumerate() {
+        let scores: Vec<f32> = keys
+            .chunks_exact(d)
+            .map(|k| k.iter().zip(qv).map(|(a, b)| a * b).sum())
+            .collect();
+        let l = super::super::merge::merged_lse(scores.iter().copied());
+        lse[row] = l;
+        let o = &mut out[row * d..(row + 1) * d];
+        o.fill(0.0);
+        for j in 0..len {
+            let w = (scores[j] - l).exp();
+            for (a, v) in o.iter_mut().zip(&vals[j * d..(j + 1) * d]) {
+                *a += w * v;
+            }
+        }
+    }
+    debug_assert_eq!(q.len() / d, out.len() / d);
+    let _ = heads;
+}
+
+/// Every exchange, on groups of 1 to 4 ranks whose shards hold different numbers of
+/// keys (some none), gives each rank its heads of attention over all keys.
+#[test]
+fn both_exchanges_equal_attention_over_the_whole_cache() {
+    let (n, h, d) = (3, 2, 4);
+    for ranks in 1..=4 {
+        // Rank r holds r·2 keys (rank 0 none): the shards are disjoint pieces of one cache.
+        let lens: Vec<usize> = (0..ranks)
+            .map(|r| 2 * r + usize::from(ranks == 1))
+            .collect();
+        let total: usize = lens.iter().sum();
+        let keys = values(1, total * d);
+        let vals = values(2, total * d);
+        let starts: Vec<usize> = lens
+            .iter()
+            .scan(0, |acc, &l| {
+                let s = *acc;
+                *acc += l;
+                Some(s)
+            })
+            .collect();
+        let all_h = ranks * h;
+        let q_of = |r: usize| values(10 + r, n * h * d);
+        // The whole group's queries, [n, all_h, d], against the whole cache.
+        let mut q_all = vec![0.0; n * all_h * d];
+        for r in 0..ranks {
+            let q = q_of(r);
+            for t in 0..n {
+                q_all[(t * all_h + r * h) * d..(t * all_h + (r + 1) * h) * d]
+                    .copy_from_slice(&q[t * h * d..(t + 1) * h * d]);
+            }
+        }
+        let mut want = vec![0.0; n * all_h * d];
+        let mut want_lse = vec![0.0; n * all_h];
+        attend_naive(&q_all, all_h, d, &keys, &vals, &mut want, &mut want_lse);
+        for exchange in [
+            MergeExchange::AllToAll,
+            MergeExchange::AllGatherReduceScatter,
+        ] {
+            let comms = InProcessComm::group(ranks);
+            std::thread::scope(|s| {
+                for c in &comms {
+                    let (keys, vals, want) = (&keys, &vals, &want);
+                    let (start, len) = (starts[c.rank()], lens[c.rank()]);
+                    let q = q_of(c.rank());
+                    s.spawn(move || {
+                        let mut step = DcpAttention::new(exchange);
+                        let shape = DcpShape {
+                            tokens: n,
+                            heads: h,
+                            q_dim: d,
+                            v_dim: d,
+                        };
+                        for _layer in 0..3 {
+                            let mut out = vec![f32::NAN; n * h * d];
+                            step.run(c, &q, shape, &mut out, |qa, heads, o, l| {
+                                assert_eq!(heads, all_h);
+                                let (k, v) = (
+                                    &keys[start * d..(start + len) * d],
+                                    &vals[start * d..(start + len) * d],
+                                );
+                                attend_naive(qa, heads, d, k, v, o, l);
+                                Ok::<(), KernelError>(())
+                            })
+                            .unwrap();
+                            let r = c.rank();
+                            for t in 0..n {
+                                let mine = &out[t * h * d..(t + 1) * h * d];
+                                let whole =
+                                    &want[(t * all_h + r * h) * d..(t * all_h + (r + 1) * h) * d];
+                                for (a, b) in mine.iter().zip(whole) {
+                                    assert!(
+                                        (a - b).abs() < 1e-5,
+                                        "{exchange:?} ranks={ranks} rank={r}: {a} vs {b}"
+                                    );
+                                }
+                            }
+                        }
+                    });
+                }
+            });
+        }
+    }
+}
+
+#[test]
+fn wrong_buffer_lengths_are_refused() {
+    let comms = InProcessComm::group(1);
+    let mut step = DcpAttention::default();
+    let shape = DcpShape {
+        tokens: 2,
+        heads: 1,
+        q_dim: 4,
+        v_dim: 4,
+    };
+    let mut out = vec![0.0; 8];
+    let r = step.run(&comms[0], &[0.0; 7], shape, &mut out, |_, _, _, _| {
+        Ok::<(), KernelError>(())
+    });
+    assert!(r.is_err());
+}
