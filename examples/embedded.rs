@@ -7,18 +7,17 @@
 
 use std::io::Write;
 
-use dcpserve::{ChatMessage, Engine, EngineConfig, GenerationEvent, GenerationParams, Prompt};
+use dcpserve::{ChatMessage, Engine, GenerationEvent, GenerationParams, Prompt};
 use futures::StreamExt;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     // A model path (GGUF file or Hugging Face folder) and the engine's limits.
-    let config = EngineConfig {
-        kv_cache_memory_bytes: Some(256 << 20),
-        max_model_len: Some(2048),
-        ..Default::default()
-    };
-    let engine = Engine::from_path(dcpserve::default_model_path(), config).await?;
+    let engine = Engine::builder(dcpserve::default_model_path())
+        .kv_cache_memory_bytes(256 << 20)
+        .max_model_len(2048)
+        .build()
+        .await?;
 
     // Streaming: each event carries a token and the text it completes (never half a
     // UTF-8 character). Dropping the stream early would abort the request and free its

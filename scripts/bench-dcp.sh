@@ -48,7 +48,7 @@ mkdir -p "$RESULT_DIR/logs"
 rm -f "$RESULT_DIR"/*.json "$RESULT_DIR"/*.png
 MODEL_DIR=$RESULT_DIR/model
 
-# The synthetic MQA model: the shapes and config of src/synthetic.rs (`bench-dcp` uses the
+# The synthetic MQA model: the shapes and config of tools/src/synthetic.rs (`bench-dcp` uses the
 # same), written here because the CLI has no subcommand for it. Safetensors is an 8-byte
 # header length, a JSON header and the raw little-endian tensors.
 python3 - "$MODEL_DIR" "$ROOT/fixtures/tiny-llama" "$((CONTEXT + TURNS * (TURN_INPUT + OUTPUT) + 1024))" <<'EOF'

@@ -5,17 +5,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use anyhow::{anyhow, bail, Context as _, Result};
 use dcpserve_actors::{
-    FinishReason, GenerationParams, GenerationRequest, ModelInfo, ModelSupervisor, RequestEvent,
-    SchedulerMsg, SupervisorArgs, SupervisorMsg, TokenOutput,
+    attention_kind, FinishReason, GenerationParams, GenerationRequest, ModelInfo, ModelSupervisor,
+    RequestEvent, SchedulerMsg, SupervisorArgs, SupervisorMsg, TokenOutput, ValidPrompt,
+    ValidRequest,
 };
-use dcpserve_config::{AttentionKind, DType, EngineConfig};
+use dcpserve_config::{DType, EngineConfig};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::{ChatMessage, IncrementalDecoder, ModelFiles, Tokenizer};
 use futures::Stream;
 use ractor::ActorRef;
 use tokio::sync::mpsc;
+
+use crate::builder::EngineBuilder;
+use crate::error::{Error, Result};
 
 /// What to generate from.
 #[derive(Debug, Clone)]
@@ -51,13 +54,13 @@ pub struct Completion {
     pub prompt_tokens: usize,
 }
 
-/// An LLM served by an actor system (supervisor, scheduler, rank actors).
+/// An LLM served by an actor system (supervisor, scheduler, rank actors). Build one with
+/// [`Engine::builder`].
 ///
 /// ```no_run
-/// # async fn demo() -> anyhow::Result<()> {
-/// use dcpserve::{Engine, Prompt};
-/// use dcpserve_actors::GenerationParams;
-/// let engine = Engine::from_path(dcpserve::default_model_path(), Default::default()).await?;
+/// # async fn demo() -> dcpserve::Result<()> {
+/// use dcpserve::{Engine, GenerationParams, Prompt};
+/// let engine = Engine::builder(dcpserve::default_model_path()).build().await?;
 /// let mut params = GenerationParams::default();
 /// params.max_tokens = 16;
 /// params.sampling.temperature = 0.0;
@@ -94,22 +97,33 @@ fn precision(d: DType) -> WeightPrecision {
 }
 
 impl Engine {
+    /// A builder for the engine of the model at `path` (a GGUF file or a Hugging Face
+    /// folder); see [`EngineBuilder`].
+    pub fn builder(path: impl Into<std::path::PathBuf>) -> EngineBuilder {
+        EngineBuilder::new(path.into())
+    }
+
     /// Opens the model at `path` (a GGUF file or a Hugging Face folder), checks the
-    /// layout in `config` before reading any weight, and brings the actors up.
+    /// layout in `config` before reading any weight, and brings the actors up; the same
+    /// as `Engine::builder(path).config(config).build()`.
     pub async fn from_path(
         path: impl AsRef<std::path::Path>,
         config: EngineConfig,
     ) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
-        let name = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        Self::from_path_named(name, path, config).await
+        Self::builder(path.as_ref()).config(config).build().await
     }
 
     /// Like [`Engine::from_path`], serving the model under `name`.
     pub async fn from_path_named(
+        name: String,
+        path: std::path::PathBuf,
+        config: EngineConfig,
+    ) -> Result<Self> {
+        Self::builder(path).name(name).config(config).build().await
+    }
+
+    /// Starts the engine a builder describes.
+    pub(crate) async fn start(
         name: String,
         path: std::path::PathBuf,
         config: EngineConfig,
@@ -120,15 +134,15 @@ impl Engine {
         config.speculative = config.speculative.map(|s| s.normalized()).transpose()?;
         // The layout is checked against the model's shape before any weight is read.
         let config_path = path.clone();
-        let mc = tokio::task::spawn_blocking(move || ModelFiles::read_config(&config_path))
+        let mc = blocking(move || ModelFiles::read_config(&config_path))
             .await?
-            .map_err(|e| anyhow!("{e}"))?;
+            .map_err(|e| Error::ModelLoading(e.to_string()))?;
         let attention = attention_kind(&mc);
         config.parallel.validate(attention, config.block_size)?;
         let draft = crate::speculation::open_draft_model(&config, &mc).await?;
-        let files = tokio::task::spawn_blocking(move || ModelFiles::open(&path))
+        let files = blocking(move || ModelFiles::open(&path))
             .await?
-            .map_err(|e| anyhow!("{e}"))?;
+            .map_err(|e| Error::ModelLoading(e.to_string()))?;
         let files = Arc::new(files);
         let speculates = config.speculative.is_some();
         let args = SupervisorArgs {
@@ -140,8 +154,9 @@ impl Engine {
         };
         let (supervisor, _) = ractor::Actor::spawn(None, ModelSupervisor, args)
             .await
-            .map_err(|e| anyhow!("{}", spawn_error_text(e)))?;
-        let info = ractor::call!(supervisor, SupervisorMsg::Info).context("model supervisor")?;
+            .map_err(|e| Error::ModelLoading(spawn_error_text(e)))?;
+        let info = ractor::call!(supervisor, SupervisorMsg::Info)
+            .map_err(|e| Error::EngineStopped(format!("model supervisor: {e}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 name,
@@ -158,7 +173,7 @@ impl Engine {
     /// entry named `name`, or the first), with that entry's layout and limits.
     ///
     /// ```no_run
-    /// # async fn demo() -> anyhow::Result<()> {
+    /// # async fn demo() -> dcpserve::Result<()> {
     /// let engine = dcpserve::Engine::from_config_file("examples/multi-model.toml", Some("smollm2")).await?;
     /// # Ok(()) }
     /// ```
@@ -166,12 +181,17 @@ impl Engine {
         path: impl AsRef<std::path::Path>,
         name: Option<&str>,
     ) -> Result<Self> {
-        let cfg = dcpserve_api::config::ServeConfig::load(path.as_ref())?;
+        let cfg = dcpserve_config::ServeConfig::load(path.as_ref())?;
         let entry = match name {
             None => cfg.models.first(),
             Some(n) => cfg.models.iter().find(|m| m.name.as_deref() == Some(n)),
         }
-        .ok_or_else(|| anyhow!("The model `{}` does not exist.", name.unwrap_or_default()))?;
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "The model `{}` does not exist.",
+                name.unwrap_or_default()
+            ))
+        })?;
         let model_path = entry.path.clone().unwrap_or_else(crate::default_model_path);
         let served = entry.name.clone().unwrap_or_else(|| {
             model_path
@@ -222,8 +242,9 @@ impl Engine {
             .files
             .chat_template
             .as_ref()
-            .ok_or_else(|| anyhow!("This model has no chat template."))?;
-        t.render(messages, true).map_err(|e| anyhow!("{e}"))
+            .ok_or_else(|| Error::InvalidRequest("This model has no chat template.".into()))?;
+        t.render(messages, true)
+            .map_err(|e| Error::InvalidRequest(e.to_string()))
     }
 
     /// Token ids of a prompt.
@@ -231,11 +252,13 @@ impl Engine {
         let tok = self.tokenizer();
         match prompt {
             Prompt::Tokens(t) => Ok(t.clone()),
-            Prompt::Text(s) => tok.encode(s, true).map_err(|e| anyhow!("{e}")),
+            Prompt::Text(s) => tok
+                .encode(s, true)
+                .map_err(|e| Error::InvalidRequest(e.to_string())),
             // The template already writes the special tokens it wants.
             Prompt::Chat(m) => tok
                 .encode(&self.render_chat(m)?, false)
-                .map_err(|e| anyhow!("{e}")),
+                .map_err(|e| Error::InvalidRequest(e.to_string())),
         }
     }
 
@@ -245,19 +268,28 @@ impl Engine {
         self.generate_ids(ids, params)
     }
 
-    /// Starts a generation from token ids.
+    /// Starts a generation from token ids, checking them first.
     pub fn generate_ids(
         &self,
         prompt_ids: Vec<u32>,
         params: GenerationParams,
     ) -> Result<GenerationStream> {
-        if prompt_ids.is_empty() {
-            bail!("The prompt is empty.");
-        }
-        let vocab = self.inner.files.config.vocab_size as u32;
-        if let Some(bad) = prompt_ids.iter().find(|&&t| t >= vocab) {
-            bail!("Token id {bad} is out of vocabulary (size {vocab}).");
-        }
+        let prompt = self.validate_prompt(prompt_ids)?;
+        self.generate_valid(ValidRequest::new(prompt, params))
+    }
+
+    /// Checks prompt token ids against this engine's model (not empty, in vocabulary).
+    pub fn validate_prompt(&self, prompt_ids: Vec<u32>) -> Result<ValidPrompt> {
+        Ok(ValidPrompt::new(
+            prompt_ids,
+            self.inner.files.config.vocab_size,
+        )?)
+    }
+
+    /// Starts a generation of a request checked at the edge (the HTTP layer, or
+    /// [`Engine::validate_prompt`]); its prompt is not checked again.
+    pub fn generate_valid(&self, request: ValidRequest) -> Result<GenerationStream> {
+        let (prompt_ids, params) = request.into_parts();
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         self.inner
@@ -271,7 +303,9 @@ impl Engine {
                 },
                 events: tx,
             })
-            .map_err(|_| anyhow!("The model `{}` is not running.", self.inner.name))?;
+            .map_err(|_| {
+                Error::EngineStopped(format!("The model `{}` is not running.", self.inner.name))
+            })?;
         Ok(GenerationStream {
             id,
             rx,
@@ -308,44 +342,52 @@ impl Engine {
                 }
             }
         }
-        bail!("The generation ended without finishing.")
+        Err(Error::EngineStopped(
+            "The generation ended without finishing.".into(),
+        ))
     }
 
     /// Scheduler counters (running, waiting, free blocks, preemptions).
     pub async fn stats(&self) -> Result<dcpserve_actors::SchedulerStats> {
-        Ok(ractor::call!(
-            self.inner.info.scheduler,
-            SchedulerMsg::Stats
-        )?)
+        ractor::call!(self.inner.info.scheduler, SchedulerMsg::Stats).map_err(stopped)
     }
 
     /// Seconds each rank of the current group has spent inside collectives (waiting
     /// for its peers included) since the group started.
     pub async fn seconds_in_collectives(&self) -> Result<Vec<f64>> {
-        Ok(ractor::call!(
-            self.inner.supervisor,
-            SupervisorMsg::SecondsInCollectives
-        )?)
+        ractor::call!(self.inner.supervisor, SupervisorMsg::SecondsInCollectives).map_err(stopped)
     }
 
     /// Diagnostic: what each rank's KV cache has stored since the rank group started, in
     /// rank order (token rows written per layer — latent caches only — and bytes per
     /// token). Under DCP each rank of a group holds only its share of every sequence.
     pub async fn kv_storage_per_rank(&self) -> Result<Vec<dcpserve_model::arch::KvStorage>> {
-        Ok(ractor::call!(
-            self.inner.supervisor,
-            SupervisorMsg::KvStorage
-        )?)
+        ractor::call!(self.inner.supervisor, SupervisorMsg::KvStorage).map_err(stopped)
     }
 
     /// Test hook: makes rank `n` fail on its next step (the supervisor restarts the group).
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn inject_rank_fault(&self, n: usize) -> Result<()> {
         self.inner
             .supervisor
-            .send_message(SupervisorMsg::InjectFault(n))?;
-        Ok(())
+            .send_message(SupervisorMsg::InjectFault(n))
+            .map_err(stopped)
     }
+}
+
+/// A call to an actor that is gone.
+fn stopped(e: impl std::fmt::Display) -> Error {
+    Error::EngineStopped(e.to_string())
+}
+
+/// Runs blocking file work off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("a loading task failed: {e}")))
 }
 
 fn spawn_error_text(e: ractor::SpawnErr) -> String {
@@ -383,8 +425,8 @@ impl Stream for GenerationStream {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => {
                 self.done = true;
-                Poll::Ready(Some(Err(anyhow!(
-                    "The model stopped before finishing this request."
+                Poll::Ready(Some(Err(Error::EngineStopped(
+                    "The model stopped before finishing this request.".into(),
                 ))))
             }
             Poll::Ready(Some(ev)) => Poll::Ready(Some(match ev {
@@ -410,7 +452,7 @@ impl Stream for GenerationStream {
                 }
                 RequestEvent::Error(e) => {
                     self.done = true;
-                    Err(anyhow!(e))
+                    Err(Error::from_scheduler(e))
                 }
             })),
         }
@@ -421,21 +463,6 @@ impl Drop for GenerationStream {
     fn drop(&mut self) {
         if !self.done {
             let _ = self.scheduler.send_message(SchedulerMsg::Abort(self.id));
-        }
-    }
-}
-
-/// The attention shape that decides which layouts a model allows.
-pub fn attention_kind(mc: &dcpserve_model::ModelConfig) -> AttentionKind {
-    // MLA's one latent "head" is shared by all query heads: only tp % dcp matters.
-    if mc.mla.is_some() {
-        AttentionKind::Mla {
-            num_attention_heads: mc.num_attention_heads,
-        }
-    } else {
-        AttentionKind::Gqa {
-            num_attention_heads: mc.num_attention_heads,
-            num_key_value_heads: mc.num_key_value_heads,
         }
     }
 }

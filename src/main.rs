@@ -1,5 +1,7 @@
 //! The `dcpserve` command line.
 
+mod bench;
+
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -28,9 +30,9 @@ enum Command {
     /// Serve models over an OpenAI-compatible HTTP API.
     Serve(dcpserve::serve::ServeArgs),
     /// Benchmark an OpenAI-compatible server (ours or a peer's), as `vllm bench serve` does.
-    Bench(dcpserve::bench_client::BenchServeArgs),
+    Bench(dcpserve_tools::bench_client::BenchServeArgs),
     /// Plan capacity: every valid (tp, dcp) layout of a model on given hardware.
-    Plan(dcpserve::planner::PlanArgs),
+    Plan(dcpserve_tools::planner::PlanArgs),
     /// Decode context parallelism in miniature: long-context step time and capacity, dcp=1 vs dcp=tp.
     #[command(name = "bench-dcp")]
     BenchDcp(BenchDcpArgs),
@@ -79,7 +81,7 @@ struct BenchDcpArgs {
     link_gbps: f64,
     /// Measurements to run (all by default).
     #[arg(long = "section", value_enum)]
-    sections: Vec<dcpserve::dcp_bench::DcpBenchSection>,
+    sections: Vec<bench::dcp_bench::DcpBenchSection>,
 }
 
 #[derive(Args)]
@@ -245,10 +247,10 @@ fn main() -> Result<()> {
         match cli.command {
             Command::Generate(a) => generate(a).await,
             Command::Serve(a) => dcpserve::serve::run(a).await,
-            Command::Bench(a) => dcpserve::bench_client::run(a).await,
-            Command::Plan(a) => dcpserve::planner::run(a),
+            Command::Bench(a) => dcpserve_tools::bench_client::run(a).await,
+            Command::Plan(a) => dcpserve_tools::planner::run(a),
             Command::BenchDcp(a) => {
-                let spec = dcpserve::dcp_bench::DcpBenchSpec {
+                let spec = bench::dcp_bench::DcpBenchSpec {
                     tp: a.tp,
                     query_heads: a.query_heads,
                     context: a.context,
@@ -263,13 +265,13 @@ fn main() -> Result<()> {
                         gigabytes_per_second: a.link_gbps,
                     },
                     sections: if a.sections.is_empty() {
-                        use dcpserve::dcp_bench::DcpBenchSection::*;
+                        use bench::dcp_bench::DcpBenchSection::*;
                         vec![Step, Capacity, Overlap, Merge]
                     } else {
                         a.sections
                     },
                 };
-                print!("{}", dcpserve::dcp_bench::run(&spec).await?);
+                print!("{}", bench::dcp_bench::run(&spec).await?);
                 Ok(())
             }
             Command::BenchSpec(a) => {
@@ -281,20 +283,20 @@ fn main() -> Result<()> {
                     )?,
                 };
                 let table =
-                    dcpserve::spec_bench::run(&path, cfg, spec, a.max_tokens, a.repeats).await?;
+                    bench::spec_bench::run(&path, cfg, spec, a.max_tokens, a.repeats).await?;
                 print!("{table}");
                 Ok(())
             }
             Command::BenchEngine(a) => {
                 let (path, cfg) = a.engine.config()?;
                 let engine = Engine::from_path(path, cfg).await?;
-                let spec = dcpserve::engine_bench::BenchSpec {
+                let spec = bench::engine_bench::BenchSpec {
                     prompt_tokens: a.prompt_tokens,
                     decode_tokens: a.decode_tokens,
                     batch: a.batch,
                     repeats: a.repeats.max(1),
                 };
-                println!("{}", dcpserve::engine_bench::run(&engine, &spec).await?);
+                println!("{}", bench::engine_bench::run(&engine, &spec).await?);
                 Ok(())
             }
         }

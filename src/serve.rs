@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use clap::Args;
-use dcpserve_actors::GenerationParams;
+use dcpserve_actors::ValidRequest;
 use dcpserve_api::backend::SpeculationCounters;
 use dcpserve_api::{
-    config, AppState, BackendEvent, BackendStats, EventStream, ModelBackend, ModelEntry,
-    ModelRouter, ModelSlot, SamplingDefaults, ServeConfig,
+    AppState, BackendEvent, BackendStats, EventStream, ModelBackend, ModelRouter, ModelSlot,
 };
+use dcpserve_config::serve_file::{self as config, ModelEntry, SamplingDefaults, ServeConfig};
 use dcpserve_model::ChatMessage;
 use futures::future::BoxFuture;
 use futures::StreamExt;
@@ -234,14 +234,10 @@ impl ModelBackend for EngineBackend {
         self.engine.render_chat(messages).map_err(|e| e.to_string())
     }
 
-    fn generate(
-        &self,
-        prompt_ids: Vec<u32>,
-        params: GenerationParams,
-    ) -> Result<EventStream, String> {
+    fn generate(&self, request: ValidRequest) -> Result<EventStream, String> {
         let stream = self
             .engine
-            .generate_ids(prompt_ids, params)
+            .generate_valid(request)
             .map_err(|e| e.to_string())?;
         Ok(stream
             .map(|ev| match ev {

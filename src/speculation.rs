@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Result};
+use dcpserve_actors::attention_kind;
 use dcpserve_config::{EngineConfig, ParallelConfig, SpeculativeMethod};
 use dcpserve_model::{ModelConfig, ModelFiles};
 
-use crate::engine::attention_kind;
+use crate::engine::blocking;
+use crate::error::{Error, Result};
 
 /// The draft model's files when the config asks for `draft_model`; `None` otherwise.
 /// Refuses methods and draft models that cannot work with this target.
@@ -27,15 +28,15 @@ pub(crate) async fn open_draft_model(
                 .clone()
                 .expect("normalized draft_model has a model");
             let p = path.clone();
-            let draft = tokio::task::spawn_blocking(move || ModelFiles::read_config(&p))
+            let draft = blocking(move || ModelFiles::read_config(&p))
                 .await?
-                .map_err(|e| anyhow!("draft model: {e}"))?;
+                .map_err(|e| Error::ModelLoading(format!("draft model: {e}")))?;
             if draft.vocab_size != target.vocab_size {
-                bail!(
+                return Err(Error::Config(format!(
                     "The draft model's vocabulary ({} tokens) differs from the target model's ({} tokens): draft_model needs the same tokenizer.",
                     draft.vocab_size,
                     target.vocab_size
-                );
+                )));
             }
             let parallel = ParallelConfig {
                 tensor_parallel_size: spec.draft_tensor_parallel_size.unwrap_or(1),
@@ -44,10 +45,10 @@ pub(crate) async fn open_draft_model(
             };
             parallel
                 .validate(attention_kind(&draft), config.block_size)
-                .map_err(|e| anyhow!("draft model: {e}"))?;
-            let files = tokio::task::spawn_blocking(move || ModelFiles::open(&path))
+                .map_err(|e| Error::Config(format!("draft model: {e}")))?;
+            let files = blocking(move || ModelFiles::open(&path))
                 .await?
-                .map_err(|e| anyhow!("draft model: {e}"))?;
+                .map_err(|e| Error::ModelLoading(format!("draft model: {e}")))?;
             Ok(Some(Arc::new(files)))
         }
     }

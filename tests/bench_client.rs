@@ -8,7 +8,7 @@ use std::path::Path;
 
 use api_util::*;
 use clap::Parser;
-use dcpserve::bench_client::{report, BenchServeArgs};
+use dcpserve_tools::bench_client::{report, BenchServeArgs};
 
 #[derive(Parser)]
 struct Cli {
@@ -57,7 +57,7 @@ async fn random_and_agentic_runs_against_our_server() {
         "--random-output-len",
         "9",
     ];
-    dcpserve::bench_client::run(args(&base, &dir, &random))
+    dcpserve_tools::bench_client::run(args(&base, &dir, &random))
         .await
         .unwrap();
     let agentic = [
@@ -78,7 +78,7 @@ async fn random_and_agentic_runs_against_our_server() {
         "--random-output-len",
         "3",
     ];
-    dcpserve::bench_client::run(args(&base, &dir, &agentic))
+    dcpserve_tools::bench_client::run(args(&base, &dir, &agentic))
         .await
         .unwrap();
 
@@ -147,7 +147,7 @@ async fn refused_requests_are_counted_as_errors() {
             "--no-plots",
         ],
     );
-    dcpserve::bench_client::run(a).await.unwrap();
+    dcpserve_tools::bench_client::run(a).await.unwrap();
     let runs = report::load_runs(&dir).unwrap();
     let p = &runs[0].points[0];
     assert_eq!((p.summary.completed, p.error_count), (0, 3));

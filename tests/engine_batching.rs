@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use dcpserve::{Engine, EngineConfig, Prompt};
+use dcpserve::{DType, Engine, EngineConfig, ParallelConfig, Prompt};
 use futures::StreamExt;
 
 fn prompts() -> Vec<Vec<u32>> {
@@ -123,16 +123,19 @@ async fn impossible_requests_are_rejected_clearly() {
         err.to_string().contains("maximum model length of 32"),
         "{err}"
     );
+    assert!(matches!(err, dcpserve::Error::InvalidRequest(_)), "{err:?}");
     let err = engine
         .complete(Prompt::Tokens(vec![]), greedy(4))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("empty"), "{err}");
+    assert!(matches!(err, dcpserve::Error::InvalidRequest(_)), "{err:?}");
     let err = engine
         .complete(Prompt::Tokens(vec![1_000_000]), greedy(4))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("out of vocabulary"), "{err}");
+    assert!(matches!(err, dcpserve::Error::InvalidRequest(_)), "{err:?}");
     // The engine still serves after the rejections; output stops at max_model_len.
     let out = engine
         .complete(Prompt::Tokens(vec![5, 6, 7]), greedy(100))
@@ -230,4 +233,53 @@ async fn an_engine_from_a_config_file_entry() {
         .unwrap();
     assert_eq!(err.to_string(), "The model `zzz` does not exist.");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The builder's settings reach the engine: its name, its layout and its limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builder_starts_the_engine_it_describes() {
+    let dcp2 = ParallelConfig {
+        tensor_parallel_size: 4,
+        decode_context_parallel_size: 2,
+        cp_kv_cache_interleave_size: 1,
+    };
+    let kv_bytes = f32_config().kv_cache_memory_bytes.unwrap();
+    let engine = Engine::builder(fixture("tiny-llama"))
+        .name("tiny")
+        .dtype(DType::Float32)
+        .parallel(dcp2)
+        .kv_cache_memory_bytes(kv_bytes)
+        .max_model_len(48)
+        .threads(2)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(engine.name(), "tiny");
+    assert_eq!(engine.max_model_len(), 48);
+    let (per_rank, total) = engine.kv_capacity();
+    assert_eq!(total, 2 * per_rank, "dcp=2 shards the cache over two ranks");
+    // Unnamed, the engine takes the model folder's name.
+    let unnamed = Engine::builder(fixture("tiny-llama"))
+        .config(f32_config())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(unnamed.name(), "tiny-llama");
+    // An impossible layout is a configuration error, before any weight is read.
+    let err = Engine::builder(fixture("tiny-llama"))
+        .config(f32_config())
+        .parallel(ParallelConfig {
+            tensor_parallel_size: 3,
+            decode_context_parallel_size: 2,
+            cp_kv_cache_interleave_size: 1,
+        })
+        .build()
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, dcpserve::Error::Config(_)), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "tp_size=3 must be divisible by dcp_size=2."
+    );
 }

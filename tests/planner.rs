@@ -4,11 +4,11 @@
 mod common;
 
 use common::*;
-use dcpserve::planner::{
+use dcpserve::{Engine, EngineConfig, ParallelConfig, Prompt};
+use dcpserve_tools::planner::{
     load_model_config, plan_layouts, Hardware, HardwareOverrides, HardwarePreset, KvDtype,
     LayoutEstimate, PlanOptions, WeightDtype, Workload,
 };
-use dcpserve::{Engine, EngineConfig, ParallelConfig, Prompt};
 
 fn layout(tp: usize, dcp: usize) -> ParallelConfig {
     ParallelConfig {

@@ -14,6 +14,7 @@
 //! # Ok(()) }
 //! ```
 
+mod attention;
 pub mod block_manager;
 pub mod collective;
 pub mod kv_manager_actor;
@@ -24,7 +25,9 @@ pub mod request;
 pub mod scheduler;
 pub mod speculative;
 pub mod supervisor;
+mod valid_request;
 
+pub use attention::attention_kind;
 pub use block_manager::KvBlockManager;
 pub use placement::Placement;
 pub use request::{FinishReason, GenerationParams, GenerationRequest, RequestEvent, TokenOutput};
@@ -33,3 +36,4 @@ pub use scheduler::{
     SpeculationLimits,
 };
 pub use supervisor::{ModelInfo, ModelSupervisor, SupervisorArgs, SupervisorMsg};
+pub use valid_request::{PromptError, ValidPrompt, ValidRequest};

@@ -32,6 +32,7 @@ pub enum RankMsg {
     /// The compute thread died; the actor fails so its supervisor restarts the group.
     ComputeFailed(String),
     /// Test hook: make the compute thread panic on its next step.
+    #[cfg(feature = "test-hooks")]
     InjectFault,
     /// Diagnostic: what this rank's KV cache has stored, answered after the steps already
     /// queued have run (those of the first micro-batch, when there are two).
@@ -105,6 +106,7 @@ pub struct RankState {
 enum Job {
     Step(SharedPlan),
     Mtp(Arc<MtpPlan>, Option<MtpReply>),
+    #[cfg(feature = "test-hooks")]
     Fault,
     Storage(RpcReplyPort<KvStorage>),
 }
@@ -152,6 +154,7 @@ impl Actor for RankActor {
             RankMsg::Mtp(plan, reply) => jobs
                 .send(Job::Mtp(plan, reply))
                 .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
+            #[cfg(feature = "test-hooks")]
             RankMsg::InjectFault => jobs
                 .send(Job::Fault)
                 .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
@@ -297,6 +300,7 @@ impl RankCompute<'_> {
                     fail(args, self.myself, error);
                     return;
                 }
+                #[cfg(feature = "test-hooks")]
                 Job::Fault => {
                     let err = "injected fault".to_string();
                     fail(args, self.myself, err);

@@ -49,6 +49,7 @@ pub enum SupervisorMsg {
     /// Seconds each rank of the current group has spent in collectives.
     SecondsInCollectives(RpcReplyPort<Vec<f64>>),
     /// Test hook: make rank `n` fail on its next step.
+    #[cfg(feature = "test-hooks")]
     InjectFault(usize),
     /// Diagnostic: what each rank's KV cache has stored, in rank order.
     KvStorage(RpcReplyPort<Vec<KvStorage>>),
@@ -326,6 +327,7 @@ impl Actor for ModelSupervisor {
                 };
                 let _ = port.send(secs);
             }
+            #[cfg(feature = "test-hooks")]
             SupervisorMsg::InjectFault(n) => {
                 if let Some(r) = state.ranks.get(n) {
                     r.send_message(RankMsg::InjectFault)?;

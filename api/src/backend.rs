@@ -4,7 +4,7 @@
 
 use std::pin::Pin;
 
-use dcpserve_actors::{FinishReason, GenerationParams, TokenOutput};
+use dcpserve_actors::{FinishReason, TokenOutput, ValidRequest};
 use dcpserve_model::ChatMessage;
 use futures::future::BoxFuture;
 use futures::Stream;
@@ -72,12 +72,8 @@ pub trait ModelBackend: Send + Sync + 'static {
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, String>;
     /// Renders a conversation with the model's chat template and a generation prompt.
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String>;
-    /// Starts a generation from token ids (already validated by the caller).
-    fn generate(
-        &self,
-        prompt_ids: Vec<u32>,
-        params: GenerationParams,
-    ) -> Result<EventStream, String>;
+    /// Starts a generation of a request validated by the HTTP layer.
+    fn generate(&self, request: ValidRequest) -> Result<EventStream, String>;
     /// Current counters, or `None` when the model cannot answer.
     fn stats(&self) -> BoxFuture<'static, Option<BackendStats>>;
 }

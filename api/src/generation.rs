@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use dcpserve_actors::{FinishReason, GenerationParams, TokenOutput};
+use dcpserve_actors::{FinishReason, TokenOutput, ValidRequest};
 use futures::stream::{BoxStream, StreamExt};
 
 use crate::backend::{BackendEvent, EventStream};
@@ -20,8 +20,8 @@ pub struct ChoiceSpec {
     /// Which prompt of the request this choice continues: the choices of one prompt are
     /// accounted (prompt tokens, finished requests) as one request.
     pub prompt: usize,
-    pub prompt_ids: Vec<u32>,
-    pub params: GenerationParams,
+    /// The prompt (checked against the model) and this choice's settings.
+    pub request: ValidRequest,
 }
 
 /// How a choice ended.
@@ -60,7 +60,7 @@ pub fn start(
     let mut runners = Vec::with_capacity(specs.len());
     let mut requests: Vec<(usize, Arc<RequestTimer>)> = Vec::new();
     for spec in specs {
-        let prompt_len = spec.prompt_ids.len();
+        let prompt_len = spec.request.prompt().len();
         let request = match requests.iter().find(|(p, _)| *p == spec.prompt) {
             Some((_, r)) => r.clone(),
             None => {
@@ -71,7 +71,7 @@ pub fn start(
         };
         let inner = slot
             .backend
-            .generate(spec.prompt_ids, spec.params)
+            .generate(spec.request)
             .map_err(ApiError::internal)?;
         runners.push(Runner {
             index: spec.index,

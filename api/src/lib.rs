@@ -26,7 +26,6 @@
 //! ```
 
 pub mod backend;
-pub mod config;
 pub mod errors;
 pub mod generation;
 pub mod http;
@@ -38,7 +37,8 @@ pub mod types;
 pub mod validation;
 
 pub use backend::{BackendEvent, BackendStats, EventStream, ModelBackend};
-pub use config::{ModelEntry, SamplingDefaults, ServeConfig, ServerSection};
+// The config file's types live in dcpserve-config; the router's API uses them.
+pub use dcpserve_config::{ModelEntry, SamplingDefaults, ServeConfig, ServerSection};
 pub use errors::ApiError;
 pub use http::{routes as filter, serve, AppState};
 pub use router::{ModelRouter, ModelSlot};

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::backend::ModelBackend;
-use crate::config::SamplingDefaults;
 use crate::errors::ApiError;
+use dcpserve_config::SamplingDefaults;
 
 /// One served model.
 pub struct ModelSlot {

@@ -1,12 +1,14 @@
 //! Checks a request's fields and turns them into engine parameters, answering 400 with
-//! vLLM's wording (where vLLM has one) for anything out of range.
+//! vLLM's wording (where vLLM has one) for anything out of range. Prompts come out as
+//! [`ValidPrompt`]s, and each choice is handed to the backend as a [`ValidRequest`]
+//! (see [`crate::generation::ChoiceSpec`]): the engine does not check them again.
 
-use dcpserve_actors::GenerationParams;
+use dcpserve_actors::{GenerationParams, ValidPrompt};
+use dcpserve_config::SamplingDefaults;
 use dcpserve_model::ChatMessage;
 use serde_json::Value;
 
 use crate::backend::ModelBackend;
-use crate::config::SamplingDefaults;
 use crate::errors::ApiError;
 use crate::types::SamplingFields;
 
@@ -271,19 +273,10 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     Ok(out)
 }
 
-/// Checks token ids against the vocabulary.
-pub fn check_prompt_ids(ids: &[u32], backend: &dyn ModelBackend) -> Result<(), ApiError> {
-    if ids.is_empty() {
-        return Err(ApiError::invalid_param("prompt", "The prompt is empty."));
-    }
-    let vocab = backend.vocab_size();
-    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::invalid_param(
-            "prompt",
-            format!("Token id {bad} is out of vocabulary (size {vocab})."),
-        ));
-    }
-    Ok(())
+/// Checks token ids against the vocabulary (not empty, every id below its size).
+pub fn valid_prompt(ids: Vec<u32>, backend: &dyn ModelBackend) -> Result<ValidPrompt, ApiError> {
+    ValidPrompt::new(ids, backend.vocab_size())
+        .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))
 }
 
 /// The number of tokens to generate for a prompt of `prompt_len` tokens: the request's

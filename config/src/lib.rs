@@ -1,4 +1,5 @@
-//! Configuration of dcpserve: parallel layout, engine limits, and their validation.
+//! Configuration of dcpserve: parallel layout, engine limits, the multi-model TOML file of
+//! `dcpserve serve --config` ([`serve_file`]), and their validation.
 //!
 //! Validation happens when a config is built, before any weight is read, and uses
 //! vLLM's wording so its users recognise the messages.
@@ -11,10 +12,35 @@
 
 mod engine;
 mod parallel;
+pub mod serve_file;
 mod speculative;
 
 /// How a DCP group exchanges attention partials (an [`EngineConfig`] setting).
 pub use dcpserve_kernels::dcp::MergeExchange;
 pub use engine::{DType, EngineConfig, ModeledLinkConfig};
 pub use parallel::{AttentionKind, ConfigError, ParallelConfig, RankLayout};
+pub use serve_file::{ModelEntry, SamplingDefaults, ServeConfig, ServerSection};
 pub use speculative::{SpeculativeConfig, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
+
+/// File name of the default model (SmolLM2-135M-Instruct, GGUF Q4_1).
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Where the default model is looked for: `$DCPSERVE_MODELS_DIR`, else `./models`, else
+/// the `models/` folder of this source tree (`scripts/fetch-default-model.sh` puts it there).
+pub fn default_model_path() -> std::path::PathBuf {
+    use std::path::Path;
+    if let Ok(dir) = std::env::var("DCPSERVE_MODELS_DIR") {
+        return Path::new(&dir).join(DEFAULT_MODEL_FILE);
+    }
+    let local = Path::new("models").join(DEFAULT_MODEL_FILE);
+    if local.exists() {
+        return local;
+    }
+    // This crate sits one folder below the workspace root.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .unwrap_or(manifest)
+        .join("models")
+        .join(DEFAULT_MODEL_FILE)
+}

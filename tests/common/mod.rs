@@ -105,6 +105,7 @@ pub async fn fail_rank_during_generation(
         .expect("the in-flight request must not hang")
     {
         if let Err(e) = ev {
+            assert!(matches!(e, dcpserve::Error::RankFailure(_)), "{e:?}");
             return e.to_string();
         }
     }

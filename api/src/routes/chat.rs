@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use dcpserve_actors::TokenOutput;
+use dcpserve_actors::{TokenOutput, ValidRequest};
 use warp::reply::Response;
 
 use super::{finite, parse_body, token_text};
@@ -44,10 +44,10 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     let ids = backend
         .encode(&text, false)
         .map_err(ApiError::bad_request)?;
-    validation::check_prompt_ids(&ids, backend)?;
+    let prompt = validation::valid_prompt(ids, backend)?;
     let max_tokens = validation::resolve_max_tokens(
         req.max_completion_tokens.or(req.max_tokens),
-        ids.len(),
+        prompt.len(),
         backend,
         &slot.defaults,
         common.params.min_tokens,
@@ -55,7 +55,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
 
     let n = common.n;
     let permit = slot.admit(n)?;
-    let prompt_tokens = ids.len();
+    let prompt_tokens = prompt.len();
     let specs = (0..n)
         .map(|i| {
             let mut params = common.params.clone();
@@ -65,8 +65,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
             ChoiceSpec {
                 index: i,
                 prompt: 0,
-                prompt_ids: ids.clone(),
-                params,
+                request: ValidRequest::new(prompt.clone(), params),
             }
         })
         .collect();

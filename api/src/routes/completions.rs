@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use dcpserve_actors::TokenOutput;
+use dcpserve_actors::{TokenOutput, ValidRequest};
 use serde_json::{Map, Value};
 use warp::reply::Response;
 
@@ -35,39 +35,40 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     // Tokenize and size every prompt before admitting anything.
     let mut prompts = Vec::new();
     for p in validation::parse_prompt(req.prompt.as_ref())? {
-        let (ids, text) = match p {
+        let (prompt, text) = match p {
             PromptInput::Text(s) => {
                 if s.is_empty() {
                     return Err(ApiError::invalid_param("prompt", "The prompt is empty."));
                 }
                 let ids = backend.encode(&s, true).map_err(ApiError::bad_request)?;
-                (ids, s)
+                (validation::valid_prompt(ids, backend)?, s)
             }
             PromptInput::Tokens(ids) => {
-                validation::check_prompt_ids(&ids, backend)?;
+                let prompt = validation::valid_prompt(ids, backend)?;
                 let text = if echo {
-                    backend.decode(&ids, false).map_err(ApiError::bad_request)?
+                    backend
+                        .decode(prompt.ids(), false)
+                        .map_err(ApiError::bad_request)?
                 } else {
                     String::new()
                 };
-                (ids, text)
+                (prompt, text)
             }
         };
-        validation::check_prompt_ids(&ids, backend)?;
         let max_tokens = validation::resolve_max_tokens(
             req.max_tokens,
-            ids.len(),
+            prompt.len(),
             backend,
             &slot.defaults,
             common.params.min_tokens,
         )?;
-        prompts.push((ids, text, max_tokens));
+        prompts.push((prompt, text, max_tokens));
     }
 
     let n = common.n;
     let permit = slot.admit(n * prompts.len())?;
     let mut specs = Vec::new();
-    for (p, (ids, _, max_tokens)) in prompts.iter().enumerate() {
+    for (p, (prompt, _, max_tokens)) in prompts.iter().enumerate() {
         for i in 0..n {
             let mut params = common.params.clone();
             params.max_tokens = *max_tokens;
@@ -80,8 +81,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
             specs.push(ChoiceSpec {
                 index: p * n + i,
                 prompt: p,
-                prompt_ids: ids.clone(),
-                params,
+                request: ValidRequest::new(prompt.clone(), params),
             });
         }
     }
@@ -97,7 +97,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         logprobs,
         prompts: prompts
             .into_iter()
-            .map(|(ids, text, _)| (ids, text))
+            .map(|(prompt, text, _)| (prompt.into_ids(), text))
             .collect(),
         started: vec![false; count],
         offsets: vec![0; count],

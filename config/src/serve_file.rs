@@ -26,7 +26,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dcpserve_config::{ConfigError, DType, EngineConfig, ParallelConfig, SpeculativeConfig};
+use crate::{ConfigError, DType, EngineConfig, ParallelConfig, SpeculativeConfig};
 use serde::Deserialize;
 
 /// Default port, as vLLM's.

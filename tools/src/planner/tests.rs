@@ -17,8 +17,9 @@ use super::table::thousands;
 use super::workload::{kv_fraction_used, max_concurrency, Workload};
 use super::{KvDtype, WeightDtype};
 
+/// The workspace root (this crate is one folder below it).
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
 fn fixture(name: &str) -> ModelConfig {
@@ -388,7 +389,7 @@ fn config_json_files_folders_and_gguf_headers_load() {
     let file = load_model_config(&root().join("fixtures/tiny-llama/config.json")).unwrap();
     let dir = load_model_config(&root().join("fixtures/tiny-llama")).unwrap();
     assert_eq!(file.hidden_size, dir.hidden_size);
-    let gguf = crate::default_model_path();
+    let gguf = dcpserve_config::default_model_path();
     if gguf.exists() {
         let c = load_model_config(&gguf).unwrap();
         assert_eq!((c.num_hidden_layers, c.num_key_value_heads), (30, 3));

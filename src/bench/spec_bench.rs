@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use futures::StreamExt;
 
-use crate::{ChatMessage, Engine, EngineConfig, GenerationEvent, GenerationParams, Prompt};
+use dcpserve::{ChatMessage, Engine, EngineConfig, GenerationEvent, GenerationParams, Prompt};
 
 /// A named prompt.
 pub struct Workload {
@@ -111,7 +111,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub async fn run(
     model: &std::path::Path,
     base: EngineConfig,
-    speculative: crate::SpeculativeConfig,
+    speculative: dcpserve::SpeculativeConfig,
     max_tokens: usize,
     repeats: usize,
 ) -> Result<String> {

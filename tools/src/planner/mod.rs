@@ -183,7 +183,10 @@ impl PlanArgs {
 
 /// Runs the planner and prints its table.
 pub fn run(args: PlanArgs) -> Result<()> {
-    let path = args.model.clone().unwrap_or_else(crate::default_model_path);
+    let path = args
+        .model
+        .clone()
+        .unwrap_or_else(dcpserve_config::default_model_path);
     let cfg = load_model_config(&path)?;
     let hw = args.hardware();
     if hw.ranks == 0 {

@@ -13,13 +13,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use futures::StreamExt;
 
-use crate::synthetic::{write_synthetic_llama, SyntheticSpec, SYNTHETIC_VOCAB};
-use dcpserve_config::MergeExchange;
-
-use crate::{
+use dcpserve::{
     DType, Engine, EngineConfig, GenerationEvent, GenerationParams, ModeledLinkConfig,
     ParallelConfig, Prompt,
 };
+use dcpserve_config::MergeExchange;
+use dcpserve_tools::synthetic::{write_synthetic_llama, SyntheticSpec, SYNTHETIC_VOCAB};
 
 /// Settings of one `bench-dcp` run.
 pub struct DcpBenchSpec {
@@ -127,7 +126,7 @@ async fn step_ms(engine: &Engine, context: usize, n: usize) -> Result<f64> {
 async fn max_running(engine: &Engine, context: usize, count: usize) -> Result<usize> {
     let streams: Vec<_> = (0..count)
         .map(|i| engine.generate(Prompt::Tokens(prompt(context, 10 + i)), params(16)))
-        .collect::<Result<_>>()?;
+        .collect::<Result<_, dcpserve::Error>>()?;
     let drain = tokio::spawn(async move {
         for mut s in streams {
             while let Some(ev) = s.next().await {
@@ -232,7 +231,7 @@ async fn overlap_report(
             let engine = Engine::from_path(dir, cfg).await?;
             let mut runs = Vec::new();
             for r in 0..3 {
-                let tok_s = crate::engine_bench::decode_once(
+                let tok_s = super::engine_bench::decode_once(
                     &engine,
                     spec.overlap_batch,
                     spec.overlap_context,
@@ -300,7 +299,7 @@ async fn merge_report(
         let mut runs = vec![Vec::new(); engines.len()];
         for r in 0..3 {
             for (engine, times) in engines.iter().zip(&mut runs) {
-                let tok_s = crate::engine_bench::decode_once(
+                let tok_s = super::engine_bench::decode_once(
                     engine,
                     spec.overlap_batch,
                     spec.overlap_context,

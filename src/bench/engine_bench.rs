@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use futures::StreamExt;
 
-use crate::{Engine, GenerationEvent, GenerationParams};
+use dcpserve::{Engine, GenerationEvent, GenerationParams};
 
 /// What one bench run measures.
 pub struct BenchSpec {

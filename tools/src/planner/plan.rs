@@ -126,9 +126,10 @@ pub fn estimate_layout(
 /// message.
 ///
 /// ```
-/// use dcpserve::planner::{plan_layouts, load_model_config, Hardware, HardwareOverrides,
+/// use dcpserve_tools::planner::{plan_layouts, load_model_config, Hardware, HardwareOverrides,
 ///     HardwarePreset, KvDtype, PlanOptions, WeightDtype, Workload};
-/// let cfg = load_model_config("fixtures/tiny-llama/config.json".as_ref()).unwrap();
+/// // Doc tests run in this crate's folder, one below the workspace root.
+/// let cfg = load_model_config("../fixtures/tiny-llama/config.json".as_ref()).unwrap();
 /// let hw = Hardware::new(HardwarePreset::Cpu, &HardwareOverrides {
 ///     ranks: Some(4),
 ///     kv_cache_memory_bytes: Some(1 << 20),

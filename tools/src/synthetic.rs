@@ -41,7 +41,10 @@ fn ones(n: usize) -> Vec<u8> {
 /// Writes config.json, model.safetensors (f32) and the tiny tokenizer into `dir`.
 pub fn write_synthetic_llama(dir: &Path, spec: &SyntheticSpec) -> Result<()> {
     std::fs::create_dir_all(dir)?;
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-llama");
+    let fixtures = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/tiny-llama"
+    ));
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(fixtures.join(f), dir.join(f)).with_context(|| format!("copy {f}"))?;
     }

@@ -1,0 +1,119 @@
+//! [`EngineBuilder`]: the settings of an embedded engine, gathered before it starts.
+
+use std::path::PathBuf;
+
+use dcpserve_config::{DType, EngineConfig, ParallelConfig, SpeculativeConfig};
+
+use crate::engine::Engine;
+use crate::error::Result;
+
+/// Settings of an [`Engine`] to start: the model, the name it is served under, and its
+/// [`EngineConfig`] (whole, or field by field). Made by [`Engine::builder`]; nothing is
+/// checked or read until [`EngineBuilder::build`].
+///
+/// ```no_run
+/// # async fn demo() -> dcpserve::Result<()> {
+/// use dcpserve::{DType, Engine, ParallelConfig, Prompt};
+/// let engine = Engine::builder("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+///     .name("smollm2")
+///     .parallel(ParallelConfig {
+///         tensor_parallel_size: 3,
+///         decode_context_parallel_size: 3,
+///         cp_kv_cache_interleave_size: 1,
+///     })
+///     .dtype(DType::Float32)
+///     .max_model_len(2048)
+///     .build()
+///     .await?;
+/// assert_eq!(engine.name(), "smollm2");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "an engine builder does nothing until `build` is awaited"]
+pub struct EngineBuilder {
+    path: PathBuf,
+    name: Option<String>,
+    config: EngineConfig,
+}
+
+impl EngineBuilder {
+    pub(crate) fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            name: None,
+            config: EngineConfig::default(),
+        }
+    }
+
+    /// The name the model is served under (default: its file or folder name without
+    /// extension).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// All engine settings at once, replacing those set so far.
+    pub fn config(mut self, config: EngineConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The (tp, dcp, interleave) layout of the ranks.
+    pub fn parallel(mut self, parallel: ParallelConfig) -> Self {
+        self.config.parallel = parallel;
+        self
+    }
+
+    /// Weight precision.
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.config.dtype = dtype;
+        self
+    }
+
+    /// Tokens per KV block (per rank).
+    pub fn block_size(mut self, tokens: usize) -> Self {
+        self.config.block_size = tokens;
+        self
+    }
+
+    /// KV-cache bytes per rank (default: derived from free memory).
+    pub fn kv_cache_memory_bytes(mut self, bytes: u64) -> Self {
+        self.config.kv_cache_memory_bytes = Some(bytes);
+        self
+    }
+
+    /// Longest prompt + output (default: the model's context length).
+    pub fn max_model_len(mut self, tokens: usize) -> Self {
+        self.config.max_model_len = Some(tokens);
+        self
+    }
+
+    /// Compute threads of this engine (default: all cores).
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.config.num_threads = Some(threads);
+        self
+    }
+
+    /// Speculative decoding, as vLLM's `--speculative-config`.
+    pub fn speculative(mut self, speculative: SpeculativeConfig) -> Self {
+        self.config.speculative = Some(speculative);
+        self
+    }
+
+    /// The engine settings as they stand.
+    pub fn engine_config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Checks the settings against the model (before any weight is read), loads it, and
+    /// brings the actors up.
+    pub async fn build(self) -> Result<Engine> {
+        let name = self.name.unwrap_or_else(|| {
+            self.path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into())
+        });
+        Engine::start(name, self.path, self.config).await
+    }
+}
