@@ -8,10 +8,14 @@
 //! - overlapped micro-batches, and the two ways of exchanging DCP partials (sections
 //!   `overlap` and `merge`).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use futures::StreamExt;
+
+use dcpserve_kernels::dcp::{DcpAttention, DcpShape};
+use dcpserve_kernels::{Communicator, InProcessComm, KernelError, LinkModel, ModeledLink};
 
 use dcpserve::{
     DType, Engine, EngineConfig, GenerationEvent, GenerationParams, ModeledLinkConfig,
@@ -324,5 +328,97 @@ async fn merge_report(
             step[1] / step[0]
         ));
     }
+    out.push_str(&exchange_report(spec));
     Ok(out)
+}
+
+/// The exchange alone, without the model around it: per layer, the query all-gather and
+/// the merge of `tp` rank threads whose attention is a no-op (medians of 3 runs of 2000
+/// layers, the two exchanges alternating).
+fn exchange_report(spec: &DcpBenchSpec) -> String {
+    let tp = spec.tp;
+    let heads = (spec.query_heads / tp).max(1);
+    let shape = DcpShape {
+        tokens: spec.overlap_batch,
+        heads,
+        q_dim: 64,
+        v_dim: 64,
+    };
+    let link = LinkModel {
+        latency: Duration::from_secs_f64(spec.link.latency_us * 1e-6),
+        bytes_per_second: spec.link.gigabytes_per_second * 1e9,
+    };
+    let mut out = format!(
+        "the exchange alone, per layer ({} tokens, {heads} heads of 64 per rank, tp=dcp={tp}):\n",
+        shape.tokens
+    );
+    for (name, modeled) in [("shared memory", None), ("modeled link", Some(link))] {
+        let iters = if modeled.is_some() { 200 } else { 2000 };
+        let mut runs = [Vec::new(), Vec::new()];
+        for _ in 0..3 {
+            for (i, exchange) in [
+                MergeExchange::AllGatherReduceScatter,
+                MergeExchange::AllToAll,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                runs[i].push(exchange_us(tp, exchange, modeled, shape, iters));
+            }
+        }
+        let med: Vec<f64> = runs
+            .iter_mut()
+            .map(|t| {
+                t.sort_by(f64::total_cmp);
+                t[1]
+            })
+            .collect();
+        out.push_str(&format!(
+            "{name:<34}{:>28}{:>20}{:>8.2}\n",
+            format!("{:.1} us", med[0]),
+            format!("{:.1} us", med[1]),
+            med[1] / med[0]
+        ));
+    }
+    out
+}
+
+/// Microseconds per layer of the DCP step with a no-op attention on `tp` rank threads.
+fn exchange_us(
+    tp: usize,
+    exchange: MergeExchange,
+    link: Option<LinkModel>,
+    shape: DcpShape,
+    iters: usize,
+) -> f64 {
+    let comms: Vec<Arc<dyn Communicator>> = InProcessComm::group(tp)
+        .into_iter()
+        .map(|c| {
+            let c: Arc<dyn Communicator> = Arc::new(c);
+            match link {
+                Some(l) => Arc::new(ModeledLink::new(c, l)) as Arc<dyn Communicator>,
+                None => c,
+            }
+        })
+        .collect();
+    let q = vec![0.5f32; shape.tokens * shape.heads * shape.q_dim];
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for c in &comms {
+            let q = &q;
+            s.spawn(move || {
+                let mut step = DcpAttention::new(exchange);
+                let mut out = vec![0.0f32; shape.tokens * shape.heads * shape.v_dim];
+                for i in 0..iters {
+                    step.run(c.as_ref(), q, shape, &mut out, |_, _, o, l| {
+                        o.fill(1.0);
+                        l.fill((i % 3) as f32);
+                        Ok::<(), KernelError>(())
+                    })
+                    .expect("in-process DCP step");
+                }
+            });
+        }
+    });
+    start.elapsed().as_secs_f64() * 1e6 / iters as f64
 }
