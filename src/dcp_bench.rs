@@ -13,8 +13,8 @@ use futures::StreamExt;
 
 use crate::synthetic::{write_synthetic_llama, SyntheticSpec, SYNTHETIC_VOCAB};
 use crate::{
-    DType, Engine, EngineConfig, GenerationEvent, GenerationParams, ModeledLinkConfig,
-    ParallelConfig, Prompt,
+    DType, Engine, EngineConfig, GenerationEvent, ModeledLinkConfig, ParallelConfig, Prompt,
+    SamplingParams,
 };
 
 /// Settings of one `bench-dcp` run.
@@ -66,13 +66,13 @@ fn prompt(n: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
-fn params(max_tokens: usize) -> GenerationParams {
-    let mut p = GenerationParams {
+fn params(max_tokens: usize) -> SamplingParams {
+    let mut p = SamplingParams {
         max_tokens,
         ignore_eos: true,
         ..Default::default()
     };
-    p.sampling.temperature = 0.0;
+    p.temperature = 0.0;
     p
 }
 

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use dcpserve_actors::{
-    FinishReason, GenerationParams, GenerationRequest, ModelInfo, ModelSupervisor, RequestEvent,
+    FinishReason, GenerationRequest, ModelInfo, ModelSupervisor, RequestEvent, SamplingParams,
     SchedulerMsg, SupervisorArgs, SupervisorMsg, TokenOutput,
 };
 use dcpserve_config::{AttentionKind, DType, EngineConfig};
@@ -56,11 +56,11 @@ pub struct Completion {
 /// ```no_run
 /// # async fn demo() -> anyhow::Result<()> {
 /// use dcpserve::{Engine, Prompt};
-/// use dcpserve_actors::GenerationParams;
+/// use dcpserve_actors::SamplingParams;
 /// let engine = Engine::from_path(dcpserve::default_model_path(), Default::default()).await?;
-/// let mut params = GenerationParams::default();
+/// let mut params = SamplingParams::default();
 /// params.max_tokens = 16;
-/// params.sampling.temperature = 0.0;
+/// params.temperature = 0.0;
 /// let done = engine.complete(Prompt::Text("The capital of France is".into()), params).await?;
 /// println!("{}", done.text);
 /// # Ok(()) }
@@ -240,7 +240,7 @@ impl Engine {
     }
 
     /// Starts a generation; dropping the stream aborts it and frees its KV blocks.
-    pub fn generate(&self, prompt: Prompt, params: GenerationParams) -> Result<GenerationStream> {
+    pub fn generate(&self, prompt: Prompt, params: SamplingParams) -> Result<GenerationStream> {
         let ids = self.encode_prompt(&prompt)?;
         self.generate_ids(ids, params)
     }
@@ -249,7 +249,7 @@ impl Engine {
     pub fn generate_ids(
         &self,
         prompt_ids: Vec<u32>,
-        params: GenerationParams,
+        params: SamplingParams,
     ) -> Result<GenerationStream> {
         if prompt_ids.is_empty() {
             bail!("The prompt is empty.");
@@ -283,7 +283,7 @@ impl Engine {
     }
 
     /// Generates to the end and returns the whole output.
-    pub async fn complete(&self, prompt: Prompt, params: GenerationParams) -> Result<Completion> {
+    pub async fn complete(&self, prompt: Prompt, params: SamplingParams) -> Result<Completion> {
         use futures::StreamExt;
         let mut stream = self.generate(prompt, params)?;
         let mut text = String::new();

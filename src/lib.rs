@@ -7,8 +7,8 @@
 //! # async fn demo() -> anyhow::Result<()> {
 //! use dcpserve::{Engine, Prompt};
 //! let engine = Engine::from_path(dcpserve::default_model_path(), Default::default()).await?;
-//! let mut params = dcpserve::GenerationParams::default();
-//! params.sampling.temperature = 0.0;
+//! let mut params = dcpserve::SamplingParams::default();
+//! params.temperature = 0.0;
 //! let out = engine.complete(Prompt::Text("Hello".into()), params).await?;
 //! println!("{}", out.text);
 //! # Ok(()) }
@@ -24,11 +24,10 @@ pub mod spec_bench;
 mod speculation;
 pub mod synthetic;
 
-pub use dcpserve_actors::{FinishReason, GenerationParams, TokenOutput};
+pub use dcpserve_actors::{FinishReason, SamplingParams, TokenOutput};
 pub use dcpserve_config::{
     DType, EngineConfig, ModeledLinkConfig, ParallelConfig, SpeculativeConfig, SpeculativeMethod,
 };
-pub use dcpserve_kernels::SamplingParams;
 pub use dcpserve_model::ChatMessage;
 pub use engine::{Completion, Engine, GenerationEvent, GenerationStream, Prompt};
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use clap::Args;
-use dcpserve_actors::GenerationParams;
+use dcpserve_actors::SamplingParams;
 use dcpserve_api::backend::SpeculationCounters;
 use dcpserve_api::{
     config, AppState, BackendEvent, BackendStats, EventStream, ModelBackend, ModelEntry,
@@ -237,7 +237,7 @@ impl ModelBackend for EngineBackend {
     fn generate(
         &self,
         prompt_ids: Vec<u32>,
-        params: GenerationParams,
+        params: SamplingParams,
     ) -> Result<EventStream, String> {
         let stream = self
             .engine

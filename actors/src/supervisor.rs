@@ -14,7 +14,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 use crate::collective::{CollectiveActor, CollectiveMsg, GroupSpec};
 use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs, KvManagerMsg};
 use crate::placement::Placement;
-use crate::rank::{RankActor, RankArgs, RankMsg, StepSink};
+use crate::rank::{RankActor, RankArgs, RankMsg, StepReport, StepSink};
 use crate::scheduler::{
     Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SpeculationLimits,
 };
@@ -22,6 +22,7 @@ use crate::speculative::{
     DraftActor, DraftModelProposer, DraftModelSpec, DraftProposer, MtpProposer, NgramProposer,
 };
 use dcpserve_config::{ParallelConfig, SpeculativeMethod};
+use tokio::sync::mpsc::UnboundedSender;
 
 /// What the supervisor needs to bring a model up.
 pub struct SupervisorArgs {
@@ -64,6 +65,8 @@ pub struct SupervisorState {
     collective: Option<ActorRef<CollectiveMsg>>,
     kv: ActorRef<KvManagerMsg>,
     threads_per_rank: usize,
+    /// Where every rank group answers: the scheduler owns the receiving end.
+    reports: UnboundedSender<StepReport>,
 }
 
 /// KV budget per rank when none is configured: a quarter of available memory, split
@@ -251,6 +254,7 @@ impl Actor for ModelSupervisor {
                 num_speculative_tokens: s.num_speculative_tokens,
                 adaptive: s.is_adaptive(),
             }),
+            serialize_plans: e.serialize_plans,
         };
         // The KV-block manager and the scheduler outlive rank-group restarts.
         let (kv, _) = Actor::spawn_linked(
@@ -275,11 +279,13 @@ impl Actor for ModelSupervisor {
             ),
             None => None,
         };
+        let (reports, reports_rx) = tokio::sync::mpsc::unbounded_channel();
         let (scheduler, _) = Actor::spawn_linked(
             None,
             Scheduler,
             SchedulerArgs {
                 config: sched_cfg.clone(),
+                reports: reports_rx,
                 kv: kv.clone(),
                 draft,
             },
@@ -299,6 +305,7 @@ impl Actor for ModelSupervisor {
             ranks: Vec::new(),
             collective: None,
             kv,
+            reports,
             args,
         };
         state.start_ranks(myself.get_cell()).await?;
@@ -425,7 +432,7 @@ impl SupervisorState {
                 },
                 num_blocks: self.sched_cfg.num_blocks,
                 threads: self.threads_per_rank,
-                reports: StepSink::Scheduler(self.info.scheduler.clone()),
+                reports: StepSink::new(self.reports.clone(), self.sched_cfg.serialize_plans),
                 mtp: uses_mtp(e),
             };
             spawns.push(Actor::spawn_linked(

@@ -4,7 +4,7 @@
 
 use std::pin::Pin;
 
-use dcpserve_actors::{FinishReason, GenerationParams, TokenOutput};
+use dcpserve_actors::{FinishReason, SamplingParams, TokenOutput};
 use dcpserve_model::ChatMessage;
 use futures::future::BoxFuture;
 use futures::Stream;
@@ -73,11 +73,8 @@ pub trait ModelBackend: Send + Sync + 'static {
     /// Renders a conversation with the model's chat template and a generation prompt.
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String>;
     /// Starts a generation from token ids (already validated by the caller).
-    fn generate(
-        &self,
-        prompt_ids: Vec<u32>,
-        params: GenerationParams,
-    ) -> Result<EventStream, String>;
+    fn generate(&self, prompt_ids: Vec<u32>, params: SamplingParams)
+        -> Result<EventStream, String>;
     /// Current counters, or `None` when the model cannot answer.
     fn stats(&self) -> BoxFuture<'static, Option<BackendStats>>;
 }

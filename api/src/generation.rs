@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use dcpserve_actors::{FinishReason, GenerationParams, TokenOutput};
+use dcpserve_actors::{FinishReason, SamplingParams, TokenOutput};
 use futures::stream::{BoxStream, StreamExt};
 
 use crate::backend::{BackendEvent, EventStream};
@@ -21,7 +21,7 @@ pub struct ChoiceSpec {
     /// accounted (prompt tokens, finished requests) as one request.
     pub prompt: usize,
     pub prompt_ids: Vec<u32>,
-    pub params: GenerationParams,
+    pub params: SamplingParams,
 }
 
 /// How a choice ended.

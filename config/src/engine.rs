@@ -63,6 +63,10 @@ pub struct EngineConfig {
     /// For benchmarks: every collective also waits (without using a core) as long as this
     /// link would take, to measure on CPU ranks what a slower interconnect costs.
     pub modeled_link: Option<ModeledLinkConfig>,
+    /// Send every step plan to the ranks as bytes, and their answers back as bytes, the
+    /// way they would cross a process boundary (a check that the messages carry
+    /// everything; costs an encoding per step).
+    pub serialize_plans: bool,
 }
 
 /// A modeled interconnect: a fixed latency per collective plus bytes over bandwidth.
@@ -90,6 +94,7 @@ impl Default for EngineConfig {
             seed: 0,
             speculative: None,
             modeled_link: None,
+            serialize_plans: false,
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod overlap;
 pub mod pool;
 pub mod quant;
 pub mod sampling;
+pub mod sampling_params;
 pub mod spec_sampling;
 pub mod weights;
 

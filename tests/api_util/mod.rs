@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dcpserve::serve::EngineBackend;
-use dcpserve::{Engine, EngineConfig, GenerationParams, TokenOutput};
+use dcpserve::{Engine, EngineConfig, SamplingParams, TokenOutput};
 use dcpserve_api::{
     AppState, BackendEvent, BackendStats, EventStream, ModelBackend, ModelRouter, ModelSlot,
     SamplingDefaults,
@@ -258,7 +258,7 @@ impl ModelBackend for StallingBackend {
     fn render_chat(&self, m: &[ChatMessage]) -> Result<String, String> {
         Ok(m.iter().map(|m| m.content.clone()).collect())
     }
-    fn generate(&self, _: Vec<u32>, _: GenerationParams) -> Result<EventStream, String> {
+    fn generate(&self, _: Vec<u32>, _: SamplingParams) -> Result<EventStream, String> {
         self.live.fetch_add(1, Ordering::SeqCst);
         let guard = LiveGuard(self.live.clone());
         let first = BackendEvent::Token {

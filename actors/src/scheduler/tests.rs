@@ -7,7 +7,8 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs};
 use crate::plan::SharedPlan;
-use crate::request::GenerationParams;
+use crate::plan::StepResult;
+use dcpserve_kernels::SamplingParams;
 
 /// A rank that forwards the plans it receives.
 struct RecordingRank;
@@ -69,12 +70,14 @@ async fn setup(
         enable_prefix_caching: false,
         overlap_micro_batches: overlap,
         speculation: None,
+        serialize_plans: false,
     };
     let (sched, _) = Actor::spawn(
         None,
         Scheduler,
         SchedulerArgs {
             config,
+            reports: mpsc::unbounded_channel().1,
             kv,
             draft: None,
         },
@@ -92,7 +95,7 @@ async fn setup(
         let request = GenerationRequest {
             id,
             prompt_ids: vec![3, 4, 5, 6, 7],
-            params: GenerationParams {
+            params: SamplingParams {
                 max_tokens: 8,
                 ..Default::default()
             },
@@ -122,15 +125,14 @@ async fn an_abort_during_an_overlapped_step_frees_its_blocks_when_the_step_ends(
     let second = plans.recv().await.unwrap();
     assert_eq!((first.micro_batch, second.micro_batch), (0, 1));
     assert_eq!(free_blocks(&sched).await, BLOCKS - 4);
-    let aborted = first.seq_ids[0];
+    let aborted = first.seqs[0].id;
     sched.send_message(SchedulerMsg::Abort(aborted)).unwrap();
     // The ranks may still be writing its blocks: the other micro-batch must not get them.
     assert_eq!(free_blocks(&sched).await, BLOCKS - 4);
     sched
         .send_message(SchedulerMsg::StepDone(Box::new(StepOutput {
             step_id: first.step_id,
-            logits: vec![0.0; 8],
-            vocab_size: 8,
+            result: StepResult::Sampled(Vec::new()),
         })))
         .unwrap();
     assert_eq!(free_blocks(&sched).await, BLOCKS - 2);
@@ -141,7 +143,7 @@ async fn an_abort_frees_blocks_at_once_one_step_at_a_time() {
     let (sched, mut plans, _events) = setup(false).await;
     // The first request's step is in flight; the second waits for it.
     let first = plans.recv().await.unwrap();
-    assert_eq!(first.seq_ids, vec![1]);
+    assert_eq!(first.seqs.iter().map(|s| s.id).collect::<Vec<_>>(), vec![1]);
     assert_eq!(free_blocks(&sched).await, BLOCKS - 2);
     sched.send_message(SchedulerMsg::Abort(1)).unwrap();
     assert_eq!(free_blocks(&sched).await, BLOCKS);
