@@ -19,7 +19,7 @@ fn requests(prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, SamplingParams)> {
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let mut params = greedy(24);
+            let mut params = greedy(40);
             params.logprobs = Some(3);
             match i % 3 {
                 0 => {}
@@ -116,15 +116,15 @@ fn wired(c: EngineConfig) -> EngineConfig {
 async fn plans_through_bytes_give_the_same_outputs() {
     let model = fixture("tiny-llama");
     let reqs = requests(&preemption_prompts());
-    // Per rank at tp=4: 128 bytes per token; 24 blocks of 16 tokens under dcp=2 hold 768
-    // tokens: six sequences of ~90 prompt tokens growing by 24 do not all fit.
+    // Per rank at tp=4: 128 bytes per token; 20 blocks of 16 tokens under dcp=2 hold 640
+    // tokens: six sequences of ~90 prompt tokens growing by 40 do not all fit.
     for (what, c) in [
         ("tp=1", cfg(layout(1, 1, 1), 256, 64 << 20)),
         (
             "tp=4 dcp=2 overlapped, preempting",
             EngineConfig {
                 overlap_micro_batches: true,
-                ..cfg(layout(4, 2, 2), 256, 128 * 16 * 24)
+                ..cfg(layout(4, 2, 2), 256, 128 * 16 * 20)
             },
         ),
     ] {
