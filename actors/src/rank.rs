@@ -1,10 +1,13 @@
 //! A rank actor: owns the compute thread(s) of its weight shard and KV shard.
 //!
 //! The actor is the mailbox; compute runs on a dedicated OS thread (kernels block for
-//! milliseconds) that answers the scheduler directly, so a step costs one message hop
-//! in and one out, never one per layer. With two micro-batches the rank has one compute
-//! thread per micro-batch, sharing the weights, the KV cache and a compute baton: while
-//! one waits in a collective the other computes (see `dcpserve_kernels::overlap`).
+//! milliseconds) that answers through the group's [`StepSink`] channel directly, so a
+//! step costs one message hop in and one out, never one per layer. Each compute thread
+//! keeps its micro-batch's sequences ([`SeqStates`]) and applies every plan's diff before
+//! running it; rank 0 then samples from the step's logits and answers with token ids.
+//! With two micro-batches the rank has one compute thread per micro-batch, sharing the
+//! weights, the KV cache and a compute baton: while one waits in a collective the other
+//! computes (see `dcpserve_kernels::overlap`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
