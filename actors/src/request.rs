@@ -39,11 +39,14 @@ pub struct GenerationRequest {
 pub struct TokenOutput {
     pub token_id: u32,
     /// Log-probability of the token under the model (before sampling filters), when asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprob: Option<f32>,
     /// Most likely alternatives with their log-probabilities, when asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub top_logprobs: Vec<(u32, f32)>,
     /// On the first token of a request that set `prompt_logprobs`: entry `i` scores prompt
     /// token `i + 1` given the tokens before it (the first prompt token has no score).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<Vec<TokenOutput>>,
 }
 

@@ -28,6 +28,7 @@ use crate::request::TokenOutput;
 pub use crate::sampler::SamplerInit;
 
 /// One decode/prefill step of a micro-batch, as the scheduler sends it to every rank.
+/// (Empty and absent fields are left out of the encoding: most are, in a decode step.)
 ///
 /// Positions are global; each rank derives its own KV slots and attention lengths from
 /// them and its block tables with its [`Placement`].
@@ -40,6 +41,7 @@ pub struct StepPlan {
     pub micro_batch: usize,
     /// Sequences that ended or were preempted since this micro-batch's last plan: ranks
     /// forget them before applying `seqs` (in step order, unlike a separate message).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub finished: Vec<u64>,
     /// Every scheduled sequence, in step order: new ones in full, the others as a diff.
     pub seqs: Vec<ScheduledSeq>,
@@ -69,6 +71,7 @@ pub struct ScheduledSeq {
     pub id: u64,
     pub update: SeqUpdate,
     /// What to sample or score for it in this step, if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample: Option<SampleTask>,
 }
 
@@ -93,6 +96,7 @@ pub struct NewSeq {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CachedSeq {
     pub kept_blocks: usize,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub new_blocks: Vec<u32>,
 }
 
@@ -101,13 +105,17 @@ pub struct CachedSeq {
 pub struct SampleTask {
     /// Row of the last known token's logits, when this step completes the known tokens:
     /// the next token is sampled from it (and from the rows after it, one per draft).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logits_row: Option<usize>,
     /// Draft tokens verified in this step (their rows follow `logits_row`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub draft: Vec<u32>,
     /// The distribution each draft token was drawn from (one vocabulary-sized row per
     /// draft), for rejection sampling; `None` for deterministic proposers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_probs: Option<Vec<Vec<f32>>>,
     /// Rows whose logits score prompt tokens (`prompt_logprobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_rows: Option<PromptRows>,
 }
 
@@ -147,6 +155,7 @@ pub struct SeqSampled {
     /// How many of `tokens` are drafts that stood (they come first).
     pub accepted: usize,
     /// Scores of prompt tokens from `PromptRows::first_pos + 1` on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prompt_logprobs: Vec<TokenOutput>,
     /// The request's random stream after this step (the scheduler resends it if the
     /// sequence is admitted again).
