@@ -7,7 +7,7 @@
 
 use std::io::Write;
 
-use dcpserve::{ChatMessage, Engine, GenerationEvent, GenerationParams, Prompt};
+use dcpserve::{ChatMessage, Engine, GenerationEvent, Prompt, SamplingParams};
 use futures::StreamExt;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -22,11 +22,11 @@ async fn main() -> anyhow::Result<()> {
     // Streaming: each event carries a token and the text it completes (never half a
     // UTF-8 character). Dropping the stream early would abort the request and free its
     // KV blocks at once.
-    let mut params = GenerationParams {
+    let mut params = SamplingParams {
         max_tokens: 32,
         ..Default::default()
     };
-    params.sampling.temperature = 0.0;
+    params.temperature = 0.0;
     let mut stream = engine.generate(Prompt::Text("Once upon a time".into()), params.clone())?;
     let mut out = std::io::stdout().lock();
     while let Some(event) = stream.next().await {

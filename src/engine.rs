@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use dcpserve_actors::{
-    attention_kind, FinishReason, GenerationParams, GenerationRequest, ModelInfo, ModelSupervisor,
-    RequestEvent, SchedulerMsg, SupervisorArgs, SupervisorMsg, TokenOutput, ValidPrompt,
+    attention_kind, FinishReason, GenerationRequest, ModelInfo, ModelSupervisor, RequestEvent,
+    SamplingParams, SchedulerMsg, SupervisorArgs, SupervisorMsg, TokenOutput, ValidPrompt,
     ValidRequest,
 };
 use dcpserve_config::{DType, EngineConfig};
@@ -59,11 +59,11 @@ pub struct Completion {
 ///
 /// ```no_run
 /// # async fn demo() -> dcpserve::Result<()> {
-/// use dcpserve::{Engine, GenerationParams, Prompt};
+/// use dcpserve::{Engine, Prompt, SamplingParams};
 /// let engine = Engine::builder(dcpserve::default_model_path()).build().await?;
-/// let mut params = GenerationParams::default();
+/// let mut params = SamplingParams::default();
 /// params.max_tokens = 16;
-/// params.sampling.temperature = 0.0;
+/// params.temperature = 0.0;
 /// let done = engine.complete(Prompt::Text("The capital of France is".into()), params).await?;
 /// println!("{}", done.text);
 /// # Ok(()) }
@@ -263,7 +263,7 @@ impl Engine {
     }
 
     /// Starts a generation; dropping the stream aborts it and frees its KV blocks.
-    pub fn generate(&self, prompt: Prompt, params: GenerationParams) -> Result<GenerationStream> {
+    pub fn generate(&self, prompt: Prompt, params: SamplingParams) -> Result<GenerationStream> {
         let ids = self.encode_prompt(&prompt)?;
         self.generate_ids(ids, params)
     }
@@ -272,7 +272,7 @@ impl Engine {
     pub fn generate_ids(
         &self,
         prompt_ids: Vec<u32>,
-        params: GenerationParams,
+        params: SamplingParams,
     ) -> Result<GenerationStream> {
         let prompt = self.validate_prompt(prompt_ids)?;
         self.generate_valid(ValidRequest::new(prompt, params))
@@ -317,7 +317,7 @@ impl Engine {
     }
 
     /// Generates to the end and returns the whole output.
-    pub async fn complete(&self, prompt: Prompt, params: GenerationParams) -> Result<Completion> {
+    pub async fn complete(&self, prompt: Prompt, params: SamplingParams) -> Result<Completion> {
         use futures::StreamExt;
         let mut stream = self.generate(prompt, params)?;
         let mut text = String::new();

@@ -7,8 +7,8 @@
 //! # async fn demo() -> dcpserve::Result<()> {
 //! use dcpserve::{Engine, Prompt};
 //! let engine = Engine::builder(dcpserve::default_model_path()).build().await?;
-//! let mut params = dcpserve::GenerationParams::default();
-//! params.sampling.temperature = 0.0;
+//! let mut params = dcpserve::SamplingParams::default();
+//! params.temperature = 0.0;
 //! let out = engine.complete(Prompt::Text("Hello".into()), params).await?;
 //! println!("{}", out.text);
 //! # Ok(()) }
@@ -22,13 +22,12 @@ mod speculation;
 
 pub use builder::EngineBuilder;
 pub use dcpserve_actors::{
-    FinishReason, GenerationParams, PromptError, TokenOutput, ValidPrompt, ValidRequest,
+    FinishReason, PromptError, SamplingParams, TokenOutput, ValidPrompt, ValidRequest,
 };
 pub use dcpserve_config::{
     default_model_path, DType, EngineConfig, ModeledLinkConfig, ParallelConfig, SpeculativeConfig,
     SpeculativeMethod, DEFAULT_MODEL_FILE,
 };
-pub use dcpserve_kernels::SamplingParams;
 pub use dcpserve_model::ChatMessage;
 pub use engine::{Completion, Engine, GenerationEvent, GenerationStream, Prompt};
 pub use error::{Error, Result};

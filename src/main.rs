@@ -7,9 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
-use dcpserve::{
-    ChatMessage, DType, Engine, EngineConfig, GenerationEvent, GenerationParams, Prompt,
-};
+use dcpserve::{ChatMessage, DType, Engine, EngineConfig, GenerationEvent, Prompt, SamplingParams};
 use futures::StreamExt;
 
 #[derive(Parser)]
@@ -207,14 +205,14 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     } else {
         Prompt::Text(args.prompt)
     };
-    let mut params = GenerationParams {
+    let mut params = SamplingParams {
         max_tokens: args.max_tokens,
         seed: args.seed,
         ..Default::default()
     };
-    params.sampling.temperature = args.temperature;
-    params.sampling.top_p = args.top_p;
-    params.sampling.top_k = args.top_k;
+    params.temperature = args.temperature;
+    params.top_p = args.top_p;
+    params.top_k = args.top_k;
     let mut stream = engine.generate(prompt, params)?;
     let mut out = std::io::stdout().lock();
     while let Some(ev) = stream.next().await {

@@ -86,12 +86,12 @@ async fn completions_match_the_engine() {
     assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "length");
-    let mut p = dcpserve::GenerationParams {
+    let mut p = dcpserve::SamplingParams {
         max_tokens: 8,
         ignore_eos: true,
         ..Default::default()
     };
-    p.sampling.temperature = 0.0;
+    p.temperature = 0.0;
     let want = engine
         .complete(dcpserve::Prompt::Text("Once upon a time".into()), p)
         .await

@@ -73,12 +73,12 @@ async fn mla_model_in_a_multi_model_config() {
     )
     .await
     .unwrap();
-    let mut p = dcpserve::GenerationParams {
+    let mut p = dcpserve::SamplingParams {
         max_tokens: 12,
         ignore_eos: true,
         ..Default::default()
     };
-    p.sampling.temperature = 0.0;
+    p.temperature = 0.0;
     let direct = engine
         .complete(Prompt::Tokens(prompt.clone()), p)
         .await

@@ -8,7 +8,7 @@ use common::{fixture, floats, ids, read_json};
 use std::sync::Arc;
 
 use dcpserve_actors::placement::Placement;
-use dcpserve_actors::plan::{LocalBatch, StepPlan};
+use dcpserve_actors::plan::{LocalBatch, StepBatch};
 use dcpserve_kernels::{log_softmax, Communicator, InProcessComm, ThreadPool};
 use dcpserve_model::arch::mla::{LatentCache, MlaModel, MtpLayer};
 use dcpserve_model::arch::{BatchInput, RankComms, RankModel, TpShard, WeightPrecision};
@@ -289,7 +289,7 @@ fn rank_pass(
     let mut cache = model.new_kv_cache(2 * n_blocks as usize, block);
     let pool = ThreadPool::new(1);
     let h = model.config.hidden_size;
-    let plan = |tokens: &[u32], start: usize| StepPlan {
+    let plan = |tokens: &[u32], start: usize| StepBatch {
         step_id: 0,
         tokens: tokens.to_vec(),
         positions: (start..start + tokens.len()).collect(),

@@ -22,15 +22,18 @@ pub mod placement;
 pub mod plan;
 pub mod rank;
 pub mod request;
+pub mod sampler;
 pub mod scheduler;
+pub mod seq_states;
 pub mod speculative;
 pub mod supervisor;
 mod valid_request;
 
 pub use attention::attention_kind;
 pub use block_manager::KvBlockManager;
+pub use dcpserve_kernels::SamplingParams;
 pub use placement::Placement;
-pub use request::{FinishReason, GenerationParams, GenerationRequest, RequestEvent, TokenOutput};
+pub use request::{FinishReason, GenerationRequest, RequestEvent, TokenOutput};
 pub use scheduler::{
     Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SchedulerStats, SpecStats,
     SpeculationLimits,

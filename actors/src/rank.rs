@@ -1,10 +1,13 @@
 //! A rank actor: owns the compute thread(s) of its weight shard and KV shard.
 //!
 //! The actor is the mailbox; compute runs on a dedicated OS thread (kernels block for
-//! milliseconds) that answers the scheduler directly, so a step costs one message hop
-//! in and one out, never one per layer. With two micro-batches the rank has one compute
-//! thread per micro-batch, sharing the weights, the KV cache and a compute baton: while
-//! one waits in a collective the other computes (see `dcpserve_kernels::overlap`).
+//! milliseconds) that answers through the group's [`StepSink`] channel directly, so a
+//! step costs one message hop in and one out, never one per layer. Each compute thread
+//! keeps its micro-batch's sequences ([`SeqStates`]) and applies every plan's diff before
+//! running it; rank 0 then samples from the step's logits and answers with token ids.
+//! With two micro-batches the rank has one compute thread per micro-batch, sharing the
+//! weights, the KV cache and a compute baton: while one waits in a collective the other
+//! computes (see `dcpserve_kernels::overlap`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -18,15 +21,19 @@ use tokio::sync::oneshot;
 
 use crate::collective::RankChannels;
 use crate::placement::Placement;
-use crate::plan::{LocalBatch, SharedPlan, StepOutput};
-use crate::scheduler::SchedulerMsg;
+pub use crate::plan::StepReport;
+use crate::plan::{
+    wire, LocalBatch, MtpOutput, MtpPlan, OutputKind, SharedPlan, StepOutput, StepPlan, StepResult,
+};
+use crate::seq_states::SeqStates;
 use crate::speculative::mtp_rank::{HiddenStore, MtpContext};
-use crate::speculative::{MtpOutput, MtpPlan};
 
 /// Messages a rank actor understands.
 pub enum RankMsg {
     /// Run one step.
     Execute(SharedPlan),
+    /// Run one step whose plan arrives as bytes ([`wire`]), as from another process.
+    ExecuteEncoded(Arc<Vec<u8>>),
     /// Run one MTP draft step (ranks that loaded the MTP layer); rank 0 answers on the port.
     Mtp(Arc<MtpPlan>, Option<MtpReply>),
     /// The compute thread died; the actor fails so its supervisor restarts the group.
@@ -62,35 +69,33 @@ pub struct RankArgs {
 /// Where rank 0 answers an MTP step.
 pub type MtpReply = oneshot::Sender<Result<MtpOutput, String>>;
 
-/// What a rank group tells whoever drives it.
-pub enum StepReport {
-    Done(Box<StepOutput>),
-    Failed { generation: u64, error: String },
-}
-
-/// Where a rank group's step results go: the model's scheduler, or a draft proposer that
-/// drives its own group.
+/// Where a rank group's answers go: a channel whose receiver is the model's scheduler (or
+/// a draft proposer that drives its own group). Rank 0 sends each step's output, every
+/// rank its failure. In-process today; a rank in another process would send the same
+/// [`StepReport`]s as bytes.
 #[derive(Clone)]
-pub enum StepSink {
-    Scheduler(ActorRef<SchedulerMsg>),
-    Channel(tokio::sync::mpsc::UnboundedSender<StepReport>),
+pub struct StepSink {
+    tx: tokio::sync::mpsc::UnboundedSender<StepReport>,
+    /// Send every report through bytes first ([`wire`]), as across a process boundary.
+    encode: bool,
 }
 
 impl StepSink {
-    fn send(&self, report: StepReport) {
-        match self {
-            StepSink::Scheduler(s) => {
-                let _ = s.send_message(match report {
-                    StepReport::Done(out) => SchedulerMsg::StepDone(out),
-                    StepReport::Failed { generation, error } => {
-                        SchedulerMsg::StepFailed { generation, error }
-                    }
-                });
-            }
-            StepSink::Channel(tx) => {
-                let _ = tx.send(report);
-            }
-        }
+    /// A sink into `tx`; with `encode`, every report is encoded and decoded on the way.
+    pub fn new(tx: tokio::sync::mpsc::UnboundedSender<StepReport>, encode: bool) -> Self {
+        Self { tx, encode }
+    }
+
+    /// Sends `report`; with `encode`, fails if it does not survive the trip through bytes.
+    fn send(&self, report: StepReport) -> Result<(), String> {
+        let report = if self.encode {
+            wire::round_trip(&report)?
+        } else {
+            report
+        };
+        // The receiver is gone only when the model shuts down: nothing left to tell.
+        let _ = self.tx.send(report);
+        Ok(())
     }
 }
 
@@ -151,6 +156,13 @@ impl Actor for RankActor {
             RankMsg::Execute(plan) => state.jobs[plan.micro_batch % state.jobs.len()]
                 .send(Job::Step(plan))
                 .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
+            RankMsg::ExecuteEncoded(bytes) => {
+                let plan: StepPlan =
+                    wire::decode(&bytes).map_err(|e| format!("rank {}: {e}", state.rank))?;
+                state.jobs[plan.micro_batch % state.jobs.len()]
+                    .send(Job::Step(Arc::new(plan)))
+                    .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?
+            }
             RankMsg::Mtp(plan, reply) => jobs
                 .send(Job::Mtp(plan, reply))
                 .map_err(|_| format!("rank {}: compute thread is gone", state.rank))?,
@@ -271,6 +283,8 @@ impl RankCompute<'_> {
         let comms = &args.comms.micro_batches[mb];
         // Hidden states for the MTP layer (only with one micro-batch).
         let mut hidden = HiddenStore::default();
+        // This micro-batch's sequences: block tables, and samplers on the answering rank.
+        let mut seqs = SeqStates::new(args.rank == 0);
         while let Ok(job) = jobs.recv() {
             let plan = match job {
                 Job::Step(plan) => plan,
@@ -313,40 +327,60 @@ impl RankCompute<'_> {
             };
             // Compute only while holding the rank's baton (lent out inside collectives).
             let turn = args.comms.baton.as_ref().map(|b| b.hold(mb));
+            let mut logits = None;
             let result = catch_unwind(AssertUnwindSafe(|| {
-                let local = LocalBatch::new(&plan, &args.placement);
-                let tables: Vec<&[u32]> = plan.block_tables.iter().map(|t| t.as_slice()).collect();
-                let input = local.input(&plan, &tables);
-                if !self.model.has_mtp() {
-                    return self.model.forward_rank_shared(
+                let batch = seqs.apply(&plan)?;
+                let local = LocalBatch::new(&batch, &args.placement);
+                let tables: Vec<&[u32]> = batch.block_tables.iter().map(|t| t.as_slice()).collect();
+                let input = local.input(&batch, &tables);
+                let out = if !self.model.has_mtp() {
+                    self.model.forward_rank_shared(
                         self.pool,
                         comms,
                         &input,
                         self.cache,
                         turn.as_ref(),
-                    );
-                }
-                hidden.release(&plan.released);
-                let all: Vec<usize> = (0..plan.tokens.len()).collect();
-                let (out, h) = self
-                    .model
-                    .forward_rank_hidden(self.pool, comms, &input, self.cache, &all)?;
-                hidden.keep(&plan, &h);
-                Ok(out)
+                    )
+                } else {
+                    hidden.release(&plan.finished);
+                    let all: Vec<usize> = (0..batch.tokens.len()).collect();
+                    self.model
+                        .forward_rank_hidden(self.pool, comms, &input, self.cache, &all)
+                        .map(|(out, h)| {
+                            hidden.keep(&batch, &h);
+                            out
+                        })
+                };
+                logits = Some(out.map_err(|e| e.to_string())?);
+                Ok::<_, String>(())
             }));
             drop(turn);
-            let error = match result {
-                Ok(Ok(out)) => {
-                    if args.rank == 0 {
-                        args.reports.send(StepReport::Done(Box::new(StepOutput {
-                            step_id: plan.step_id,
+            // Rank 0 answers: it samples from the step's logits (every rank has them all).
+            let answered = result.and_then(|r| {
+                catch_unwind(AssertUnwindSafe(|| {
+                    r?;
+                    let out = logits.take().expect("a forward pass that succeeded");
+                    if args.rank != 0 {
+                        return Ok(());
+                    }
+                    let result = match plan.output {
+                        OutputKind::Sampled => {
+                            StepResult::Sampled(seqs.sample(&plan, &out.logits, out.vocab_size)?)
+                        }
+                        OutputKind::Logits => StepResult::Logits {
                             logits: out.logits,
                             vocab_size: out.vocab_size,
-                        })));
-                    }
-                    continue;
-                }
-                Ok(Err(e)) => e.to_string(),
+                        },
+                    };
+                    args.reports.send(StepReport::Done(Box::new(StepOutput {
+                        step_id: plan.step_id,
+                        result,
+                    })))
+                }))
+            });
+            let error = match answered {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e,
                 Err(p) => format!("panic in step {}: {}", plan.step_id, panic_text(&p)),
             };
             tracing::error!(rank = args.rank, "{error}");
@@ -371,7 +405,7 @@ fn pin_micro_batch_thread(args: &RankArgs) {
 /// Reports a failed step to whoever drives the group and fails this rank's actor (its
 /// supervisor restarts the group).
 fn fail(args: &RankArgs, myself: &ActorRef<RankMsg>, error: String) {
-    args.reports.send(StepReport::Failed {
+    let _ = args.reports.send(StepReport::Failed {
         generation: args.generation,
         error: error.clone(),
     });

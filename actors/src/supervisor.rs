@@ -14,7 +14,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 
 use crate::collective::{CollectiveActor, CollectiveArgs, CollectiveMsg};
 use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs, KvManagerMsg};
-use crate::rank::{RankActor, RankArgs, RankMsg, StepSink};
+use crate::rank::{RankActor, RankArgs, RankMsg, StepReport, StepSink};
 use crate::scheduler::{
     Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SpeculationLimits,
 };
@@ -22,6 +22,7 @@ use crate::speculative::{
     DraftActor, DraftModelProposer, DraftModelSpec, DraftProposer, MtpProposer, NgramProposer,
 };
 use dcpserve_config::{ParallelConfig, SpeculativeMethod};
+use tokio::sync::mpsc::UnboundedSender;
 
 /// What the supervisor needs to bring a model up.
 pub struct SupervisorArgs {
@@ -67,6 +68,8 @@ pub struct SupervisorState {
     threads_per_rank: usize,
     /// The rank group's layout, computed once from the parallel config.
     layout: Layout,
+    /// Where every rank group answers: the scheduler owns the receiving end.
+    reports: UnboundedSender<StepReport>,
 }
 
 /// KV budget per rank when none is configured: a quarter of available memory, split
@@ -253,6 +256,7 @@ impl Actor for ModelSupervisor {
                 num_speculative_tokens: s.num_speculative_tokens,
                 adaptive: s.is_adaptive(),
             }),
+            serialize_plans: e.serialize_plans,
         };
         // The KV-block manager and the scheduler outlive rank-group restarts.
         let (kv, _) = Actor::spawn_linked(
@@ -277,11 +281,13 @@ impl Actor for ModelSupervisor {
             ),
             None => None,
         };
+        let (reports, reports_rx) = tokio::sync::mpsc::unbounded_channel();
         let (scheduler, _) = Actor::spawn_linked(
             None,
             Scheduler,
             SchedulerArgs {
                 config: sched_cfg.clone(),
+                reports: reports_rx,
                 kv: kv.clone(),
                 draft,
             },
@@ -301,6 +307,7 @@ impl Actor for ModelSupervisor {
             ranks: Vec::new(),
             collective: None,
             kv,
+            reports,
             args,
             layout,
         };
@@ -424,7 +431,7 @@ impl SupervisorState {
                 placement: layout.placement(rank),
                 num_blocks: self.sched_cfg.num_blocks,
                 threads: self.threads_per_rank,
-                reports: StepSink::Scheduler(self.info.scheduler.clone()),
+                reports: StepSink::new(self.reports.clone(), self.sched_cfg.serialize_plans),
                 mtp: uses_mtp(e),
             };
             spawns.push(Actor::spawn_linked(

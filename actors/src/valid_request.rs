@@ -2,7 +2,7 @@
 //! trust: a [`ValidPrompt`] can only be built by checking its token ids against the
 //! model's vocabulary, and a [`ValidRequest`] only from a `ValidPrompt`.
 
-use crate::request::GenerationParams;
+use dcpserve_kernels::SamplingParams;
 
 /// Why a prompt was refused. The messages are the ones the HTTP API answers with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,12 +65,12 @@ impl ValidPrompt {
 #[derive(Debug, Clone)]
 pub struct ValidRequest {
     prompt: ValidPrompt,
-    params: GenerationParams,
+    params: SamplingParams,
 }
 
 impl ValidRequest {
     /// A request of a checked prompt with its generation settings.
-    pub fn new(prompt: ValidPrompt, params: GenerationParams) -> Self {
+    pub fn new(prompt: ValidPrompt, params: SamplingParams) -> Self {
         Self { prompt, params }
     }
 
@@ -80,12 +80,12 @@ impl ValidRequest {
     }
 
     /// The generation settings.
-    pub fn params(&self) -> &GenerationParams {
+    pub fn params(&self) -> &SamplingParams {
         &self.params
     }
 
     /// Prompt token ids and settings, to hand to the scheduler.
-    pub fn into_parts(self) -> (Vec<u32>, GenerationParams) {
+    pub fn into_parts(self) -> (Vec<u32>, SamplingParams) {
         (self.prompt.into_ids(), self.params)
     }
 }

@@ -3,7 +3,7 @@
 //! [`ValidPrompt`]s, and each choice is handed to the backend as a [`ValidRequest`]
 //! (see [`crate::generation::ChoiceSpec`]): the engine does not check them again.
 
-use dcpserve_actors::{GenerationParams, ValidPrompt};
+use dcpserve_actors::{SamplingParams, ValidPrompt};
 use dcpserve_config::SamplingDefaults;
 use dcpserve_model::ChatMessage;
 use serde_json::Value;
@@ -19,7 +19,7 @@ pub const MAX_LOGPROBS: i64 = 20;
 #[derive(Debug, Clone)]
 pub struct Common {
     /// Sampling and stopping; `max_tokens` is set per prompt by [`resolve_max_tokens`].
-    pub params: GenerationParams,
+    pub params: SamplingParams,
     /// Choices per prompt.
     pub n: usize,
     /// Stop strings (handled in the HTTP layer: the output is cut before them).
@@ -42,7 +42,7 @@ fn range(name: &str, v: f64, ok: bool, want: &str) -> Result<(), ApiError> {
 /// Validates the shared sampling fields, filling what the request leaves out from the
 /// model's defaults.
 pub fn common(f: &SamplingFields, d: &SamplingDefaults) -> Result<Common, ApiError> {
-    let mut p = GenerationParams::default();
+    let mut p = SamplingParams::default();
     let t = f
         .temperature
         .or(d.temperature.map(f64::from))
@@ -107,10 +107,10 @@ pub fn common(f: &SamplingFields, d: &SamplingDefaults) -> Result<Common, ApiErr
         })?;
         stop_token_ids.push(id);
     }
-    p.sampling.temperature = t as f32;
-    p.sampling.top_p = top_p as f32;
-    p.sampling.top_k = top_k.max(0) as usize;
-    p.sampling.min_p = min_p as f32;
+    p.temperature = t as f32;
+    p.top_p = top_p as f32;
+    p.top_k = top_k.max(0) as usize;
+    p.min_p = min_p as f32;
     p.seed = f.seed.map(|s| s as u64);
     p.ignore_eos = f.ignore_eos.unwrap_or(false);
     p.min_tokens = min_tokens as usize;
@@ -388,13 +388,13 @@ mod tests {
         let c = common(&f(json!({"stop": ["a", ""], "n": 3, "top_k": -1})), &d).unwrap();
         assert_eq!(c.stop, vec!["a".to_string()]);
         assert_eq!(c.n, 3);
-        assert_eq!(c.params.sampling.top_k, 0);
+        assert_eq!(c.params.top_k, 0);
         let defaults = SamplingDefaults {
             temperature: Some(0.25),
             ..Default::default()
         };
         let c = common(&f(json!({})), &defaults).unwrap();
-        assert_eq!(c.params.sampling.temperature, 0.25);
+        assert_eq!(c.params.temperature, 0.25);
         assert!(check_logprobs("logprobs", 21).is_err());
         assert_eq!(check_logprobs("logprobs", 20).unwrap(), 20);
     }

@@ -68,6 +68,10 @@ pub struct EngineConfig {
     /// How a DCP group exchanges attention partials: one all-to-all (the default), or
     /// the earlier LSE all-gather + reduce-scatter, kept to measure against.
     pub dcp_merge_exchange: MergeExchange,
+    /// Send every step plan to the ranks as bytes, and their answers back as bytes, the
+    /// way they would cross a process boundary (a check that the messages carry
+    /// everything; costs an encoding per step).
+    pub serialize_plans: bool,
 }
 
 /// A modeled interconnect: a fixed latency per collective plus bytes over bandwidth.
@@ -96,6 +100,7 @@ impl Default for EngineConfig {
             speculative: None,
             modeled_link: None,
             dcp_merge_exchange: MergeExchange::default(),
+            serialize_plans: false,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod dtype;
 pub mod error;
 pub mod link_model;
 pub mod overlap;
+pub mod sampling_params;
 
 // The CPU kernel modules, also at the crate root where callers have always found them.
 pub use cpu::{

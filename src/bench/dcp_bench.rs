@@ -18,8 +18,8 @@ use dcpserve_kernels::dcp::{DcpAttention, DcpShape};
 use dcpserve_kernels::{Communicator, InProcessComm, KernelError, LinkModel, ModeledLink};
 
 use dcpserve::{
-    DType, Engine, EngineConfig, GenerationEvent, GenerationParams, ModeledLinkConfig,
-    ParallelConfig, Prompt,
+    DType, Engine, EngineConfig, GenerationEvent, ModeledLinkConfig, ParallelConfig, Prompt,
+    SamplingParams,
 };
 use dcpserve_config::MergeExchange;
 use dcpserve_tools::synthetic::{write_synthetic_llama, SyntheticSpec, SYNTHETIC_VOCAB};
@@ -76,13 +76,13 @@ fn prompt(n: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
-fn params(max_tokens: usize) -> GenerationParams {
-    let mut p = GenerationParams {
+fn params(max_tokens: usize) -> SamplingParams {
+    let mut p = SamplingParams {
         max_tokens,
         ignore_eos: true,
         ..Default::default()
     };
-    p.sampling.temperature = 0.0;
+    p.temperature = 0.0;
     p
 }
 

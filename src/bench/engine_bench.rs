@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use futures::StreamExt;
 
-use dcpserve::{Engine, GenerationEvent, GenerationParams};
+use dcpserve::{Engine, GenerationEvent, SamplingParams};
 
 /// What one bench run measures.
 pub struct BenchSpec {
@@ -31,13 +31,13 @@ fn synthetic_prompt(engine: &Engine, n: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
-fn greedy(max_tokens: usize) -> GenerationParams {
-    let mut p = GenerationParams {
+fn greedy(max_tokens: usize) -> SamplingParams {
+    let mut p = SamplingParams {
         max_tokens,
         ignore_eos: true,
         ..Default::default()
     };
-    p.sampling.temperature = 0.0;
+    p.temperature = 0.0;
     p
 }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use futures::StreamExt;
 
-use dcpserve::{ChatMessage, Engine, EngineConfig, GenerationEvent, GenerationParams, Prompt};
+use dcpserve::{ChatMessage, Engine, EngineConfig, GenerationEvent, Prompt, SamplingParams};
 
 /// A named prompt.
 pub struct Workload {
@@ -67,11 +67,11 @@ struct Measured {
 
 async fn decode(engine: &Engine, prompt: &str, max_tokens: usize) -> Result<Measured> {
     let before = engine.stats().await?.speculation;
-    let mut params = GenerationParams {
+    let mut params = SamplingParams {
         max_tokens,
         ..Default::default()
     };
-    params.sampling.temperature = 0.0;
+    params.temperature = 0.0;
     let chat = Prompt::Chat(vec![ChatMessage {
         role: "user".into(),
         content: prompt.into(),

@@ -61,7 +61,7 @@ pub async fn assert_sampled_completions(
 ) {
     for (i, p) in prompts.iter().enumerate() {
         let mut params = greedy(n);
-        params.sampling.temperature = temperature;
+        params.temperature = temperature;
         params.seed = Some(i as u64);
         let out = engine
             .complete(Prompt::Tokens(p.clone()), params)

@@ -49,13 +49,13 @@ pub fn floats(v: &Value) -> Vec<f32> {
         .collect()
 }
 
-pub fn greedy(max_tokens: usize) -> dcpserve::GenerationParams {
-    let mut p = dcpserve::GenerationParams {
+pub fn greedy(max_tokens: usize) -> dcpserve::SamplingParams {
+    let mut p = dcpserve::SamplingParams {
         max_tokens,
         ignore_eos: true,
         ..Default::default()
     };
-    p.sampling.temperature = 0.0;
+    p.temperature = 0.0;
     p
 }
 

@@ -5,9 +5,11 @@
 
 use ractor::ActorProcessingErr;
 
-use super::{InFlight, Scheduled, SchedulerState};
+use super::{InFlight, Scheduled, SchedulerState, Sequence};
 use crate::kv_manager_actor::{KvManagerMsg, KvOp, KvReply};
-use crate::plan::StepPlan;
+use crate::plan::{
+    CachedSeq, NewSeq, PromptRows, SampleTask, SamplerInit, ScheduledSeq, SeqUpdate, StepPlan,
+};
 
 impl SchedulerState {
     /// Sends `ops` to the KV-block manager and returns its replies, in order.
@@ -40,6 +42,10 @@ impl SchedulerState {
             seq.table.clear();
             seq.num_computed = 0;
             seq.spec.clear_draft();
+            // Recomputed from scratch: the ranks forget it and get it whole again.
+            if seq.on_ranks.take().is_some() {
+                self.forgotten[mb].push(id);
+            }
         }
         self.release_draft(id);
         self.pending_kv.push(KvOp::Release {
@@ -225,12 +231,12 @@ impl SchedulerState {
         let mut plan = StepPlan {
             step_id,
             micro_batch: mb,
-            released: std::mem::take(&mut self.released),
+            finished: std::mem::take(&mut self.forgotten[mb]),
             ..Default::default()
         };
         let mut scheduled = Vec::with_capacity(chosen.len());
         for (s_idx, &(id, n)) in chosen.iter().enumerate() {
-            let seq = &self.seqs[&id];
+            let seq = self.seqs.get_mut(&id).expect("scheduled");
             let start = seq.num_computed;
             // Prompt logprobs need the logits of every position that predicts a prompt token.
             let first_prompt_row = plan.logits_for.len();
@@ -249,15 +255,11 @@ impl SchedulerState {
                     plan.logits_for.push(plan.tokens.len() - 1);
                 }
             }
-            let prompt_rows = (plan.logits_for.len() > first_prompt_row).then(|| {
-                (
-                    first_prompt_row,
-                    start,
-                    plan.logits_for.len() - first_prompt_row,
-                )
+            let prompt_rows = (plan.logits_for.len() > first_prompt_row).then(|| PromptRows {
+                first_row: first_prompt_row,
+                first_pos: start,
+                rows: plan.logits_for.len() - first_prompt_row,
             });
-            plan.block_tables.push(seq.table.clone());
-            plan.seq_ids.push(id);
             // Logits of the last known token and of every draft after it.
             let draft_len = (start + n).saturating_sub(known);
             let logits_row = if start + n >= known {
@@ -268,11 +270,27 @@ impl SchedulerState {
             } else {
                 None
             };
+            let sample = (logits_row.is_some() || prompt_rows.is_some()).then(|| SampleTask {
+                logits_row,
+                draft: seq.spec.draft[..draft_len].to_vec(),
+                draft_probs: seq
+                    .spec
+                    .draft_probs
+                    .as_ref()
+                    .filter(|_| draft_len > 0)
+                    .map(|p| p[..draft_len].to_vec()),
+                prompt_rows,
+            });
+            plan.seqs.push(ScheduledSeq {
+                id,
+                update: seq_update(seq, &self.cfg.eos_token_ids, self.cfg.max_model_len),
+                sample,
+            });
             scheduled.push(Scheduled {
                 id,
                 n_tokens: n,
-                logits_row,
-                prompt_rows,
+                samples: logits_row.is_some(),
+                prompt_first_pos: prompt_rows.map(|p| p.first_pos),
                 draft_len,
             });
         }
@@ -284,4 +302,36 @@ impl SchedulerState {
         self.stats.steps += 1;
         plan
     }
+}
+
+/// What the ranks need to learn about `seq` for its next step: all of it when they do not
+/// know it, else how its block table changed since they last saw it. Records the table as
+/// known to the ranks.
+fn seq_update(seq: &mut Sequence, eos_token_ids: &[u32], max_model_len: usize) -> SeqUpdate {
+    let update = match &seq.on_ranks {
+        None => SeqUpdate::New(NewSeq {
+            block_table: seq.table.clone(),
+            sampler: Some(Box::new(SamplerInit {
+                params: seq.request.params.clone(),
+                tokens: seq.tokens.clone(),
+                prompt_len: seq.prompt_len,
+                rng: seq.rng.clone(),
+                eos_token_ids: eos_token_ids.to_vec(),
+                max_model_len,
+            })),
+        }),
+        Some(old) => {
+            let kept = old
+                .iter()
+                .zip(&seq.table)
+                .take_while(|(a, b)| a == b)
+                .count();
+            SeqUpdate::Cached(CachedSeq {
+                kept_blocks: kept,
+                new_blocks: seq.table[kept..].to_vec(),
+            })
+        }
+    };
+    seq.on_ranks = Some(seq.table.clone());
+    update
 }

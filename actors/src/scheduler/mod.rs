@@ -1,14 +1,17 @@
 //! The scheduler actor: continuous batching under a token budget, chunked prefill,
-//! prefix-cache hits, preemption by recompute, and sampling of each step's logits.
+//! prefix-cache hits, preemption by recompute, and the tokens each step decides.
+//!
+//! Plans go to the ranks as diffs (see [`crate::plan`]); rank 0 samples and answers with
+//! token ids and the log-probabilities asked for, through a channel whose receiving end a
+//! task of the scheduler forwards into its mailbox.
 //!
 //! With `overlap_micro_batches`, sequences run in two micro-batches in ping-pong: up to
 //! two steps are in flight, each on its own compute thread of every rank (one computes
 //! while the other waits in a collective), and while the ranks compute one, the other's
-//! logits are sampled and its next plan sent. Otherwise one step is in flight at a time.
+//! tokens are taken and its next plan sent. Otherwise one step is in flight at a time.
 //! KV blocks are owned by the KV-block-manager actor, asked once per step.
 
 mod batching;
-mod sampling;
 mod speculation;
 
 use std::collections::{HashMap, VecDeque};
@@ -16,14 +19,13 @@ use std::sync::Arc;
 
 use dcpserve_kernels::Rng;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::kv_manager_actor::{KvManagerMsg, KvOp};
-use crate::plan::StepOutput;
+use crate::plan::{SeqSampled, StepOutput, StepReport, StepResult};
 use crate::rank::RankMsg;
 use crate::request::{FinishReason, GenerationRequest, RequestEvent, TokenOutput};
 use crate::speculative::DraftMsg;
-use sampling::logprobs_of;
 use speculation::SpecState;
 pub use speculation::{SpecStats, SpeculationLimits};
 
@@ -43,6 +45,9 @@ pub struct SchedulerConfig {
     pub overlap_micro_batches: bool,
     /// Speculative decoding, when a draft actor proposes tokens.
     pub speculation: Option<SpeculationLimits>,
+    /// Send every plan to the ranks as bytes (and their answers back through bytes), as
+    /// across a process boundary: a check that the messages carry everything.
+    pub serialize_plans: bool,
 }
 
 /// Counters others may read.
@@ -92,7 +97,12 @@ struct Sequence {
     committed: usize,
     /// Which of the two ping-pong micro-batches the sequence runs in.
     micro_batch: usize,
+    /// The block table the ranks hold for the sequence (`None`: they do not know it, and
+    /// its next step sends it whole).
+    on_ranks: Option<Vec<u32>>,
     request: GenerationRequest,
+    /// The request's random stream as the sampling rank last reported it (it is resent
+    /// when the sequence is admitted again).
     rng: Rng,
     events: UnboundedSender<RequestEvent>,
     /// Scores of prompt tokens gathered so far, while the request wants them and its first
@@ -111,12 +121,11 @@ impl Sequence {
 struct Scheduled {
     id: u64,
     n_tokens: usize,
-    /// Row in the step's logits, when this chunk completes the sequence's known tokens.
-    logits_row: Option<usize>,
-    /// Prompt logprobs: (first logits row, position of that row, rows), one row per chunk
-    /// position that predicts a prompt token.
-    prompt_rows: Option<(usize, usize, usize)>,
-    /// Draft tokens verified in this step (their rows follow `logits_row`).
+    /// Whether this chunk completes the sequence's known tokens (a token is sampled).
+    samples: bool,
+    /// Position of the first prompt token scored in this step, when it scores any.
+    prompt_first_pos: Option<usize>,
+    /// Draft tokens verified in this step.
     draft_len: usize,
 }
 
@@ -132,6 +141,8 @@ pub struct Scheduler;
 /// What the scheduler starts with.
 pub struct SchedulerArgs {
     pub config: SchedulerConfig,
+    /// The receiving end of the ranks' [`crate::rank::StepSink`]s.
+    pub reports: UnboundedReceiver<StepReport>,
     pub kv: ActorRef<KvManagerMsg>,
     /// The draft actor, when speculative decoding is on.
     pub draft: Option<ActorRef<DraftMsg>>,
@@ -146,8 +157,9 @@ pub struct SchedulerState {
     /// beside another (two micro-batches): their blocks return once that step ends, so
     /// the other micro-batch cannot be handed blocks a rank is still writing.
     deferred_kv: Vec<(u64, KvOp)>,
-    /// Sequences released since the last plan, for the ranks (see [`StepPlan::released`]).
-    released: Vec<u64>,
+    /// Per micro-batch: sequences the ranks know that ended or were preempted since that
+    /// micro-batch's last plan (see [`crate::plan::StepPlan::finished`]).
+    forgotten: [Vec<u64>; 2],
     waiting: VecDeque<u64>,
     running: Vec<u64>,
     seqs: HashMap<u64, Sequence>,
@@ -169,19 +181,21 @@ impl Actor for Scheduler {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<SchedulerMsg>,
+        myself: ActorRef<SchedulerMsg>,
         SchedulerArgs {
             config: cfg,
+            reports,
             kv,
             draft,
         }: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
+        tokio::spawn(forward_reports(reports, myself));
         Ok(SchedulerState {
             draft,
             kv,
             pending_kv: Vec::new(),
             deferred_kv: Vec::new(),
-            released: Vec::new(),
+            forgotten: Default::default(),
             cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -214,7 +228,11 @@ impl Actor for Scheduler {
             }
             SchedulerMsg::SetRanks(generation, ranks) => {
                 st.generation = generation;
-                st.released.clear();
+                // A new group knows no sequence.
+                st.forgotten = Default::default();
+                for seq in st.seqs.values_mut() {
+                    seq.on_ranks = None;
+                }
                 if let Some(d) = &st.draft {
                     // A proposer on the target's group (MTP) follows it across restarts.
                     d.send_message(DraftMsg::SetRanks(generation, ranks.clone()))?;
@@ -245,11 +263,19 @@ impl Actor for Scheduler {
                 continue;
             }
             if let Some(plan) = st.schedule(mb).await? {
+                // One copy (or one encoding) of the plan for all ranks.
+                let encoded = match st.cfg.serialize_plans {
+                    true => Some(Arc::new(crate::plan::wire::encode(&plan)?)),
+                    false => None,
+                };
                 let plan = Arc::new(plan);
-                let delivered = st
-                    .ranks
-                    .iter()
-                    .all(|r| r.send_message(RankMsg::Execute(plan.clone())).is_ok());
+                let delivered = st.ranks.iter().all(|r| {
+                    let msg = match &encoded {
+                        Some(bytes) => RankMsg::ExecuteEncoded(bytes.clone()),
+                        None => RankMsg::Execute(plan.clone()),
+                    };
+                    r.send_message(msg).is_ok()
+                });
                 if !delivered {
                     // A rank died before its failure reached us: the group is lost either
                     // way; the supervisor installs a new one.
@@ -315,6 +341,7 @@ impl SchedulerState {
                 table: Vec::new(),
                 committed: 0,
                 micro_batch: 0,
+                on_ranks: None,
                 rng: Rng::new(seed),
                 prompt_logprobs: request.params.prompt_logprobs.map(|_| Vec::new()),
                 spec: SpecState::new(self.cfg.speculation.as_ref()),
@@ -341,6 +368,9 @@ impl SchedulerState {
         }
         self.running.retain(|&r| r != id);
         self.waiting.retain(|&w| w != id);
+        if seq.on_ranks.is_some() {
+            self.forgotten[seq.micro_batch].push(id);
+        }
         self.release_draft(id);
         let _ = seq.events.send(RequestEvent::Finished {
             reason,
@@ -373,8 +403,10 @@ impl SchedulerState {
             if let Some(seq) = self.seqs.get_mut(id) {
                 seq.table.clear();
                 seq.num_computed = 0;
+                seq.on_ranks = None;
             }
         }
+        self.forgotten = Default::default();
     }
 
     fn step_done(&mut self, out: StepOutput) {
@@ -389,33 +421,46 @@ impl SchedulerState {
             .partition::<Vec<_>, _>(|(step, _)| *step == out.step_id);
         self.deferred_kv = later;
         self.pending_kv.extend(ready.into_iter().map(|(_, op)| op));
-        let vocab = out.vocab_size;
+        let mut sampled: HashMap<u64, SeqSampled> = match out.result {
+            StepResult::Sampled(v) => v.into_iter().map(|s| (s.id, s)).collect(),
+            StepResult::Logits { .. } => {
+                tracing::error!(step = out.step_id, "the ranks answered a step with logits");
+                HashMap::new()
+            }
+        };
         for s in scheduled {
             let Some(seq) = self.seqs.get_mut(&s.id) else {
                 continue;
             }; // aborted meanwhile
             seq.num_computed += s.n_tokens;
-            if let (Some((row0, pos0, rows)), Some(acc)) =
-                (s.prompt_rows, seq.prompt_logprobs.as_mut())
-            {
-                let k = seq.request.params.prompt_logprobs.unwrap_or(0);
-                for i in 0..rows {
-                    // A preempted prefill is recomputed: keep the scores already gathered.
-                    if pos0 + i == acc.len() {
-                        let l = &out.logits[(row0 + i) * vocab..(row0 + i + 1) * vocab];
-                        acc.push(logprobs_of(l, seq.tokens[pos0 + i + 1], k));
-                    }
-                }
+            let result = sampled.remove(&s.id);
+            if (s.samples || s.prompt_first_pos.is_some()) && result.is_none() {
+                let _ = seq.events.send(RequestEvent::Error(format!(
+                    "Step {} came back without this request's tokens.",
+                    out.step_id
+                )));
+                self.finish(s.id, FinishReason::Abort);
+                continue;
             }
             let mut ended = None;
             let mut accepted = 0;
-            if let Some(row) = s.logits_row {
-                let rows: Vec<&[f32]> = (row..=row + s.draft_len)
-                    .map(|r| &out.logits[r * vocab..(r + 1) * vocab])
-                    .collect();
-                (accepted, ended) = SchedulerState::accept_tokens(seq, &rows, &self.cfg);
-                // Only accepted drafts keep their KV.
-                seq.num_computed -= s.draft_len - accepted;
+            if let Some(r) = result {
+                seq.rng = r.rng;
+                if let (Some(pos0), Some(acc)) = (s.prompt_first_pos, seq.prompt_logprobs.as_mut())
+                {
+                    for (i, lp) in r.prompt_logprobs.into_iter().enumerate() {
+                        // A preempted prefill is recomputed: keep the scores already gathered.
+                        if pos0 + i == acc.len() {
+                            acc.push(lp);
+                        }
+                    }
+                }
+                if s.samples {
+                    (accepted, ended) =
+                        SchedulerState::accept_tokens(seq, r.tokens, r.accepted, &self.cfg);
+                    // Only accepted drafts keep their KV.
+                    seq.num_computed -= s.draft_len - accepted;
+                }
             }
             // Let the KV-block manager hash the blocks this step filled.
             self.pending_kv.push(KvOp::Commit {
@@ -429,6 +474,38 @@ impl SchedulerState {
                 self.finish(s.id, reason);
             }
         }
+    }
+}
+
+/// Forwards the ranks' reports into the scheduler's mailbox until either side is gone.
+async fn forward_reports(
+    mut reports: UnboundedReceiver<StepReport>,
+    scheduler: ActorRef<SchedulerMsg>,
+) {
+    while let Some(report) = reports.recv().await {
+        let msg = match report {
+            StepReport::Done(out) => SchedulerMsg::StepDone(out),
+            StepReport::Failed { generation, error } => {
+                SchedulerMsg::StepFailed { generation, error }
+            }
+        };
+        if scheduler.send_message(msg).is_err() {
+            return;
+        }
+    }
+}
+
+/// Why a sequence ends with `token` appended (the sampling rank stops at the same token).
+fn finish_reason(seq: &Sequence, token: u32, cfg: &SchedulerConfig) -> Option<FinishReason> {
+    let p = &seq.request.params;
+    let is_stop =
+        (!p.ignore_eos && cfg.eos_token_ids.contains(&token)) || p.stop_token_ids.contains(&token);
+    if is_stop {
+        Some(FinishReason::Stop)
+    } else if seq.output_len() + 1 >= p.max_tokens || seq.tokens.len() + 1 >= cfg.max_model_len {
+        Some(FinishReason::Length)
+    } else {
+        None
     }
 }
 

@@ -1,18 +1,19 @@
 //! Speculative decoding in the scheduler: asking the draft actor for drafts before a
-//! step, and verifying them when the step's logits come back.
+//! step, and taking the verdict when the step comes back.
 //!
 //! A drafted sequence runs `1 + k` query tokens in the step (its last sampled token and k
-//! drafts), with logits at each; tokens are then decided one by one (greedy: the argmax;
-//! sampled: rejection sampling) until the first rejected draft, whose position gets the
-//! target's token instead; if all k stand, the last row gives one more token. KV slots of
-//! rejected drafts are overwritten later; blocks held only for them are returned.
+//! drafts), with logits at each; the sampling rank decides tokens one by one (greedy: the
+//! argmax; sampled: rejection sampling against the draft distribution, which travels in
+//! the plan) until the first rejected draft, whose position gets the target's token
+//! instead; if all k stand, the last row gives one more token (see
+//! [`crate::sampler::SeqSampler::decide`]). KV slots of rejected drafts are overwritten
+//! later; blocks held only for them are returned.
 
 use ractor::ActorProcessingErr;
 
-use super::sampling::{next_token, token_output};
-use super::{SchedulerConfig, SchedulerState, Sequence};
+use super::{finish_reason, SchedulerConfig, SchedulerState, Sequence};
 use crate::kv_manager_actor::KvOp;
-use crate::request::{FinishReason, RequestEvent};
+use crate::request::{FinishReason, RequestEvent, TokenOutput};
 use crate::speculative::{DraftMsg, DraftRequest};
 
 /// Steps a request waits before drafting again once its draft length fell to zero.
@@ -146,7 +147,7 @@ impl SchedulerState {
                 seq: id,
                 tokens: seq.tokens.clone(),
                 num_tokens: k,
-                sampling: p.sampling,
+                sampling: p.clone(),
                 block_table: seq.table.clone(),
             });
         }
@@ -170,32 +171,32 @@ impl SchedulerState {
         Ok(())
     }
 
-    /// Tells the draft actor (and, with the next plan, the ranks) that `id` no longer
-    /// needs draft state.
+    /// Tells the draft actor that `id` no longer needs draft state (the ranks learn it
+    /// with the next plan of its micro-batch).
     pub(super) fn release_draft(&mut self, id: u64) {
         if let Some(d) = &self.draft {
             let _ = d.send_message(DraftMsg::Release(id));
-            self.released.push(id);
         }
     }
 
-    /// Decides the tokens of one sequence from its logits rows (one per drafted position
-    /// plus one), sends them, and returns how many drafts stood and how it ended, if it did.
+    /// Takes the tokens the sampling rank decided for one sequence (`stood` of them are
+    /// drafts that stood, first), sends them, and returns how many drafts stood and how
+    /// the sequence ended, if it did.
     pub(super) fn accept_tokens(
         seq: &mut Sequence,
-        rows: &[&[f32]],
+        tokens: Vec<TokenOutput>,
+        stood: usize,
         cfg: &SchedulerConfig,
     ) -> (usize, Option<FinishReason>) {
-        let draft = std::mem::take(&mut seq.spec.draft);
-        let probs = seq.spec.draft_probs.take();
+        seq.spec.clear_draft();
         let mut accepted = 0;
-        for (i, logits) in rows.iter().enumerate() {
-            let d = draft
-                .get(i)
-                .map(|&t| (t, probs.as_ref().map(|p| p[i].as_slice())));
-            let (token, was_draft, reason) = next_token(seq, logits, cfg, d);
+        for (i, mut output) in tokens.into_iter().enumerate() {
+            let token = output.token_id;
+            let was_draft = i < stood;
+            let reason = finish_reason(seq, token, cfg);
             seq.tokens.push(token);
-            let output = token_output(seq, logits, token);
+            // Prompt scores travel once, with the first token.
+            output.prompt_logprobs = seq.prompt_logprobs.take();
             if seq.events.send(RequestEvent::Token(output)).is_err() {
                 return (accepted, Some(FinishReason::Abort));
             }

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use super::{Draft, DraftProposer, DraftRequest};
 use crate::block_manager::{KvBlockManager, PrefixHit, SeqBlocks};
 use crate::collective::{CollectiveActor, CollectiveArgs, CollectiveMsg};
-use crate::plan::{StepOutput, StepPlan};
+use crate::plan::{NewSeq, OutputKind, ScheduledSeq, SeqUpdate, StepPlan, StepResult};
 use crate::rank::{RankActor, RankArgs, RankMsg, StepReport, StepSink};
 
 /// How the draft model's group is laid out and sized.
@@ -51,6 +51,8 @@ pub struct DraftModelProposer {
     blocks: KvBlockManager,
     seqs: HashMap<u64, DraftSeq>,
     next_step: u64,
+    /// Sequences released since the last step: the ranks forget them with the next plan.
+    forgotten: Vec<u64>,
     rng: Rng,
 }
 
@@ -82,7 +84,7 @@ impl DraftModelProposer {
                 placement: layout.placement(rank),
                 num_blocks: spec.num_blocks,
                 threads: spec.threads_per_rank,
-                reports: StepSink::Channel(tx.clone()),
+                reports: StepSink::new(tx.clone(), false),
                 mtp: false,
             };
             match Actor::spawn(None, RankActor, args).await {
@@ -101,14 +103,16 @@ impl DraftModelProposer {
             blocks: KvBlockManager::new(spec.num_blocks, layout.virtual_block_size(), false),
             seqs: HashMap::new(),
             next_step: 0,
+            forgotten: Vec::new(),
             rng: Rng::new(spec.seed ^ 0xD4AF_7E11),
         })
     }
 
-    /// Runs one step on the draft group and waits for its logits.
-    async fn step(&mut self, mut plan: StepPlan) -> Result<StepOutput, String> {
+    /// Runs one step on the draft group and waits for its logits (and the vocabulary size).
+    async fn step(&mut self, mut plan: StepPlan) -> Result<(Vec<f32>, usize), String> {
         plan.step_id = self.next_step;
         self.next_step += 1;
+        plan.finished = std::mem::take(&mut self.forgotten);
         let plan = Arc::new(plan);
         for r in &self.ranks {
             r.send_message(RankMsg::Execute(plan.clone()))
@@ -116,7 +120,14 @@ impl DraftModelProposer {
         }
         loop {
             match self.reports.recv().await {
-                Some(StepReport::Done(out)) if out.step_id == plan.step_id => return Ok(*out),
+                Some(StepReport::Done(out)) if out.step_id == plan.step_id => {
+                    return match out.result {
+                        StepResult::Logits { logits, vocab_size } => Ok((logits, vocab_size)),
+                        StepResult::Sampled(_) => {
+                            Err("draft model ranks answered a logits step with tokens".into())
+                        }
+                    }
+                }
                 Some(StepReport::Done(_)) => continue,
                 Some(StepReport::Failed { error, .. }) => {
                     return Err(format!("draft model failed: {error}"))
@@ -177,7 +188,12 @@ impl DraftModelProposer {
             if live.is_empty() {
                 break;
             }
-            let mut plan = StepPlan::default();
+            // Every sequence in full each round: the draft's own block manager is the
+            // source of truth, and the ranks answer with logits (drafts are drawn here).
+            let mut plan = StepPlan {
+                output: OutputKind::Logits,
+                ..Default::default()
+            };
             for (s_idx, (i, feed, start, _)) in live.iter().enumerate() {
                 for (j, &t) in feed.iter().enumerate() {
                     plan.tokens.push(t);
@@ -185,14 +201,20 @@ impl DraftModelProposer {
                     plan.token_seq.push(s_idx as u32);
                 }
                 plan.logits_for.push(plan.tokens.len() - 1);
-                plan.block_tables
-                    .push(self.seqs[&batch[*i].seq].blocks.table().to_vec());
+                let seq = batch[*i].seq;
+                plan.seqs.push(ScheduledSeq {
+                    id: seq,
+                    update: SeqUpdate::New(NewSeq {
+                        block_table: self.seqs[&seq].blocks.table().to_vec(),
+                        sampler: None,
+                    }),
+                    sample: None,
+                });
             }
-            let out = self.step(plan).await?;
-            let vocab = out.vocab_size;
+            let (logits, vocab) = self.step(plan).await?;
             for (row, (i, feed, start, _)) in live.iter_mut().enumerate() {
                 let r = &batch[*i];
-                let logits = &out.logits[row * vocab..(row + 1) * vocab];
+                let logits = &logits[row * vocab..(row + 1) * vocab];
                 let (token, probs) = draw(logits, &r.sampling, &mut self.rng);
                 let d = &mut drafts[*i];
                 d.tokens.push(token);
@@ -208,17 +230,13 @@ impl DraftModelProposer {
         // Deterministic rows for greedy requests are not needed by the verifier, but a
         // mix of greedy and sampled tokens in one draft would misalign the rows.
         for (d, r) in drafts.iter_mut().zip(batch) {
-            if d.probs.as_ref().is_some_and(|p| p.len() != d.tokens.len()) || is_greedy(&r.sampling)
+            if d.probs.as_ref().is_some_and(|p| p.len() != d.tokens.len()) || r.sampling.is_greedy()
             {
                 d.probs = None;
             }
         }
         Ok(drafts)
     }
-}
-
-pub(super) fn is_greedy(p: &SamplingParams) -> bool {
-    p.temperature.is_nan() || p.temperature < 1e-5 || p.top_k == 1
 }
 
 /// A draft token and, for sampled requests, the distribution it was drawn from.
@@ -248,6 +266,7 @@ impl DraftProposer for DraftModelProposer {
     fn release(&mut self, seq: u64) {
         if let Some(mut st) = self.seqs.remove(&seq) {
             self.blocks.release(&mut st.blocks);
+            self.forgotten.push(seq);
         }
     }
 

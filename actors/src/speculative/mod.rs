@@ -24,9 +24,10 @@ mod ngram;
 
 use futures::future::BoxFuture;
 
+pub use crate::plan::{MtpOutput, MtpPlan};
 pub use actor::{DraftActor, DraftMsg};
 pub use draft_model::{DraftModelProposer, DraftModelSpec};
-pub use mtp::{MtpOutput, MtpPlan, MtpProposer};
+pub use mtp::MtpProposer;
 pub use ngram::NgramProposer;
 
 /// One sequence that may be drafted for this step.

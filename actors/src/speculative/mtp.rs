@@ -25,31 +25,10 @@ use futures::future::BoxFuture;
 use ractor::ActorRef;
 use tokio::sync::oneshot;
 
-use super::draft_model::{draw, is_greedy};
+use super::draft_model::draw;
 use super::{Draft, DraftProposer, DraftRequest};
-use crate::plan::StepPlan;
+use crate::plan::{MtpOutput, MtpPlan};
 use crate::rank::RankMsg;
-
-/// One MTP step for the ranks.
-#[derive(Debug, Clone, Default)]
-pub struct MtpPlan {
-    /// The rows: `tokens[j]` is the token *after* position `positions[j]` (whose kept hidden
-    /// state is the row's previous hidden state); `seq_ids` and `block_tables` per
-    /// sequence; each sequence's rows are consecutive positions.
-    pub rows: StepPlan,
-    /// A chained draft follows: keep each sequence's last MTP output as the previous hidden
-    /// state of the position after it.
-    pub chain: bool,
-}
-
-/// What rank 0 answers: one logits row per served sequence, in order.
-#[derive(Debug, Default)]
-pub struct MtpOutput {
-    /// Sequences drafted (those whose hidden states were all kept), in plan order.
-    pub served: Vec<u64>,
-    pub logits: Vec<f32>,
-    pub vocab_size: usize,
-}
 
 /// MTP drafting on the target's rank group.
 pub struct MtpProposer {
@@ -85,7 +64,7 @@ impl MtpProposer {
 
     /// Sends `plan` to every rank and waits for rank 0's answer; `None` when the group
     /// went down (drafting pauses until the next group).
-    async fn step(&mut self, mut plan: MtpPlan) -> Option<super::MtpOutput> {
+    async fn step(&mut self, mut plan: MtpPlan) -> Option<MtpOutput> {
         plan.rows.step_id = self.next_step;
         self.next_step += 1;
         let plan = Arc::new(plan);
@@ -190,7 +169,7 @@ impl MtpProposer {
             }
         }
         for (d, r) in drafts.iter_mut().zip(batch) {
-            if d.probs.as_ref().is_some_and(|p| p.len() != d.tokens.len()) || is_greedy(&r.sampling)
+            if d.probs.as_ref().is_some_and(|p| p.len() != d.tokens.len()) || r.sampling.is_greedy()
             {
                 d.probs = None;
             }

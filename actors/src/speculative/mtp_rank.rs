@@ -11,9 +11,8 @@ use dcpserve_kernels::ThreadPool;
 use dcpserve_model::arch::{RankCache, RankComms, RankModel};
 use dcpserve_model::ModelError;
 
-use super::mtp::{MtpOutput, MtpPlan};
 use crate::placement::Placement;
-use crate::plan::{LocalBatch, StepPlan};
+use crate::plan::{LocalBatch, MtpOutput, MtpPlan, StepBatch};
 
 /// Final-normed hidden states per sequence and position, from the latest step that
 /// computed the position (a recomputed or re-verified position overwrites its row).
@@ -24,7 +23,7 @@ pub struct HiddenStore {
 
 impl HiddenStore {
     /// Keeps every token's hidden state of `plan` (`hidden`: `[tokens, hidden_size]`).
-    pub fn keep(&mut self, plan: &StepPlan, hidden: &[f32]) {
+    pub fn keep(&mut self, plan: &StepBatch, hidden: &[f32]) {
         let n = plan.tokens.len();
         if n == 0 || plan.seq_ids.len() != plan.block_tables.len() {
             return;
@@ -96,7 +95,7 @@ impl MtpContext<'_> {
         for (j, &s) in rows.token_seq.iter().enumerate() {
             by_seq[s as usize].push(j);
         }
-        let mut sub = StepPlan {
+        let mut sub = StepBatch {
             step_id: rows.step_id,
             ..Default::default()
         };

@@ -2,32 +2,13 @@
 
 use std::cmp::Ordering;
 
-/// Sampling knobs. `Default` is plain sampling at temperature 1 with no filtering.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SamplingParams {
-    /// Softmax temperature; `< 1e-5` means greedy argmax.
-    pub temperature: f32,
-    /// Keep only the `top_k` most likely tokens (0 = off).
-    pub top_k: usize,
-    /// Keep the smallest set of most likely tokens whose mass reaches `top_p` (1 = off).
-    pub top_p: f32,
-    /// Drop tokens whose probability is below `min_p` × the top probability (0 = off).
-    pub min_p: f32,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-        }
-    }
-}
+pub use crate::sampling_params::SamplingParams;
 
 /// Small, fast, seedable PRNG (xoshiro256**, seeded through splitmix64).
-#[derive(Debug, Clone)]
+///
+/// Serializable: a request's sampler state travels with its plan when the request is
+/// (re)admitted, so its stream of draws continues on whichever rank samples it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rng {
     s: [u64; 4],
 }
@@ -361,6 +342,7 @@ mod tests {
             top_k: 40,
             top_p: 0.9,
             min_p: 0.05,
+            ..Default::default()
         };
         let (mut a, mut b) = (Rng::new(7), Rng::new(7));
         let sa: Vec<u32> = (0..20).map(|_| sample(&logits, &p, &mut a)).collect();
