@@ -374,6 +374,17 @@ impl Engine {
             .send_message(SupervisorMsg::InjectFault(n))
             .map_err(stopped)
     }
+
+    /// Test hook: makes rank `n` of the draft model's rank group fail on its next step
+    /// (the draft proposer restarts its group; decoding goes on).
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn inject_draft_rank_fault(&self, n: usize) -> Result<()> {
+        self.inner
+            .supervisor
+            .send_message(SupervisorMsg::InjectDraftFault(n))
+            .map_err(stopped)
+    }
 }
 
 /// A call to an actor that is gone.

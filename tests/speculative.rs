@@ -216,3 +216,57 @@ async fn sampled_requests_run_with_drafts() {
     assert_sampled_completions(&engine, &repetitive_prompts(384, 50), 0.7, N).await;
     assert!(engine.stats().await.unwrap().speculation.num_drafts > 0);
 }
+
+/// A draft-model rank that fails mid-generation takes down only the draft model's rank
+/// group: its proposer tears the group down and starts a new one, that step decodes
+/// without drafts, the output does not change, and drafting resumes on the new group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_draft_rank_restarts_only_the_draft_group() {
+    use futures::StreamExt;
+    let prompt = repetitive_prompts(384, 300).swap_remove(0);
+    let n = 60;
+    let base = run_stats(
+        &fixture("tiny-llama"),
+        cfg(layout(1, 1, 1), 64, KV),
+        std::slice::from_ref(&prompt),
+        n,
+    )
+    .await
+    .0;
+    // The target drafting for itself on a tp=2 group: every greedy draft stands.
+    let mut same = draft_model("tiny-llama", 3, 2, 1);
+    same.adaptive = Some(false);
+    let c = with_spec(cfg(layout(1, 1, 1), 64, KV), same);
+    let engine = dcpserve::Engine::from_path(fixture("tiny-llama"), c)
+        .await
+        .expect("engine");
+    let mut params = greedy(n);
+    params.logprobs = Some(5);
+    let mut s = engine
+        .generate(dcpserve::Prompt::Tokens(prompt), params)
+        .expect("generate");
+    let mut got = Vec::new();
+    let mut before = None;
+    while let Some(ev) = tokio::time::timeout(std::time::Duration::from_secs(60), s.next())
+        .await
+        .expect("the request must not hang")
+    {
+        // A restart of the target's group would end the request with an error.
+        match ev.expect("no error reaches the request") {
+            dcpserve::GenerationEvent::Token { token, .. } => got.push(token),
+            dcpserve::GenerationEvent::Finished { .. } => break,
+        }
+        if got.len() == 12 && before.is_none() {
+            before = Some(engine.stats().await.expect("stats").speculation);
+            engine.inject_draft_rank_fault(1).unwrap();
+        }
+    }
+    assert_same(&base, &vec![got], "draft rank failure");
+    let before = before.expect("the fault was injected");
+    let after = engine.stats().await.expect("stats");
+    assert!(
+        after.speculation.num_accepted_tokens > before.num_accepted_tokens,
+        "drafting must resume on the new draft group ({before:?} -> {:?})",
+        after.speculation
+    );
+}

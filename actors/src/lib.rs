@@ -21,6 +21,7 @@ pub mod kv_manager_actor;
 pub mod placement;
 pub mod plan;
 pub mod rank;
+pub mod rank_group;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;

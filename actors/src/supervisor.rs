@@ -12,14 +12,16 @@ use dcpserve_model::arch::{kv_capacity, KvStorage, MtpLayer, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::collective::{CollectiveActor, CollectiveArgs, CollectiveMsg};
+use crate::collective::CollectiveMsg;
 use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs, KvManagerMsg};
-use crate::rank::{RankActor, RankArgs, RankMsg, StepReport, StepSink};
+use crate::rank::{RankMsg, StepReport};
+use crate::rank_group::{RankGroup, RankGroupSpec};
 use crate::scheduler::{
     Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SpeculationLimits,
 };
 use crate::speculative::{
-    DraftActor, DraftModelProposer, DraftModelSpec, DraftProposer, MtpProposer, NgramProposer,
+    DraftActor, DraftModelProposer, DraftModelSpec, DraftMsg, DraftProposer, MtpProposer,
+    NgramProposer,
 };
 use dcpserve_config::{ParallelConfig, SpeculativeMethod};
 use tokio::sync::mpsc::UnboundedSender;
@@ -52,6 +54,9 @@ pub enum SupervisorMsg {
     /// Test hook: make rank `n` fail on its next step.
     #[cfg(feature = "test-hooks")]
     InjectFault(usize),
+    /// Test hook: make rank `n` of the draft model's rank group fail on its next step.
+    #[cfg(feature = "test-hooks")]
+    InjectDraftFault(usize),
     /// Diagnostic: what each rank's KV cache has stored, in rank order.
     KvStorage(RpcReplyPort<Vec<KvStorage>>),
 }
@@ -61,13 +66,13 @@ pub struct ModelSupervisor;
 pub struct SupervisorState {
     args: SupervisorArgs,
     info: ModelInfo,
-    sched_cfg: SchedulerConfig,
-    ranks: Vec<ActorRef<RankMsg>>,
-    collective: Option<ActorRef<CollectiveMsg>>,
+    /// The draft actor, with speculative decoding.
+    draft: Option<ActorRef<DraftMsg>>,
+    /// The running rank group (none while it restarts).
+    group: Option<RankGroup>,
+    /// What every generation of the rank group is built from.
+    group_spec: RankGroupSpec,
     kv: ActorRef<KvManagerMsg>,
-    threads_per_rank: usize,
-    /// The rank group's layout, computed once from the parallel config.
-    layout: Layout,
     /// Where every rank group answers: the scheduler owns the receiving end.
     reports: UnboundedSender<StepReport>,
 }
@@ -95,6 +100,7 @@ async fn draft_proposer(
     kv_budget_per_rank: u64,
     threads: usize,
     layout: &Layout,
+    supervisor: ActorCell,
 ) -> Result<Option<Box<dyn DraftProposer>>, ActorProcessingErr> {
     let Some(spec) = &args.engine.speculative else {
         return Ok(None);
@@ -130,7 +136,7 @@ async fn draft_proposer(
                 threads_per_rank: (threads / parallel.tensor_parallel_size).max(1),
                 seed: e.seed,
             };
-            Box::new(DraftModelProposer::spawn(files, spec).await?)
+            Box::new(DraftModelProposer::spawn(files, spec, supervisor).await?)
         }
         SpeculativeMethod::Mtp => {
             let e = &args.engine;
@@ -273,7 +279,8 @@ impl Actor for ModelSupervisor {
         let threads = e
             .num_threads
             .unwrap_or_else(dcpserve_kernels::available_cores);
-        let draft = match draft_proposer(&args, budget, threads, &layout).await? {
+        let draft = match draft_proposer(&args, budget, threads, &layout, myself.get_cell()).await?
+        {
             Some(p) => Some(
                 Actor::spawn_linked(None, DraftActor, p, myself.get_cell())
                     .await?
@@ -289,7 +296,7 @@ impl Actor for ModelSupervisor {
                 config: sched_cfg.clone(),
                 reports: reports_rx,
                 kv: kv.clone(),
-                draft,
+                draft: draft.clone(),
             },
             myself.get_cell(),
         )
@@ -302,14 +309,25 @@ impl Actor for ModelSupervisor {
                 kv_tokens_total: layout.tokens_total(tokens_per_rank),
                 restarts: 0,
             },
-            threads_per_rank: (threads / tp).max(1),
-            sched_cfg,
-            ranks: Vec::new(),
-            collective: None,
+            group_spec: RankGroupSpec {
+                files: args.files.clone(),
+                precision: args.precision,
+                layout,
+                num_blocks: sched_cfg.num_blocks,
+                threads_per_rank: (threads / tp).max(1),
+                link: args.engine.modeled_link.map(|l| LinkModel {
+                    latency: Duration::from_secs_f64(l.latency_us * 1e-6),
+                    bytes_per_second: l.gigabytes_per_second * 1e9,
+                }),
+                dcp_merge: args.engine.dcp_merge_exchange,
+                mtp: uses_mtp(&args.engine),
+                serialize_reports: sched_cfg.serialize_plans,
+            },
+            group: None,
+            draft,
             kv,
             reports,
             args,
-            layout,
         };
         state.start_ranks(myself.get_cell()).await?;
         Ok(state)
@@ -326,23 +344,29 @@ impl Actor for ModelSupervisor {
                 let _ = port.send(state.info.clone());
             }
             SupervisorMsg::SecondsInCollectives(port) => {
-                let secs = match &state.collective {
-                    Some(c) => {
-                        ractor::call!(c, CollectiveMsg::SecondsInCollectives).unwrap_or_default()
-                    }
+                let secs = match &state.group {
+                    Some(g) => ractor::call!(g.collective(), CollectiveMsg::SecondsInCollectives)
+                        .unwrap_or_default(),
                     None => Vec::new(),
                 };
                 let _ = port.send(secs);
             }
             #[cfg(feature = "test-hooks")]
             SupervisorMsg::InjectFault(n) => {
-                if let Some(r) = state.ranks.get(n) {
+                if let Some(r) = state.group.as_ref().and_then(|g| g.ranks().get(n)) {
                     r.send_message(RankMsg::InjectFault)?;
                 }
             }
+            #[cfg(feature = "test-hooks")]
+            SupervisorMsg::InjectDraftFault(n) => {
+                if let Some(d) = &state.draft {
+                    d.send_message(DraftMsg::InjectFault(n))?;
+                }
+            }
             SupervisorMsg::KvStorage(port) => {
-                let mut all = Vec::with_capacity(state.ranks.len());
-                for r in &state.ranks {
+                let ranks = state.group.as_ref().map(|g| g.ranks()).unwrap_or_default();
+                let mut all = Vec::with_capacity(ranks.len());
+                for r in ranks {
                     all.push(ractor::call!(r, RankMsg::KvStorage)?);
                 }
                 let _ = port.send(all);
@@ -371,28 +395,22 @@ impl Actor for ModelSupervisor {
             myself.stop(Some(format!("scheduler or KV-block manager ended: {why}")));
             return Ok(());
         }
-        let is_rank = state.ranks.iter().any(|r| r.get_id() == who.get_id());
-        let is_collective = state
-            .collective
+        if !state
+            .group
             .as_ref()
-            .is_some_and(|c| c.get_id() == who.get_id());
-        if !is_rank && !is_collective {
-            return Ok(()); // a member of a group already replaced
+            .is_some_and(|g| g.contains(who.get_id()))
+        {
+            // A member of a group already replaced, or of a draft model's group (its
+            // proposer sees the failure in its reports and restarts that group).
+            return Ok(());
         }
         tracing::error!(model = %state.args.name, "rank failed: {why}; restarting the rank group");
         state
             .info
             .scheduler
             .send_message(SchedulerMsg::RanksLost(why))?;
-        // Survivors blocked in a collective with the dead rank must fail, not wait.
-        if let Some(c) = state.collective.take() {
-            if let Err(e) = ractor::call!(c, CollectiveMsg::Poison) {
-                tracing::error!("could not poison the failed group's collectives: {e}");
-            }
-            c.stop(Some("rank group restart".into()));
-        }
-        for r in state.ranks.drain(..) {
-            r.stop(Some("rank group restart".into()));
+        if let Some(group) = state.group.take() {
+            group.tear_down("rank group restart").await;
         }
         state.info.restarts += 1;
         state.start_ranks(myself.get_cell()).await?;
@@ -401,67 +419,20 @@ impl Actor for ModelSupervisor {
 }
 
 impl SupervisorState {
-    /// Brings up a collective actor and `tp` rank actors (loading their shards in parallel).
+    /// Brings up the next generation of the rank group and hands it to the scheduler.
     async fn start_ranks(&mut self, supervisor: ActorCell) -> Result<(), ActorProcessingErr> {
-        let e = &self.args.engine;
-        let layout = self.layout;
-        let tp = layout.tp();
-        let spec = CollectiveArgs {
-            layout,
-            link: e.modeled_link.map(|l| LinkModel {
-                latency: Duration::from_secs_f64(l.latency_us * 1e-6),
-                bytes_per_second: l.gigabytes_per_second * 1e9,
-            }),
-            dcp_merge: e.dcp_merge_exchange,
-        };
-        let (collective, _) =
-            Actor::spawn_linked(None, CollectiveActor, spec, supervisor.clone()).await?;
-        let mut spawns = Vec::with_capacity(tp);
-        for rank in 0..tp {
-            // In-process ranks connect here; a rank in another process would connect
-            // from the same plain specs through its own bootstrap.
-            let comms = ractor::call!(collective, CollectiveMsg::Comms, rank)?.connect()?;
-            let args = RankArgs {
-                rank,
-                tp_size: tp,
-                generation: self.info.restarts,
-                comms,
-                files: self.args.files.clone(),
-                precision: self.args.precision,
-                placement: layout.placement(rank),
-                num_blocks: self.sched_cfg.num_blocks,
-                threads: self.threads_per_rank,
-                reports: StepSink::new(self.reports.clone(), self.sched_cfg.serialize_plans),
-                mtp: uses_mtp(e),
-            };
-            spawns.push(Actor::spawn_linked(
-                None,
-                RankActor,
-                args,
-                supervisor.clone(),
-            ));
-        }
-        let mut ranks = Vec::with_capacity(tp);
-        let mut failure = None;
-        for r in futures::future::join_all(spawns).await {
-            match r {
-                Ok((r, _)) => ranks.push(r),
-                Err(err) => failure = Some(err),
-            }
-        }
-        if let Some(err) = failure {
-            for r in ranks {
-                r.stop(None);
-            }
-            collective.stop(None);
-            return Err(err.into());
-        }
-        self.ranks = ranks;
-        self.collective = Some(collective);
+        let group = RankGroup::start(
+            &self.group_spec,
+            self.info.restarts,
+            self.reports.clone(),
+            supervisor,
+        )
+        .await?;
         self.info.scheduler.send_message(SchedulerMsg::SetRanks(
             self.info.restarts,
-            self.ranks.clone(),
+            group.ranks().to_vec(),
         ))?;
+        self.group = Some(group);
         Ok(())
     }
 }

@@ -12,6 +12,9 @@ pub enum DraftMsg {
     Release(u64),
     /// The target's rank group (re)started (see [`DraftProposer::set_ranks`]).
     SetRanks(u64, Vec<ractor::ActorRef<crate::rank::RankMsg>>),
+    /// Test hook: make rank `n` of the proposer's own rank group fail on its next step.
+    #[cfg(feature = "test-hooks")]
+    InjectFault(usize),
 }
 
 pub struct DraftActor;
@@ -78,6 +81,8 @@ impl Actor for DraftActor {
             }
             DraftMsg::Release(seq) => st.proposer.release(seq),
             DraftMsg::SetRanks(generation, ranks) => st.proposer.set_ranks(generation, ranks),
+            #[cfg(feature = "test-hooks")]
+            DraftMsg::InjectFault(n) => st.proposer.inject_fault(n),
         }
         Ok(())
     }

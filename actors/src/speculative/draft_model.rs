@@ -6,20 +6,20 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dcpserve_config::ParallelConfig;
+use dcpserve_config::{MergeExchange, ParallelConfig};
 use dcpserve_kernels::spec_sampling::{target_probs, TargetProbs};
 use dcpserve_kernels::{sample, Rng, SamplingParams};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use futures::future::BoxFuture;
-use ractor::{Actor, ActorRef};
+use ractor::ActorCell;
 use tokio::sync::mpsc;
 
 use super::{Draft, DraftProposer, DraftRequest};
 use crate::block_manager::{KvBlockManager, PrefixHit, SeqBlocks};
-use crate::collective::{CollectiveActor, CollectiveArgs, CollectiveMsg};
 use crate::plan::{NewSeq, OutputKind, ScheduledSeq, SeqUpdate, StepPlan, StepResult};
-use crate::rank::{RankActor, RankArgs, RankMsg, StepReport, StepSink};
+use crate::rank::{RankMsg, StepReport};
+use crate::rank_group::{RankGroup, RankGroupSpec};
 
 /// How the draft model's group is laid out and sized.
 #[derive(Debug, Clone)]
@@ -43,10 +43,15 @@ struct DraftSeq {
     cached: Vec<u32>,
 }
 
-/// A draft model on its own rank group.
+/// A draft model on its own rank group, built and supervised like the target's: when
+/// one of its ranks fails, the group is torn down and a new generation started, the
+/// drafts of that step are dropped, and drafting resumes from scratch (the new group's
+/// KV is empty).
 pub struct DraftModelProposer {
-    ranks: Vec<ActorRef<RankMsg>>,
-    collective: ActorRef<CollectiveMsg>,
+    group: Option<RankGroup>,
+    group_spec: RankGroupSpec,
+    supervisor: ActorCell,
+    reports_tx: mpsc::UnboundedSender<StepReport>,
     reports: mpsc::UnboundedReceiver<StepReport>,
     blocks: KvBlockManager,
     seqs: HashMap<u64, DraftSeq>,
@@ -56,49 +61,45 @@ pub struct DraftModelProposer {
     rng: Rng,
 }
 
+/// Why a draft step produced no logits.
+enum DraftStepError {
+    /// A rank of the draft group failed: the group must be replaced.
+    GroupFailed(String),
+    /// Anything else (a malformed answer).
+    Other(String),
+}
+
 impl DraftModelProposer {
-    /// Brings up the draft model's collective actor and rank actors.
-    pub async fn spawn(files: Arc<ModelFiles>, spec: DraftModelSpec) -> Result<Self, String> {
+    /// Brings up the draft model's rank group, linked to `supervisor`.
+    pub async fn spawn(
+        files: Arc<ModelFiles>,
+        spec: DraftModelSpec,
+        supervisor: ActorCell,
+    ) -> Result<Self, String> {
         let layout = spec
             .parallel
             .layout(spec.block_size, 1)
             .map_err(|e| format!("draft model: {e}"))?;
-        let tp = layout.tp();
-        let (collective, _) = Actor::spawn(None, CollectiveActor, CollectiveArgs::new(layout))
+        let group_spec = RankGroupSpec {
+            files,
+            precision: spec.precision,
+            layout,
+            num_blocks: spec.num_blocks,
+            threads_per_rank: spec.threads_per_rank,
+            link: None,
+            dcp_merge: MergeExchange::default(),
+            mtp: false,
+            serialize_reports: false,
+        };
+        let (reports_tx, reports) = mpsc::unbounded_channel();
+        let group = RankGroup::start(&group_spec, 0, reports_tx.clone(), supervisor.clone())
             .await
             .map_err(|e| format!("draft model: {e}"))?;
-        let (tx, reports) = mpsc::unbounded_channel();
-        let mut ranks = Vec::with_capacity(tp);
-        for rank in 0..tp {
-            let comms = ractor::call!(collective, CollectiveMsg::Comms, rank)
-                .map_err(|e| format!("draft model: {e}"))?
-                .connect()
-                .map_err(|e| format!("draft model: {e}"))?;
-            let args = RankArgs {
-                rank,
-                tp_size: tp,
-                generation: 0,
-                comms,
-                files: files.clone(),
-                precision: spec.precision,
-                placement: layout.placement(rank),
-                num_blocks: spec.num_blocks,
-                threads: spec.threads_per_rank,
-                reports: StepSink::new(tx.clone(), false),
-                mtp: false,
-            };
-            match Actor::spawn(None, RankActor, args).await {
-                Ok((r, _)) => ranks.push(r),
-                Err(e) => {
-                    ranks.iter().for_each(|r| r.stop(None));
-                    collective.stop(None);
-                    return Err(format!("draft model rank {rank}: {e}"));
-                }
-            }
-        }
         Ok(Self {
-            ranks,
-            collective,
+            group: Some(group),
+            group_spec,
+            supervisor,
+            reports_tx,
             reports,
             blocks: KvBlockManager::new(spec.num_blocks, layout.virtual_block_size(), false),
             seqs: HashMap::new(),
@@ -109,32 +110,65 @@ impl DraftModelProposer {
     }
 
     /// Runs one step on the draft group and waits for its logits (and the vocabulary size).
-    async fn step(&mut self, mut plan: StepPlan) -> Result<(Vec<f32>, usize), String> {
+    async fn step(&mut self, mut plan: StepPlan) -> Result<(Vec<f32>, usize), DraftStepError> {
+        let Some(group) = &self.group else {
+            return Err(DraftStepError::GroupFailed(
+                "the draft group is down".into(),
+            ));
+        };
+        let generation = group.generation();
         plan.step_id = self.next_step;
         self.next_step += 1;
         plan.finished = std::mem::take(&mut self.forgotten);
         let plan = Arc::new(plan);
-        for r in &self.ranks {
+        for r in group.ranks() {
             r.send_message(RankMsg::Execute(plan.clone()))
-                .map_err(|_| "a draft model rank stopped".to_string())?;
+                .map_err(|_| {
+                    DraftStepError::GroupFailed("a draft model rank stopped".to_string())
+                })?;
         }
         loop {
             match self.reports.recv().await {
                 Some(StepReport::Done(out)) if out.step_id == plan.step_id => {
                     return match out.result {
                         StepResult::Logits { logits, vocab_size } => Ok((logits, vocab_size)),
-                        StepResult::Sampled(_) => {
-                            Err("draft model ranks answered a logits step with tokens".into())
-                        }
+                        StepResult::Sampled(_) => Err(DraftStepError::Other(
+                            "draft model ranks answered a logits step with tokens".into(),
+                        )),
                     }
                 }
-                Some(StepReport::Done(_)) => continue,
-                Some(StepReport::Failed { error, .. }) => {
-                    return Err(format!("draft model failed: {error}"))
-                }
-                None => return Err("draft model ranks are gone".into()),
+                Some(StepReport::Failed {
+                    generation: g,
+                    error,
+                }) if g == generation => return Err(DraftStepError::GroupFailed(error)),
+                // Answers of earlier steps, or of a generation already replaced.
+                Some(_) => continue,
+                None => unreachable!("the proposer holds a sender of its own reports"),
             }
         }
+    }
+
+    /// Replaces a failed draft group with a new generation; every sequence starts over.
+    async fn restart_group(&mut self, why: &str) -> Result<(), String> {
+        let generation = self.group.as_ref().map_or(0, |g| g.generation()) + 1;
+        tracing::error!("draft model rank failed: {why}; restarting the draft group");
+        if let Some(group) = self.group.take() {
+            group.tear_down("draft group restart").await;
+        }
+        // Dropping the chains gives their blocks back to the block manager.
+        self.seqs.clear();
+        self.blocks.reclaim_dropped();
+        self.forgotten.clear();
+        let group = RankGroup::start(
+            &self.group_spec,
+            generation,
+            self.reports_tx.clone(),
+            self.supervisor.clone(),
+        )
+        .await
+        .map_err(|e| format!("draft model restart: {e}"))?;
+        self.group = Some(group);
+        Ok(())
     }
 
     /// Makes room for `needed` tokens of `seq`, releasing idle sequences' draft KV when
@@ -211,7 +245,15 @@ impl DraftModelProposer {
                     sample: None,
                 });
             }
-            let (logits, vocab) = self.step(plan).await?;
+            let (logits, vocab) = match self.step(plan).await {
+                Ok(answer) => answer,
+                Err(DraftStepError::Other(e)) => return Err(e),
+                Err(DraftStepError::GroupFailed(e)) => {
+                    // This step's drafts are lost; the verifier decodes without them.
+                    self.restart_group(&e).await?;
+                    return Ok(Draft::none_for(batch));
+                }
+            };
             for (row, (i, feed, start, _)) in live.iter_mut().enumerate() {
                 let r = &batch[*i];
                 let logits = &logits[row * vocab..(row + 1) * vocab];
@@ -273,13 +315,24 @@ impl DraftProposer for DraftModelProposer {
     fn method(&self) -> &'static str {
         "draft_model"
     }
+
+    #[cfg(feature = "test-hooks")]
+    fn inject_fault(&mut self, n: usize) {
+        if let Some(r) = self.group.as_ref().and_then(|g| g.ranks().get(n)) {
+            let _ = r.send_message(RankMsg::InjectFault);
+        }
+    }
 }
 
 impl Drop for DraftModelProposer {
     fn drop(&mut self) {
-        for r in &self.ranks {
-            r.stop(Some("draft model shut down".into()));
+        if let Some(group) = &self.group {
+            for r in group.ranks() {
+                r.stop(Some("draft model shut down".into()));
+            }
+            group
+                .collective()
+                .stop(Some("draft model shut down".into()));
         }
-        self.collective.stop(Some("draft model shut down".into()));
     }
 }

@@ -86,4 +86,9 @@ pub trait DraftProposer: Send + 'static {
 
     /// The method's name as `--speculative-config` spells it.
     fn method(&self) -> &'static str;
+
+    /// Test hook: make rank `n` of the proposer's own rank group (if it has one) fail on
+    /// its next step.
+    #[cfg(feature = "test-hooks")]
+    fn inject_fault(&mut self, _n: usize) {}
 }
