@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use dcpserve::{ChatMessage, DType, Engine, EngineConfig, Prompt};
-use dcpserve_kernels::{log_softmax, ThreadPool};
+use dcpserve_kernels::{log_softmax, CpuBackend};
 use dcpserve_model::arch::{BatchInput, DecoderModel, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
@@ -16,18 +16,20 @@ const TOL: f32 = 5e-3;
 fn logits_match_transformers() {
     let files = ModelFiles::open(default_model()).expect("open default model");
     let model = DecoderModel::load(
+        CpuBackend::new(2),
         files.config.clone(),
         files.tensors.as_ref(),
         WeightPrecision::F32,
     )
     .expect("load weights");
-    let pool = ThreadPool::new(2);
     let reference = read_json(fixture("smollm2/logits.json"));
     for prompt in reference["prompts"].as_array().unwrap() {
         let ids = ids(&prompt["ids"]);
         let n = ids.len();
         let block = 16;
-        let mut cache = model.new_kv_cache(n.div_ceil(block), block);
+        let mut cache = model
+            .new_kv_cache(n.div_ceil(block), block)
+            .expect("KV cache");
         let table: Vec<u32> = (0..n.div_ceil(block) as u32).rev().collect();
         let positions: Vec<usize> = (0..n).collect();
         let slots: Vec<usize> = positions
@@ -37,7 +39,6 @@ fn logits_match_transformers() {
         let kv_lens: Vec<u32> = (1..=n as u32).collect();
         let out = model
             .forward(
-                &pool,
                 &BatchInput {
                     tokens: &ids,
                     positions: &positions,

@@ -9,6 +9,7 @@ use common::reference::check_logprobs;
 use common::*;
 use dcpserve::{Engine, Prompt};
 use dcpserve_actors::Placement;
+use dcpserve_kernels::CpuBackend;
 use dcpserve_model::arch::{kv_bytes_per_token, RankCache, RankModel, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
@@ -172,8 +173,14 @@ async fn mla_dcp_shards_the_latent_cache() {
         );
     }
     // The cache a rank allocates holds exactly that per slot.
-    let model = RankModel::load(c.clone(), files.tensors.as_ref(), WeightPrecision::F32).unwrap();
-    match model.new_kv_cache(10, 16) {
+    let model = RankModel::load(
+        CpuBackend::new(1),
+        c.clone(),
+        files.tensors.as_ref(),
+        WeightPrecision::F32,
+    )
+    .unwrap();
+    match model.new_kv_cache(10, 16).unwrap() {
         RankCache::Latent(l) => assert_eq!(l.lock().unwrap().bytes(), 160 * per_token),
         RankCache::Dense(_) => panic!("an MLA model got a K/V cache"),
     }

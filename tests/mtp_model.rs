@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dcpserve_actors::placement::Placement;
 use dcpserve_actors::plan::{LocalBatch, StepBatch};
-use dcpserve_kernels::{log_softmax, Communicator, InProcessComm, ThreadPool};
+use dcpserve_kernels::{log_softmax, Communicator, CpuBackend, InProcessComm, ThreadPool};
 use dcpserve_model::arch::mla::{LatentCache, MlaModel, MtpLayer};
 use dcpserve_model::arch::{BatchInput, RankComms, RankModel, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
@@ -20,6 +20,7 @@ const BLOCK: usize = 4;
 fn load(name: &str) -> (ModelFiles, MlaModel) {
     let files = ModelFiles::open(fixture(name)).unwrap();
     let model = RankModel::load(
+        CpuBackend::new(2),
         files.config.clone(),
         files.tensors.as_ref(),
         WeightPrecision::F32,
@@ -269,6 +270,7 @@ fn rank_pass(
 ) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let block = 16;
     let mut model = MlaModel::load_shard(
+        CpuBackend::new(1),
         files.config.clone(),
         files.tensors.as_ref(),
         WeightPrecision::F32,

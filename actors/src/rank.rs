@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use dcpserve_kernels::ThreadPool;
+use dcpserve_kernels::CpuBackend;
 use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -205,13 +205,17 @@ fn compute_thread(
             return;
         }
     };
-    let pool = ThreadPool::new(args.threads.max(1));
-    let cache = model.new_kv_cache(args.num_blocks, args.placement.block_size);
+    let cache = match model.new_kv_cache(args.num_blocks, args.placement.block_size) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = ready.send(Err(format!("rank {}: KV cache: {e}", args.rank)));
+            return;
+        }
+    };
     let _ = ready.send(Ok(()));
     let rank = RankCompute {
         args: &args,
         model: &model,
-        pool: &pool,
         cache: &cache,
         myself: &myself,
     };
@@ -240,6 +244,7 @@ fn compute_thread(
 fn load_model(args: &RankArgs) -> Result<RankModel, String> {
     let loaded = catch_unwind(AssertUnwindSafe(|| {
         let mut m = RankModel::load_shard(
+            CpuBackend::new(args.threads.max(1)),
             args.files.config.clone(),
             args.files.tensors.as_ref(),
             args.precision,
@@ -268,7 +273,6 @@ fn load_model(args: &RankArgs) -> Result<RankModel, String> {
 struct RankCompute<'a> {
     args: &'a RankArgs,
     model: &'a RankModel,
-    pool: &'a ThreadPool,
     cache: &'a RankCache,
     myself: &'a ActorRef<RankMsg>,
 }
@@ -291,7 +295,6 @@ impl RankCompute<'_> {
                 Job::Mtp(plan, reply) => {
                     let ctx = MtpContext {
                         model: self.model,
-                        pool: self.pool,
                         comms,
                         placement: &args.placement,
                     };
@@ -334,18 +337,13 @@ impl RankCompute<'_> {
                 let tables: Vec<&[u32]> = batch.block_tables.iter().map(|t| t.as_slice()).collect();
                 let input = local.input(&batch, &tables);
                 let out = if !self.model.has_mtp() {
-                    self.model.forward_rank_shared(
-                        self.pool,
-                        comms,
-                        &input,
-                        self.cache,
-                        turn.as_ref(),
-                    )
+                    self.model
+                        .forward_rank_shared(comms, &input, self.cache, turn.as_ref())
                 } else {
                     hidden.release(&plan.finished);
                     let all: Vec<usize> = (0..batch.tokens.len()).collect();
                     self.model
-                        .forward_rank_hidden(self.pool, comms, &input, self.cache, &all)
+                        .forward_rank_hidden(comms, &input, self.cache, &all)
                         .map(|(out, h)| {
                             hidden.keep(&batch, &h);
                             out

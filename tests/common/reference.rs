@@ -1,6 +1,6 @@
 //! Single-rank logits against the fixtures' Hugging Face references.
 
-use dcpserve_kernels::{log_softmax, ThreadPool};
+use dcpserve_kernels::{log_softmax, CpuBackend};
 use dcpserve_model::arch::{BatchInput, RankModel, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
@@ -11,11 +11,10 @@ use super::{fixture, floats, ids, read_json};
 pub fn logprobs_chunked(model: &RankModel, ids: &[u32], chunk: usize) -> Vec<Vec<f32>> {
     let block = 4;
     let n_blocks = ids.len().div_ceil(block) + 1;
-    let mut cache = model.new_kv_cache(n_blocks * 2, block);
+    let mut cache = model.new_kv_cache(n_blocks * 2, block).expect("KV cache");
     let table: Vec<u32> = (0..n_blocks as u32)
         .map(|b| (b * 7 + 3) % (n_blocks as u32 * 2))
         .collect();
-    let pool = ThreadPool::new(2);
     let mut rows = Vec::new();
     let mut start = 0;
     while start < ids.len() {
@@ -38,7 +37,7 @@ pub fn logprobs_chunked(model: &RankModel, ids: &[u32], chunk: usize) -> Vec<Vec
             block_tables: &tables,
             logits_for: &logits_for,
         };
-        let out = model.forward(&pool, &input, &mut cache).expect("forward");
+        let out = model.forward(&input, &mut cache).expect("forward");
         for r in 0..end - start {
             rows.push(log_softmax(
                 &out.logits[r * out.vocab_size..(r + 1) * out.vocab_size],
@@ -61,6 +60,7 @@ pub fn check_logprobs_of(name: &str, model: &std::path::Path) -> f32 {
     let reference = read_json(fixture(name).join("reference.json"));
     let files = ModelFiles::open(model).unwrap_or_else(|e| panic!("{name}: {e}"));
     let model = RankModel::load(
+        CpuBackend::new(2),
         files.config.clone(),
         files.tensors.as_ref(),
         WeightPrecision::F32,

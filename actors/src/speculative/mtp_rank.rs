@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use dcpserve_kernels::ThreadPool;
 use dcpserve_model::arch::{RankCache, RankComms, RankModel};
 use dcpserve_model::ModelError;
 
@@ -73,7 +72,6 @@ impl HiddenStore {
 /// What one rank runs an MTP step with.
 pub struct MtpContext<'a> {
     pub model: &'a RankModel,
-    pub pool: &'a ThreadPool,
     pub comms: &'a RankComms,
     pub placement: &'a Placement,
 }
@@ -137,13 +135,9 @@ impl MtpContext<'_> {
         }
         let local = LocalBatch::new(&sub, self.placement);
         let tables: Vec<&[u32]> = sub.block_tables.iter().map(|t| t.as_slice()).collect();
-        let (out, y) = self.model.forward_mtp(
-            self.pool,
-            self.comms,
-            &local.input(&sub, &tables),
-            &prev,
-            cache,
-        )?;
+        let (out, y) =
+            self.model
+                .forward_mtp(self.comms, &local.input(&sub, &tables), &prev, cache)?;
         for (k, &seq) in sub.seq_ids.iter().enumerate() {
             let last = sub.logits_for[k];
             let pos = sub.positions[last];

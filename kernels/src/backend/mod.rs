@@ -193,6 +193,10 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), KernelError>;
     /// `a += b` (residual connections).
     fn add(&self, a: Self::ViewMut<'_>, b: Self::View<'_>) -> Result<(), KernelError>;
+    /// Adds `bias` to every `bias.len()`-wide row of `x` (projection biases).
+    fn add_bias(&self, x: Self::ViewMut<'_>, bias: Self::View<'_>) -> Result<(), KernelError>;
+    /// Copies `src` into `dst` (equal lengths), e.g. picking rows of activations.
+    fn copy(&self, src: Self::View<'_>, dst: Self::ViewMut<'_>) -> Result<(), KernelError>;
     /// Rotates, for each token `t`, the `head_dim`-wide vector at `offset` of every
     /// `stride`-wide row of token `t`'s part of `x` (`x` is `[positions.len(), …]`) by
     /// position `positions[t]`. GQA heads: `stride = head_dim`, `offset = 0`; MLA: the
@@ -286,6 +290,30 @@ pub trait Backend: Send + Sync {
         params: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<u32, KernelError>;
+}
+
+/// A backend whose views are host memory: the bridge to the code that still works on
+/// host slices — the [`Communicator`](crate::Communicator)'s collectives and the
+/// [`DcpAttention`](crate::DcpAttention) step — until collectives over device buffers
+/// (NCCL) arrive with the CUDA backend, whose views are not host slices and which will
+/// not implement this trait.
+pub trait HostViews: Backend {
+    /// The host slice behind a view.
+    fn host<'a>(v: Self::View<'a>) -> &'a [f32]
+    where
+        Self: 'a;
+    /// The writable host slice behind a view.
+    fn host_mut<'a>(v: Self::ViewMut<'a>) -> &'a mut [f32]
+    where
+        Self: 'a;
+    /// A host slice as a view.
+    fn of_host<'a>(s: &'a [f32]) -> Self::View<'a>
+    where
+        Self: 'a;
+    /// A writable host slice as a view.
+    fn of_host_mut<'a>(s: &'a mut [f32]) -> Self::ViewMut<'a>
+    where
+        Self: 'a;
 }
 
 /// Runs generic test bodies on every backend present: for each `name`, a module `name`

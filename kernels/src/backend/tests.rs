@@ -605,7 +605,41 @@ fn argmax_and_sampling<B: Backend>(dev: &B) {
     );
 }
 
+/// `add_bias` adds the bias to every row; `copy` copies and refuses unequal lengths.
+fn bias_and_copy<B: Backend>(dev: &B) {
+    let (rows, d) = (3, 5);
+    let mut rng = Lcg(11);
+    let (x, b) = (rng.vec(rows * d), rng.vec(d));
+    let mut xb = dev.upload(&x).unwrap();
+    let bb = dev.upload(&b).unwrap();
+    dev.add_bias(all_mut(dev, &mut xb), all(dev, &bb)).unwrap();
+    let want: Vec<f64> = (0..rows * d)
+        .map(|i| x[i] as f64 + b[i % d] as f64)
+        .collect();
+    assert_close("add_bias", &host(dev, &xb), &want, 1e-6);
+    assert!(dev
+        .add_bias(dev.view_mut(&mut xb, 0..7).unwrap(), all(dev, &bb))
+        .is_err());
+
+    let mut dst = dev.zeros(rows * d).unwrap();
+    dev.copy(
+        dev.view(&xb, d..2 * d).unwrap(),
+        dev.view_mut(&mut dst, 0..d).unwrap(),
+    )
+    .unwrap();
+    let got = host(dev, &dst);
+    assert_eq!(&got[..d], &host(dev, &xb)[d..2 * d]);
+    assert!(got[d..].iter().all(|&v| v == 0.0));
+    assert!(dev
+        .copy(
+            dev.view(&xb, 0..d).unwrap(),
+            dev.view_mut(&mut dst, 0..d + 1).unwrap()
+        )
+        .is_err());
+}
+
 test_on_every_backend!(
+    bias_and_copy,
     memory_round_trip,
     matmul_every_dtype,
     norms_and_elementwise,

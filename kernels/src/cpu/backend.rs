@@ -4,14 +4,16 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::attention::{paged_attention, write_kv, AttentionBatch};
-use crate::backend::{Backend, LatentAttentionParams, PagedAttentionParams};
+use crate::backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams};
 use crate::dcp::merge_partials;
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::latent_attention::{latent_attention, LatentBatch};
 use crate::matmul::{matmul_with_precision, Precision};
 use crate::moe_routing::{route_experts, RouterParams, Routing};
-use crate::ops::{add_inplace, rms_norm, rms_norm_inplace, silu_mul, RopeScalingKind, RopeTable};
+use crate::ops::{
+    add_bias, add_inplace, rms_norm, rms_norm_inplace, silu_mul, RopeScalingKind, RopeTable,
+};
 use crate::pool::ThreadPool;
 use crate::sampling::{argmax, sample, Rng, SamplingParams};
 use crate::weights::WeightMatrix;
@@ -160,6 +162,16 @@ impl Backend for CpuBackend {
         add_inplace(a, b)
     }
 
+    fn add_bias(&self, x: &mut [f32], bias: &[f32]) -> Result<(), KernelError> {
+        add_bias(x, bias)
+    }
+
+    fn copy(&self, src: &[f32], dst: &mut [f32]) -> Result<(), KernelError> {
+        check_len("copy destination", src.len(), dst.len())?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
     fn rope(
         &self,
         table: &RopeTable,
@@ -298,5 +310,35 @@ impl Backend for CpuBackend {
             return Err(KernelError::Shape("sample: empty logits".into()));
         }
         Ok(sample(logits, params, rng))
+    }
+}
+
+impl HostViews for CpuBackend {
+    fn host<'a>(v: &'a [f32]) -> &'a [f32]
+    where
+        Self: 'a,
+    {
+        v
+    }
+
+    fn host_mut<'a>(v: &'a mut [f32]) -> &'a mut [f32]
+    where
+        Self: 'a,
+    {
+        v
+    }
+
+    fn of_host<'a>(s: &'a [f32]) -> &'a [f32]
+    where
+        Self: 'a,
+    {
+        s
+    }
+
+    fn of_host_mut<'a>(s: &'a mut [f32]) -> &'a mut [f32]
+    where
+        Self: 'a,
+    {
+        s
     }
 }

@@ -1,16 +1,20 @@
-//! One forward step over a continuous batch of tokens.
+//! One forward step over a continuous batch of tokens, computed through the rank's
+//! [`Backend`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use dcpserve_kernels::dcp::{DcpAttention, DcpShape, MergeExchange};
+use dcpserve_kernels::dcp::{DcpShape, MergeExchange};
 use dcpserve_kernels::{
-    add_bias, add_inplace, matmul, paged_attention, rms_norm, silu_mul, write_kv, AttentionBatch,
-    Communicator, InProcessComm, RopeScalingKind, RopeTable, ThreadPool, WeightMatrix,
+    Backend, Communicator, CpuBackend, HostViews, InProcessComm, PagedAttentionParams, Precision,
+    RopeScalingKind,
 };
 
-use super::cache_access::{read_in_pieces, CacheAccess};
+use super::cache_access::{lock, read_in_pieces, CacheAccess};
+use super::device_weights::DeviceWeights;
+use super::head::head_logits;
 use super::kv_cache::KvCache;
-use super::weights::{split_range, DecoderWeights, HeadLayout, TpShard, WeightPrecision};
+use super::weights::{DecoderWeights, HeadLayout, TpShard, WeightPrecision};
+use super::workspace::{whole, Widths, Workspace};
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
@@ -51,6 +55,16 @@ impl BatchInput<'_> {
         Ok(n)
     }
 
+    /// Refuses token ids outside the vocabulary.
+    pub(crate) fn check_vocab(&self, vocab: usize) -> Result<(), ModelError> {
+        match self.tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(ModelError::Invalid(format!(
+                "token id {t} is outside the vocabulary ({vocab})"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// The tokens' embeddings (`[n, hidden]`), refusing ids outside the vocabulary.
     pub(crate) fn embed(
         &self,
@@ -71,9 +85,10 @@ impl BatchInput<'_> {
     }
 }
 
-/// Logits of the requested tokens, row-major `[logits_for.len(), vocab]`.
-pub struct ForwardOutput {
-    pub logits: Vec<f32>,
+/// Logits of the requested tokens, row-major `[logits_for.len(), vocab]`, in a buffer of
+/// the backend (on the CPU a `Vec<f32>`).
+pub struct ForwardOutput<B: Backend = CpuBackend> {
+    pub logits: B::Buffer,
     pub vocab_size: usize,
 }
 
@@ -99,13 +114,20 @@ impl RankComms {
     }
 }
 
-/// One rank's share of a decoder: its weight shard, head layout and RoPE table.
-pub struct DecoderModel {
+/// One rank's share of a decoder on its backend `B`: its weight shard, head layout,
+/// RoPE table, and the workspaces its forward passes compute in.
+///
+/// The backend carries the device and (on the CPU) the rank's thread pool. Workspaces
+/// are allocated once and grow to the largest step seen; there is one per forward
+/// running at the same time (one per micro-batch thread of the rank).
+pub struct DecoderModel<B: Backend = CpuBackend> {
     pub config: ModelConfig,
-    pub weights: DecoderWeights,
+    pub weights: DeviceWeights<B>,
     pub shard: TpShard,
     pub heads: HeadLayout,
-    rope: RopeTable,
+    backend: B,
+    rope: B::Rope,
+    workspaces: Mutex<Vec<Workspace<B>>>,
 }
 
 fn rope_kind(s: &Option<RopeScaling>) -> RopeScalingKind {
@@ -126,43 +148,60 @@ fn rope_kind(s: &Option<RopeScaling>) -> RopeScalingKind {
     }
 }
 
-impl DecoderModel {
-    /// Loads the whole model (one rank).
+impl<B: Backend> DecoderModel<B> {
+    /// Loads the whole model (one rank) onto `backend`.
     pub fn load(
+        backend: B,
         config: ModelConfig,
         tensors: &dyn TensorSource,
         precision: WeightPrecision,
     ) -> Result<Self, ModelError> {
-        Self::load_shard(config, tensors, precision, TpShard::single())
+        Self::load_shard(backend, config, tensors, precision, TpShard::single())
     }
 
-    /// Loads tensor-parallel rank `shard.rank`'s slice of the model.
+    /// Loads tensor-parallel rank `shard.rank`'s slice of the model onto `backend`.
     pub fn load_shard(
+        backend: B,
         config: ModelConfig,
         tensors: &dyn TensorSource,
         precision: WeightPrecision,
         shard: TpShard,
     ) -> Result<Self, ModelError> {
-        let weights = DecoderWeights::load(&config, tensors, precision, shard)?;
+        let host = DecoderWeights::load(&config, tensors, precision, shard)?;
+        let weights = DeviceWeights::upload(&backend, &host)?;
+        drop(host);
         let heads = HeadLayout::new(&config, shard);
-        let rope = RopeTable::new(
+        let rope = backend.rope_table(
             config.head_dim,
             config.rope_theta,
             rope_kind(&config.rope_scaling),
             config.max_position_embeddings.clamp(1, 1 << 16),
-        );
+        )?;
         Ok(Self {
             config,
             weights,
             shard,
             heads,
+            backend,
             rope,
+            workspaces: Mutex::new(Vec::new()),
         })
     }
 
-    /// A KV cache shaped for this rank with `num_blocks` blocks of `block_size` tokens.
-    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
+    /// The backend the model computes on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// A KV cache shaped for this rank with `num_blocks` blocks of `block_size` tokens,
+    /// in the backend's memory.
+    pub fn new_kv_cache(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<KvCache<B>, ModelError> {
         KvCache::new(
+            &self.backend,
             self.config.num_hidden_layers,
             num_blocks,
             block_size,
@@ -171,14 +210,47 @@ impl DecoderModel {
         )
     }
 
+    fn widths(&self) -> Widths {
+        let hd = self.config.head_dim;
+        let inter = self
+            .weights
+            .layers
+            .first()
+            .map_or(0, |l| self.backend.matrix_shape(&l.gate_proj).0);
+        Widths {
+            hidden: self.config.hidden_size,
+            q: self.heads.q_heads * hd,
+            kv: self.heads.kv_heads * hd,
+            inter,
+        }
+    }
+
+    /// Allocates a workspace for steps of up to `max_tokens` tokens now (e.g. the
+    /// engine's max batched tokens), so no step allocates activations; call it once per
+    /// forward that may run at the same time.
+    pub fn reserve_workspace(&self, max_tokens: usize) -> Result<(), ModelError> {
+        let ws = Workspace::new(&self.backend, self.widths(), max_tokens)?;
+        lock(&self.workspaces).push(ws);
+        Ok(())
+    }
+
+    /// A free workspace, or a new one (grown by the step itself).
+    fn take_workspace(&self) -> Result<Workspace<B>, ModelError> {
+        match lock(&self.workspaces).pop() {
+            Some(ws) => Ok(ws),
+            None => Workspace::new(&self.backend, self.widths(), 0),
+        }
+    }
+}
+
+impl<B: HostViews> DecoderModel<B> {
     /// Runs one step on a model served by a single rank.
     pub fn forward(
         &self,
-        pool: &ThreadPool,
         input: &BatchInput,
-        cache: &mut KvCache,
-    ) -> Result<ForwardOutput, ModelError> {
-        self.forward_rank(pool, &RankComms::single(), input, cache)
+        cache: &mut KvCache<B>,
+    ) -> Result<ForwardOutput<B>, ModelError> {
+        self.forward_rank(&RankComms::single(), input, cache)
     }
 
     /// Runs all layers for the batch on this rank, writing its K/V shard into `cache`,
@@ -186,237 +258,203 @@ impl DecoderModel {
     /// every rank). Every rank of the group must call it with the same plan.
     pub fn forward_rank(
         &self,
-        pool: &ThreadPool,
         comms: &RankComms,
         input: &BatchInput,
-        cache: &mut KvCache,
-    ) -> Result<ForwardOutput, ModelError> {
-        self.forward_rank_with(pool, comms, input, cache)
+        cache: &mut KvCache<B>,
+    ) -> Result<ForwardOutput<B>, ModelError> {
+        self.forward_rank_with(comms, input, cache)
     }
 
     /// [`DecoderModel::forward_rank`] with the cache reached through `cache` (borrowed, or
     /// shared with the rank's other micro-batch thread).
     pub fn forward_rank_with(
         &self,
-        pool: &ThreadPool,
         comms: &RankComms,
         input: &BatchInput,
-        mut cache: impl CacheAccess<KvCache>,
-    ) -> Result<ForwardOutput, ModelError> {
+        cache: impl CacheAccess<KvCache<B>>,
+    ) -> Result<ForwardOutput<B>, ModelError> {
+        let mut ws = self.take_workspace()?;
+        let out = self.step(&mut ws, comms, input, cache);
+        lock(&self.workspaces).push(ws);
+        out
+    }
+
+    /// The step itself, in workspace `ws`.
+    fn step(
+        &self,
+        ws: &mut Workspace<B>,
+        comms: &RankComms,
+        input: &BatchInput,
+        mut cache: impl CacheAccess<KvCache<B>>,
+    ) -> Result<ForwardOutput<B>, ModelError> {
+        let dev = &self.backend;
         let cfg = &self.config;
         let n = input.checked_len()?;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (nq, nkv) = (self.heads.q_heads, self.heads.kv_heads);
-        let q_dim = nq * hd;
-        let kv_dim = nkv * hd;
+        let Widths {
+            q: q_dim,
+            kv: kv_dim,
+            inter,
+            ..
+        } = self.widths();
+        let (nh, nqd, nkvd, ni) = (n * h, n * q_dim, n * kv_dim, n * inter);
+        let eps = cfg.rms_norm_eps;
         let w = &self.weights;
+        ws.prepare(dev, n, comms.dcp_merge)?;
 
-        let mut x = input.embed(&w.embed_tokens, cfg.vocab_size, h)?;
+        input.check_vocab(cfg.vocab_size)?;
+        dev.embedding(
+            &w.embed_tokens,
+            input.tokens,
+            dev.view_mut(&mut ws.x, 0..nh)?,
+        )?;
 
-        let mut normed = vec![0.0f32; n * h];
-        let mut q = vec![0.0f32; n * q_dim];
-        let mut k = vec![0.0f32; n * kv_dim];
-        let mut v = vec![0.0f32; n * kv_dim];
-        let mut attn = vec![0.0f32; n * q_dim];
-        let mut proj = vec![0.0f32; n * h];
-        let inter = self
-            .weights
-            .layers
-            .first()
-            .map_or(0, |l| l.gate_proj.rows());
-        let mut dcp = DcpAttention::new(comms.dcp_merge);
-        let mut gate = vec![0.0f32; n * inter];
-        let mut up = vec![0.0f32; n * inter];
-        let mut act = vec![0.0f32; n * inter];
         let scale = 1.0 / (hd as f32).sqrt();
         let block_size = cache.with(|c| c.block_size);
+        let exact = Precision::Exact;
 
         for (li, lw) in w.layers.iter().enumerate() {
-            rms_norm(&x, &lw.input_norm, cfg.rms_norm_eps, &mut normed)?;
-            matmul(pool, &normed, n, &lw.q_proj, &mut q)?;
-            matmul(pool, &normed, n, &lw.k_proj, &mut k)?;
-            matmul(pool, &normed, n, &lw.v_proj, &mut v)?;
+            let x = dev.view(&ws.x, 0..nh)?;
+            let normed = dev.view_mut(&mut ws.normed, 0..nh)?;
+            dev.rms_norm(x, whole(dev, &lw.input_norm)?, eps, normed)?;
+            let normed = dev.view(&ws.normed, 0..nh)?;
+            dev.matmul(
+                normed,
+                n,
+                &lw.q_proj,
+                dev.view_mut(&mut ws.q, 0..nqd)?,
+                exact,
+            )?;
+            dev.matmul(
+                normed,
+                n,
+                &lw.k_proj,
+                dev.view_mut(&mut ws.k, 0..nkvd)?,
+                exact,
+            )?;
+            dev.matmul(
+                normed,
+                n,
+                &lw.v_proj,
+                dev.view_mut(&mut ws.v, 0..nkvd)?,
+                exact,
+            )?;
             if let (Some(qb), Some(kb), Some(vb)) = (&lw.q_bias, &lw.k_bias, &lw.v_bias) {
-                add_bias(&mut q, qb)?;
-                add_bias(&mut k, kb)?;
-                add_bias(&mut v, vb)?;
+                dev.add_bias(dev.view_mut(&mut ws.q, 0..nqd)?, whole(dev, qb)?)?;
+                dev.add_bias(dev.view_mut(&mut ws.k, 0..nkvd)?, whole(dev, kb)?)?;
+                dev.add_bias(dev.view_mut(&mut ws.v, 0..nkvd)?, whole(dev, vb)?)?;
             }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                rms_norm_heads(&mut q, qn, cfg.rms_norm_eps)?;
-                rms_norm_heads(&mut k, kn, cfg.rms_norm_eps)?;
+                // Qwen3's q/k norm: RMSNorm of every head vector.
+                dev.rms_norm_inplace(dev.view_mut(&mut ws.q, 0..nqd)?, whole(dev, qn)?, eps)?;
+                dev.rms_norm_inplace(dev.view_mut(&mut ws.k, 0..nkvd)?, whole(dev, kn)?, eps)?;
             }
-            for (i, &pos) in input.positions.iter().enumerate() {
-                self.rope.apply(
-                    &mut q[i * q_dim..(i + 1) * q_dim],
-                    nq,
-                    pos,
-                    cfg.rope_interleaved,
-                )?;
-                self.rope.apply(
-                    &mut k[i * kv_dim..(i + 1) * kv_dim],
-                    nkv,
-                    pos,
-                    cfg.rope_interleaved,
-                )?;
-            }
+            let interleaved = cfg.rope_interleaved;
+            let q = dev.view_mut(&mut ws.q, 0..nqd)?;
+            dev.rope(&self.rope, q, input.positions, hd, 0, interleaved)?;
+            let k = dev.view_mut(&mut ws.k, 0..nkvd)?;
+            dev.rope(&self.rope, k, input.positions, hd, 0, interleaved)?;
+            let (k, v) = (dev.view(&ws.k, 0..nkvd)?, dev.view(&ws.v, 0..nkvd)?);
             cache.with(|c| {
-                let (kc, vc) = c.layer_mut(li);
-                write_kv(kc, vc, nkv, hd, input.slots, &k, &v)
+                let (kc, vc) = c.layer_mut(dev, li)?;
+                dev.write_kv(kc, vc, nkv, hd, input.slots, k, v)?;
+                Ok::<(), ModelError>(())
             })?;
-            let batch = AttentionBatch {
-                q: &q,
-                n_q_heads: nq,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                block_size,
-                scale,
-                token_seq: input.token_seq,
-                token_kv_len: input.kv_lens,
-                block_tables: input.block_tables,
-            };
-            // The cache is only touched inside `with`, never across a collective.
-            let mut attend = |b: &AttentionBatch, out: &mut [f32], lse: &mut [f32]| {
-                let shape = (b.n_q_heads * b.head_dim, b.n_q_heads);
-                read_in_pieces(
-                    &mut cache,
-                    b.token_seq.len(),
-                    shape,
-                    out,
-                    lse,
-                    |c, r, o, l| {
-                        let (kc, vc) = c.layer(li);
-                        paged_attention(pool, &b.tokens(r), kc, vc, o, l)
-                    },
-                )
-            };
+
+            // The DCP step and the collectives work on host slices (see `HostViews`).
+            let q = B::host(dev.view(&ws.q, 0..nqd)?);
+            let attn = B::host_mut(dev.view_mut(&mut ws.attn, 0..nqd)?);
             let shape = DcpShape {
                 tokens: n,
                 heads: nq,
                 q_dim: hd,
                 v_dim: hd,
             };
-            dcp.run(
+            // The cache is only touched inside `with`, never across a collective.
+            ws.dcp.run(
                 comms.dcp.as_ref(),
-                &q,
+                q,
                 shape,
-                &mut attn,
-                |q, heads, o, l| {
-                    let group = AttentionBatch {
-                        q,
-                        n_q_heads: heads,
-                        ..batch
-                    };
-                    attend(&group, o, l)
+                attn,
+                |q_all, heads, out, lse| {
+                    let row = heads * hd;
+                    read_in_pieces(&mut cache, n, (row, heads), out, lse, |c, r, o, l| {
+                        let (kc, vc) = c.layer(dev, li)?;
+                        let p = PagedAttentionParams {
+                            n_q_heads: heads,
+                            n_kv_heads: nkv,
+                            head_dim: hd,
+                            block_size,
+                            scale,
+                            token_seq: &input.token_seq[r.clone()],
+                            token_kv_len: &input.kv_lens[r.clone()],
+                            block_tables: input.block_tables,
+                        };
+                        let q = B::of_host(&q_all[r.start * row..r.end * row]);
+                        let (o, l) = (B::of_host_mut(o), B::of_host_mut(l));
+                        dev.paged_attention(q, &p, kc, vc, o, l)?;
+                        Ok::<(), ModelError>(())
+                    })
                 },
             )?;
-            matmul(pool, &attn, n, &lw.o_proj, &mut proj)?;
-            comms.world.all_reduce_sum(&mut proj)?;
-            add_inplace(&mut x, &proj)?;
+            let attn = dev.view(&ws.attn, 0..nqd)?;
+            dev.matmul(
+                attn,
+                n,
+                &lw.o_proj,
+                dev.view_mut(&mut ws.proj, 0..nh)?,
+                exact,
+            )?;
+            comms
+                .world
+                .all_reduce_sum(B::host_mut(dev.view_mut(&mut ws.proj, 0..nh)?))?;
+            dev.add(dev.view_mut(&mut ws.x, 0..nh)?, dev.view(&ws.proj, 0..nh)?)?;
 
-            rms_norm(&x, &lw.post_attention_norm, cfg.rms_norm_eps, &mut normed)?;
-            matmul(pool, &normed, n, &lw.gate_proj, &mut gate)?;
-            matmul(pool, &normed, n, &lw.up_proj, &mut up)?;
-            silu_mul(&gate, &up, &mut act)?;
-            matmul(pool, &act, n, &lw.down_proj, &mut proj)?;
-            comms.world.all_reduce_sum(&mut proj)?;
-            add_inplace(&mut x, &proj)?;
+            let x = dev.view(&ws.x, 0..nh)?;
+            let normed = dev.view_mut(&mut ws.normed, 0..nh)?;
+            dev.rms_norm(x, whole(dev, &lw.post_attention_norm)?, eps, normed)?;
+            let normed = dev.view(&ws.normed, 0..nh)?;
+            dev.matmul(
+                normed,
+                n,
+                &lw.gate_proj,
+                dev.view_mut(&mut ws.gate, 0..ni)?,
+                exact,
+            )?;
+            dev.matmul(
+                normed,
+                n,
+                &lw.up_proj,
+                dev.view_mut(&mut ws.up, 0..ni)?,
+                exact,
+            )?;
+            let (gate, up) = (dev.view(&ws.gate, 0..ni)?, dev.view(&ws.up, 0..ni)?);
+            dev.silu_mul(gate, up, dev.view_mut(&mut ws.act, 0..ni)?)?;
+            let act = dev.view(&ws.act, 0..ni)?;
+            dev.matmul(
+                act,
+                n,
+                &lw.down_proj,
+                dev.view_mut(&mut ws.proj, 0..nh)?,
+                exact,
+            )?;
+            comms
+                .world
+                .all_reduce_sum(B::host_mut(dev.view_mut(&mut ws.proj, 0..nh)?))?;
+            dev.add(dev.view_mut(&mut ws.x, 0..nh)?, dev.view(&ws.proj, 0..nh)?)?;
         }
 
         head_logits(
-            pool,
+            dev,
             comms,
-            &x,
-            h,
+            &ws.x,
+            (n, h),
             input.logits_for,
-            &w.norm,
-            cfg.rms_norm_eps,
+            (&w.norm, eps),
             w.output_head(),
             cfg.vocab_size,
+            &mut ws.head,
         )
     }
-}
-
-/// The rows `rows` of `x` (`[n, h]`), RMS-normalized with `norm`.
-pub(crate) fn pick_normed(
-    x: &[f32],
-    h: usize,
-    rows: &[usize],
-    norm: &[f32],
-    eps: f32,
-) -> Result<Vec<f32>, ModelError> {
-    let n = x.len() / h.max(1);
-    let mut picked = vec![0.0f32; rows.len() * h];
-    for (j, &t) in rows.iter().enumerate() {
-        if t >= n {
-            return Err(ModelError::Invalid(format!(
-                "row {t} requested of a {n}-token batch"
-            )));
-        }
-        picked[j * h..(j + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
-    }
-    let mut normed = vec![0.0f32; rows.len() * h];
-    rms_norm(&picked, norm, eps, &mut normed)?;
-    Ok(normed)
-}
-
-/// The final `norm`, then the output `head` (this rank's vocabulary slice), for the tokens
-/// `rows` of `x` (`[n, h]`); the logits are gathered over the vocabulary across ranks.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn head_logits(
-    pool: &ThreadPool,
-    comms: &RankComms,
-    x: &[f32],
-    h: usize,
-    rows: &[usize],
-    norm: &[f32],
-    eps: f32,
-    head: &WeightMatrix,
-    vocab: usize,
-) -> Result<ForwardOutput, ModelError> {
-    let m = rows.len();
-    let normed = pick_normed(x, h, rows, norm, eps)?;
-    let mut local = vec![0.0f32; m * head.rows()];
-    if m > 0 {
-        matmul(pool, &normed, m, head, &mut local)?;
-    }
-    let logits = if comms.world.size() == 1 {
-        local
-    } else {
-        gather_vocab(comms.world.as_ref(), &local, m, vocab)?
-    };
-    Ok(ForwardOutput {
-        logits,
-        vocab_size: vocab,
-    })
-}
-
-/// Reassembles `[m, vocab]` logits from every rank's `[m, vocab slice]`.
-pub(super) fn gather_vocab(
-    world: &dyn Communicator,
-    local: &[f32],
-    m: usize,
-    vocab: usize,
-) -> Result<Vec<f32>, ModelError> {
-    let tp = world.size();
-    let parts: Vec<std::ops::Range<usize>> = (0..tp).map(|r| split_range(vocab, tp, r)).collect();
-    let counts: Vec<usize> = parts.iter().map(|p| p.len() * m).collect();
-    let mut gathered = vec![0.0f32; m * vocab];
-    world.all_gather_varying(local, &counts, &mut gathered)?;
-    let mut logits = vec![0.0f32; m * vocab];
-    let mut at = 0;
-    for p in &parts {
-        let w = p.len();
-        for row in 0..m {
-            logits[row * vocab + p.start..row * vocab + p.end]
-                .copy_from_slice(&gathered[at + row * w..at + (row + 1) * w]);
-        }
-        at += w * m;
-    }
-    Ok(logits)
-}
-
-/// RMSNorm applied to every head vector (Qwen3's q/k norm).
-fn rms_norm_heads(x: &mut [f32], weight: &[f32], eps: f32) -> Result<(), ModelError> {
-    dcpserve_kernels::rms_norm_inplace(x, weight, eps)?;
-    Ok(())
 }

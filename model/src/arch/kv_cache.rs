@@ -1,34 +1,46 @@
 //! The paged KV cache of one rank: per layer, K and V of shape
-//! `[num_blocks, block_size, n_kv_heads, head_dim]`.
+//! `[num_blocks, block_size, n_kv_heads, head_dim]`, in buffers of the rank's backend.
 
-/// Paged key/value storage for all layers of one rank.
-pub struct KvCache {
+use dcpserve_kernels::{Backend, CpuBackend};
+
+use crate::error::ModelError;
+
+/// Paged key/value storage for all layers of one rank, owned as backend buffers.
+pub struct KvCache<B: Backend = CpuBackend> {
     pub num_blocks: usize,
     pub block_size: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<B::Buffer>,
+    v: Vec<B::Buffer>,
 }
 
-impl KvCache {
-    /// Allocates `num_blocks` blocks for `n_layers` layers (zeroed, so untouched pages cost no RAM).
+impl<B: Backend> KvCache<B> {
+    /// Allocates `num_blocks` blocks for `n_layers` layers on `dev` (zeroed, so on the
+    /// CPU untouched pages cost no RAM).
     pub fn new(
+        dev: &B,
         n_layers: usize,
         num_blocks: usize,
         block_size: usize,
         n_kv_heads: usize,
         head_dim: usize,
-    ) -> Self {
+    ) -> Result<Self, ModelError> {
         let per_layer = num_blocks * block_size * n_kv_heads * head_dim;
-        Self {
+        let mut k = Vec::with_capacity(n_layers);
+        let mut v = Vec::with_capacity(n_layers);
+        for _ in 0..n_layers {
+            k.push(dev.zeros(per_layer)?);
+            v.push(dev.zeros(per_layer)?);
+        }
+        Ok(Self {
             num_blocks,
             block_size,
             n_kv_heads,
             head_dim,
-            k: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
-            v: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
-        }
+            k,
+            v,
+        })
     }
 
     /// Bytes one token occupies across all layers (K and V, f32).
@@ -46,11 +58,40 @@ impl KvCache {
         self.num_blocks * self.block_size
     }
 
-    pub(crate) fn layer_mut(&mut self, layer: usize) -> (&mut [f32], &mut [f32]) {
-        (&mut self.k[layer], &mut self.v[layer])
+    fn layer_len(&self) -> usize {
+        self.capacity_tokens() * self.n_kv_heads * self.head_dim
     }
 
-    pub(crate) fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        (&self.k[layer], &self.v[layer])
+    /// Layer `layer`'s K and V caches, writable.
+    pub(crate) fn layer_mut<'a>(
+        &'a mut self,
+        dev: &B,
+        layer: usize,
+    ) -> Result<(B::ViewMut<'a>, B::ViewMut<'a>), ModelError> {
+        let (len, layers) = (self.layer_len(), self.k.len());
+        let (k, v) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
+            (Some(k), Some(v)) => (k, v),
+            _ => return Err(no_layer(layer, layers)),
+        };
+        Ok((dev.view_mut(k, 0..len)?, dev.view_mut(v, 0..len)?))
     }
+
+    /// Layer `layer`'s K and V caches.
+    pub(crate) fn layer<'a>(
+        &'a self,
+        dev: &B,
+        layer: usize,
+    ) -> Result<(B::View<'a>, B::View<'a>), ModelError> {
+        let len = self.layer_len();
+        match (self.k.get(layer), self.v.get(layer)) {
+            (Some(k), Some(v)) => Ok((dev.view(k, 0..len)?, dev.view(v, 0..len)?)),
+            _ => Err(no_layer(layer, self.k.len())),
+        }
+    }
+}
+
+fn no_layer(layer: usize, layers: usize) -> ModelError {
+    ModelError::Invalid(format!(
+        "KV cache layer {layer} requested of a {layers}-layer cache"
+    ))
 }

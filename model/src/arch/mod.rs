@@ -1,18 +1,23 @@
 //! Decoder-only transformer architectures (Llama, Qwen2, Qwen3; DeepSeek-V2/V3 with MLA
-//! in [`mla`]) on the CPU kernels.
+//! in [`mla`]): the dense decoder computes through a
+//! [`Backend`](dcpserve_kernels::Backend); MLA still calls the CPU kernels directly.
 //!
 //! The forward pass works on a flat batch of tokens from many sequences (continuous
 //! batching): each token carries its sequence, position, KV slot and attention length,
 //! and attention reads the paged KV cache through per-sequence block tables.
 
 pub mod cache_access;
+mod device_weights;
 mod forward;
+mod head;
 mod kv_cache;
 pub mod mla;
 mod rank_model;
 mod weights;
+mod workspace;
 
 pub use cache_access::CacheAccess;
+pub use device_weights::{DeviceLayer, DeviceWeights};
 pub use forward::{BatchInput, DecoderModel, ForwardOutput, RankComms};
 pub use kv_cache::KvCache;
 pub use mla::hf::{check_mla_config, mla_layer_tensors, mla_moe_from_json};
@@ -23,3 +28,4 @@ pub use rank_model::{
 pub use weights::{
     split_range, DecoderWeights, HeadLayout, LayerWeights, TpShard, WeightPrecision,
 };
+pub use workspace::{HeadBuffers, Workspace};

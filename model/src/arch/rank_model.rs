@@ -4,7 +4,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use dcpserve_kernels::{BatonTurn, ThreadPool};
+use dcpserve_kernels::{BatonTurn, CpuBackend};
 
 use super::cache_access::{lock, SharedCache};
 
@@ -48,7 +48,7 @@ impl RankCache {
                 let c = lock(c);
                 KvStorage {
                     tokens_written_per_layer: None,
-                    bytes_per_token: KvCache::bytes_per_token(
+                    bytes_per_token: KvCache::<CpuBackend>::bytes_per_token(
                         c.num_layers(),
                         c.n_kv_heads,
                         c.head_dim,
@@ -81,8 +81,10 @@ pub struct KvStorage {
 }
 
 impl RankModel {
-    /// Loads tensor-parallel rank `shard.rank`'s slice of whichever architecture `config` names.
+    /// Loads tensor-parallel rank `shard.rank`'s slice of whichever architecture `config`
+    /// names, to compute on `backend` (the rank's device and threads).
     pub fn load_shard(
+        backend: CpuBackend,
         config: ModelConfig,
         tensors: &dyn TensorSource,
         precision: WeightPrecision,
@@ -90,22 +92,31 @@ impl RankModel {
     ) -> Result<Self, ModelError> {
         if config.mla.is_some() {
             Ok(RankModel::Mla(Box::new(MlaModel::load_shard(
-                config, tensors, precision, shard,
+                backend, config, tensors, precision, shard,
             )?)))
         } else {
             Ok(RankModel::Dense(Box::new(DecoderModel::load_shard(
-                config, tensors, precision, shard,
+                backend, config, tensors, precision, shard,
             )?)))
         }
     }
 
     /// Loads the whole model on one rank.
     pub fn load(
+        backend: CpuBackend,
         config: ModelConfig,
         tensors: &dyn TensorSource,
         precision: WeightPrecision,
     ) -> Result<Self, ModelError> {
-        Self::load_shard(config, tensors, precision, TpShard::single())
+        Self::load_shard(backend, config, tensors, precision, TpShard::single())
+    }
+
+    /// The backend the model computes on.
+    pub fn backend(&self) -> &CpuBackend {
+        match self {
+            RankModel::Dense(m) => m.backend(),
+            RankModel::Mla(m) => m.backend(),
+        }
     }
 
     /// The configuration the model was loaded with.
@@ -117,31 +128,32 @@ impl RankModel {
     }
 
     /// A KV cache of `num_blocks` blocks of `block_size` tokens for this rank.
-    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> RankCache {
-        match self {
+    pub fn new_kv_cache(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<RankCache, ModelError> {
+        Ok(match self {
             RankModel::Dense(m) => {
-                RankCache::Dense(Mutex::new(m.new_kv_cache(num_blocks, block_size)))
+                RankCache::Dense(Mutex::new(m.new_kv_cache(num_blocks, block_size)?))
             }
             RankModel::Mla(m) => {
                 RankCache::Latent(Mutex::new(m.new_kv_cache(num_blocks, block_size)))
             }
-        }
+        })
     }
 
     /// One step on this rank (see [`DecoderModel::forward_rank`]).
     pub fn forward_rank(
         &self,
-        pool: &ThreadPool,
         comms: &RankComms,
         input: &BatchInput,
         cache: &mut RankCache,
     ) -> Result<ForwardOutput, ModelError> {
         match (self, cache) {
-            (RankModel::Dense(m), RankCache::Dense(c)) => {
-                m.forward_rank(pool, comms, input, owned(c))
-            }
+            (RankModel::Dense(m), RankCache::Dense(c)) => m.forward_rank(comms, input, owned(c)),
             (RankModel::Mla(m), RankCache::Latent(c)) => {
-                m.forward_rank(pool, comms, input, owned(c))
+                m.forward_rank(m.backend().pool(), comms, input, owned(c))
             }
             _ => Err(mismatch()),
         }
@@ -154,7 +166,6 @@ impl RankModel {
     /// disjoint sequences.
     pub fn forward_rank_shared(
         &self,
-        pool: &ThreadPool,
         comms: &RankComms,
         input: &BatchInput,
         cache: &RankCache,
@@ -162,10 +173,11 @@ impl RankModel {
     ) -> Result<ForwardOutput, ModelError> {
         match (self, cache) {
             (RankModel::Dense(m), RankCache::Dense(cache)) => {
-                m.forward_rank_with(pool, comms, input, SharedCache::new(cache, baton))
+                m.forward_rank_with(comms, input, SharedCache::new(cache, baton))
             }
             (RankModel::Mla(m), RankCache::Latent(cache)) => {
                 let shared = SharedCache::new(cache, baton);
+                let pool = m.backend().pool();
                 Ok(m.forward_rank_with(pool, comms, input, shared, &[])?.0)
             }
             _ => Err(mismatch()),
@@ -196,7 +208,6 @@ impl RankModel {
     /// tokens `hidden_for` (MLA models; see [`MlaModel::forward_rank_hidden`]).
     pub fn forward_rank_hidden(
         &self,
-        pool: &ThreadPool,
         comms: &RankComms,
         input: &BatchInput,
         cache: &RankCache,
@@ -205,7 +216,7 @@ impl RankModel {
         match (self, cache) {
             (RankModel::Mla(m), RankCache::Latent(cache)) => {
                 let shared = SharedCache::new(cache, None);
-                m.forward_rank_with(pool, comms, input, shared, hidden_for)
+                m.forward_rank_with(m.backend().pool(), comms, input, shared, hidden_for)
             }
             _ => Err(ModelError::Invalid(
                 "hidden states are only kept for MLA models".into(),
@@ -216,7 +227,6 @@ impl RankModel {
     /// One MTP step (see [`MlaModel::forward_mtp`]).
     pub fn forward_mtp(
         &self,
-        pool: &ThreadPool,
         comms: &RankComms,
         input: &BatchInput,
         prev_hidden: &[f32],
@@ -225,7 +235,7 @@ impl RankModel {
         match (self, cache) {
             (RankModel::Mla(m), RankCache::Latent(cache)) => {
                 let shared = SharedCache::new(cache, None);
-                m.forward_mtp(pool, comms, input, prev_hidden, shared)
+                m.forward_mtp(m.backend().pool(), comms, input, prev_hidden, shared)
             }
             _ => Err(ModelError::Invalid(
                 "multi-token prediction needs a DeepSeek-V3 (MLA) model".into(),
@@ -236,11 +246,10 @@ impl RankModel {
     /// One step on a model served by a single rank.
     pub fn forward(
         &self,
-        pool: &ThreadPool,
         input: &BatchInput,
         cache: &mut RankCache,
     ) -> Result<ForwardOutput, ModelError> {
-        self.forward_rank(pool, &RankComms::single(), input, cache)
+        self.forward_rank(&RankComms::single(), input, cache)
     }
 }
 
@@ -267,7 +276,7 @@ pub fn kv_bytes_per_token(cfg: &ModelConfig, tp: usize) -> usize {
                     size: tp.max(1),
                 },
             );
-            KvCache::bytes_per_token(layers, heads.kv_heads, cfg.head_dim)
+            KvCache::<CpuBackend>::bytes_per_token(layers, heads.kv_heads, cfg.head_dim)
         }
     }
 }

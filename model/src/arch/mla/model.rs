@@ -2,7 +2,9 @@
 //! cache (decode and prefill alike), then a dense or mixture-of-experts MLP.
 
 use dcpserve_kernels::dcp::{DcpAttention, DcpShape};
-use dcpserve_kernels::{add_inplace, matmul, rms_norm, rms_norm_inplace, ThreadPool, WeightMatrix};
+use dcpserve_kernels::{
+    add_inplace, matmul, rms_norm, rms_norm_inplace, Backend, CpuBackend, ThreadPool, WeightMatrix,
+};
 
 use super::attention::{latent_attention, LatentBatch};
 use super::cache::LatentCache;
@@ -11,11 +13,16 @@ use super::mtp::MtpLayer;
 use super::rope::{softmax_scale, MlaRope};
 use super::weights::{FeedForward, MlaLayer, MlaWeights};
 use crate::arch::cache_access::{read_in_pieces, CacheAccess};
-use crate::arch::forward::{head_logits, pick_normed, BatchInput, ForwardOutput, RankComms};
+use crate::arch::forward::{BatchInput, ForwardOutput, RankComms};
+use crate::arch::head::{head_logits, pick_normed};
 use crate::arch::weights::{TpShard, WeightPrecision};
+use crate::arch::workspace::HeadBuffers;
 use crate::config::{MlaConfig, ModelConfig, MoeConfig};
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
+
+/// The CPU backend's buffer: the MLA forward's activations and norms are host vectors.
+type CpuBuffer = <CpuBackend as Backend>::Buffer;
 
 /// transformers builds `q_a_layernorm` / `kv_a_layernorm` with the default epsilon, not
 /// the configured `rms_norm_eps`.
@@ -34,6 +41,9 @@ pub struct MlaModel {
     scale: f32,
     /// The multi-token-prediction layer, when loaded ([`MlaModel::load_mtp`]).
     pub mtp: Option<MtpLayer>,
+    /// The rank's backend: the final norm and output head compute through it (the
+    /// shared [`head_logits`]); the rest of the MLA forward still takes a pool.
+    backend: CpuBackend,
 }
 
 /// Per-step buffers.
@@ -51,8 +61,9 @@ pub(super) struct Buffers {
 }
 
 impl MlaModel {
-    /// Loads tensor-parallel rank `shard.rank`'s slice of the model.
+    /// Loads tensor-parallel rank `shard.rank`'s slice of the model, to run on `backend`.
     pub fn load_shard(
+        backend: CpuBackend,
         config: ModelConfig,
         tensors: &dyn TensorSource,
         precision: WeightPrecision,
@@ -80,7 +91,13 @@ impl MlaModel {
             moe,
             config,
             mtp: None,
+            backend,
         })
+    }
+
+    /// The backend the model was loaded for.
+    pub fn backend(&self) -> &CpuBackend {
+        &self.backend
     }
 
     /// Latent-cache layers: the decoder layers, plus the MTP layer when loaded (it attends
@@ -156,14 +173,28 @@ impl MlaModel {
             )?;
         }
         let out = self.logits(
-            pool,
             comms,
             &x,
             input.logits_for,
             &self.weights.norm,
             self.weights.output_head(),
         )?;
-        let hidden = pick_normed(&x, h, hidden_for, &self.weights.norm, cfg.rms_norm_eps)?;
+        let mut picked = HeadBuffers::new(&self.backend)?;
+        let norm = &self.weights.norm;
+        let n_x = x.len() / h.max(1);
+        let eps = cfg.rms_norm_eps;
+        pick_normed(
+            &self.backend,
+            &x,
+            n_x,
+            h,
+            hidden_for,
+            norm,
+            eps,
+            &mut picked,
+        )?;
+        let mut hidden = picked.normed;
+        hidden.truncate(hidden_for.len() * h);
         Ok((out, hidden))
     }
 
@@ -357,24 +388,24 @@ impl MlaModel {
     /// `logits_for` of `x`, gathered over the vocabulary.
     pub(super) fn logits(
         &self,
-        pool: &ThreadPool,
         comms: &RankComms,
-        x: &[f32],
+        x: &CpuBuffer,
         logits_for: &[usize],
-        norm: &[f32],
+        norm: &CpuBuffer,
         head: &WeightMatrix,
     ) -> Result<ForwardOutput, ModelError> {
         let cfg = &self.config;
+        let h = cfg.hidden_size;
         head_logits(
-            pool,
+            &self.backend,
             comms,
             x,
-            cfg.hidden_size,
+            (x.len() / h.max(1), h),
             logits_for,
-            norm,
-            cfg.rms_norm_eps,
+            (norm, cfg.rms_norm_eps),
             head,
             cfg.vocab_size,
+            &mut HeadBuffers::new(&self.backend)?,
         )
     }
 }

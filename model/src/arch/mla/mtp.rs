@@ -195,7 +195,7 @@ impl MlaModel {
             &mut dcp,
         )?;
         let head = mtp.head.as_ref().unwrap_or(self.weights.output_head());
-        let out = self.logits(pool, comms, &x, input.logits_for, &mtp.head_norm, head)?;
+        let out = self.logits(comms, &x, input.logits_for, &mtp.head_norm, head)?;
         Ok((out, x))
     }
 }
