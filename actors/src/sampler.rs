@@ -1,10 +1,10 @@
 //! Turning a sequence's logits into its next tokens, on the rank that holds the logits:
 //! penalties, stop masks, sampling, verification of drafts, and log-probabilities.
 //!
-//! Each sequence's sampler lives with the rank's per-sequence state (see
-//! [`crate::seq_states::SeqStates`]); its random stream starts where the scheduler says (the
-//! request's seed, or where the stream stood before a preemption), so the same request
-//! draws the same tokens whichever way it is batched.
+//! Each sequence's sampler lives with the rank's per-sequence state (`SeqStates`, which
+//! depends on this module, not the other way round); its random stream starts where the
+//! scheduler says (the request's seed, or where the stream stood before a preemption), so
+//! the same request draws the same tokens whichever way it is batched.
 
 use dcpserve_kernels::sampling::apply_penalties;
 use dcpserve_kernels::spec_sampling::{verify_draft, Verdict};

@@ -171,7 +171,7 @@ pub async fn handle_rejection(err: Rejection) -> Result<Response, Infallible> {
     } else if err.find::<warp::reject::MethodNotAllowed>().is_some() {
         ApiError::method_not_allowed("", "")
     } else if err.find::<warp::reject::PayloadTooLarge>().is_some() {
-        ApiError::payload_too_large(crate::http::MAX_BODY_BYTES)
+        ApiError::payload_too_large(crate::limits::MAX_BODY_BYTES)
     } else if let Some(e) = err.find::<warp::filters::body::BodyDeserializeError>() {
         ApiError::bad_request(format!("Invalid JSON body: {e}"))
     } else {

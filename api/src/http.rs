@@ -16,8 +16,8 @@ use crate::errors::{handle_rejection, ApiError};
 use crate::router::ModelRouter;
 use crate::routes;
 
-/// Largest request body accepted.
-pub const MAX_BODY_BYTES: usize = 32 << 20;
+// Re-exported from its old home, where callers have found it.
+pub use crate::limits::MAX_BODY_BYTES;
 
 /// What every handler can see.
 pub struct AppState {
@@ -146,7 +146,8 @@ where
             Route::Version => Ok(routes::misc::version()),
             Route::Health => health(state).await,
             Route::Metrics => {
-                let text = crate::metrics::render(&state.router).await;
+                let samples = state.router.metrics_samples().await;
+                let text = crate::metrics::render(&samples);
                 let mut r = Response::new(text.into());
                 r.headers_mut().insert(
                     "content-type",

@@ -29,6 +29,7 @@ pub mod backend;
 pub mod errors;
 pub mod generation;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod router;
 pub mod routes;

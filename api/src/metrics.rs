@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::router::ModelRouter;
+use crate::backend::BackendStats;
 
 pub const RUNNING: &str = "dcpserve:num_requests_running";
 pub const WAITING: &str = "dcpserve:num_requests_waiting";
@@ -240,14 +240,25 @@ impl SequenceTimer {
     }
 }
 
-/// Reads every model's counters into the gauges, then renders the text exposition.
-pub async fn render(router: &ModelRouter) -> String {
+/// One model's numbers at `/metrics` time: what its backend reports and how many of its
+/// sequences are admitted. The router collects these (the router depends on this module,
+/// so this module takes plain data rather than the router itself).
+#[derive(Debug, Clone)]
+pub struct ModelSample {
+    /// The model's served name (the `model_name` label).
+    pub name: String,
+    /// Its backend's counters.
+    pub stats: BackendStats,
+    /// Sequences admitted for it.
+    pub outstanding: usize,
+}
+
+/// Writes every model's counters into the gauges, then renders the text exposition.
+pub fn render(models: &[ModelSample]) -> String {
     let handle = install();
-    for slot in router.models() {
-        let Some(s) = slot.backend.stats().await else {
-            continue;
-        };
-        let m = slot.name.clone();
+    for sample in models {
+        let s = &sample.stats;
+        let m = sample.name.clone();
         gauge!(RUNNING, "model_name" => m.clone()).set(s.running as f64);
         gauge!(WAITING, "model_name" => m.clone()).set(s.waiting as f64);
         for (rank, u) in s.kv_cache_usage.iter().enumerate() {
@@ -271,7 +282,7 @@ pub async fn render(router: &ModelRouter) -> String {
                     .absolute(*n);
             }
         }
-        set_outstanding(&slot.name, slot.outstanding());
+        set_outstanding(&sample.name, sample.outstanding);
     }
     handle.run_upkeep();
     handle.render()

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::backend::ModelBackend;
 use crate::errors::ApiError;
+use crate::metrics::ModelSample;
 use dcpserve_config::SamplingDefaults;
 
 /// One served model.
@@ -120,6 +121,22 @@ impl ModelRouter {
     /// All models.
     pub fn models(&self) -> &[Arc<ModelSlot>] {
         &self.models
+    }
+
+    /// Every model's counters for `/metrics`; a model whose backend reports none is left out.
+    pub async fn metrics_samples(&self) -> Vec<ModelSample> {
+        let mut samples = Vec::with_capacity(self.models.len());
+        for slot in &self.models {
+            let Some(stats) = slot.backend.stats().await else {
+                continue;
+            };
+            samples.push(ModelSample {
+                name: slot.name.clone(),
+                stats,
+                outstanding: slot.outstanding(),
+            });
+        }
+        samples
     }
 
     /// The model named `name`, or the first model when the request names none.

@@ -1,7 +1,7 @@
 //! OpenAI-compatible request and response bodies.
 //!
 //! Requests keep fields that take several shapes (`prompt`, `stop`, `messages`) as raw JSON
-//! so that [`crate::validation`] can answer precise messages instead of serde's "did not
+//! so that the `validation` module can answer precise messages instead of serde's "did not
 //! match any variant". Unknown fields are ignored, as OpenAI's own server and vLLM do.
 
 use serde::{Deserialize, Serialize};

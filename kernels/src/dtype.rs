@@ -10,8 +10,6 @@
 
 use std::fmt;
 
-use crate::error::KernelError;
-
 /// Elements per block of the GGML quantized formats.
 pub const QK: usize = 32;
 
@@ -78,22 +76,10 @@ impl DType {
     }
 
     /// Bytes needed for `n_elems` elements (whole blocks; quantized types need
-    /// `n_elems % 32 == 0` to be meaningful, see [`check_elems`](Self::check_elems)).
+    /// `n_elems % 32 == 0` to be meaningful, see [`check_elems`](Self::check_elems), defined next to
+    /// [`KernelError`](crate::KernelError) so that this module stays a leaf).
     pub const fn bytes_for(self, n_elems: usize) -> usize {
         n_elems.div_ceil(self.block_elems()) * self.block_bytes()
-    }
-
-    /// Checks that `n_elems` is a whole number of blocks.
-    pub fn check_elems(self, n_elems: usize) -> Result<(), KernelError> {
-        if n_elems.is_multiple_of(self.block_elems()) {
-            Ok(())
-        } else {
-            Err(KernelError::BlockAlignment {
-                format: self,
-                block: self.block_elems(),
-                cols: n_elems,
-            })
-        }
     }
 
     /// Bytes of a row-major tensor of this shape (outermost first), or `None` when the

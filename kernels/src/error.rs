@@ -59,3 +59,20 @@ pub(crate) fn check_len(
         })
     }
 }
+
+// `DType`'s fallible check lives here, next to the error it returns, so that `dtype` does not
+// depend on `error` (which names `DType` in `BlockAlignment`).
+impl DType {
+    /// Checks that `n_elems` is a whole number of blocks.
+    pub fn check_elems(self, n_elems: usize) -> Result<(), KernelError> {
+        if n_elems.is_multiple_of(self.block_elems()) {
+            Ok(())
+        } else {
+            Err(KernelError::BlockAlignment {
+                format: self,
+                block: self.block_elems(),
+                cols: n_elems,
+            })
+        }
+    }
+}

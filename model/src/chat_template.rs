@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
-use crate::hf_config::read_json_opt;
+use crate::json_file::read_json_opt;
 
 const TEMPLATE_NAME: &str = "chat";
 

@@ -188,6 +188,6 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
     if deepseek {
         deepseek2::apply(&meta, &mut config)?;
     }
-    crate::source::check_config(path, &config)?;
+    crate::config_check::check_config(path, &config)?;
     Ok(config)
 }

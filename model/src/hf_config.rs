@@ -8,21 +8,7 @@ use serde_json::{Map, Value};
 use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::config_keys::ConfigKeys;
 use crate::error::ModelError;
-
-/// Reads and parses a JSON file, mapping every failure to an error naming it.
-pub(crate) fn read_json(path: &Path) -> Result<Value, ModelError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| ModelError::corrupt(path, format!("invalid JSON: {e}")))
-}
-
-/// Like [`read_json`], but `Ok(None)` when the file does not exist.
-pub(crate) fn read_json_opt(path: &Path) -> Result<Option<Value>, ModelError> {
-    if path.is_file() {
-        read_json(path).map(Some)
-    } else {
-        Ok(None)
-    }
-}
+use crate::json_file::{read_json, read_json_opt};
 
 /// Token ids given as an int or a list of ints (`eos_token_id` may be either).
 pub(crate) fn token_ids(v: Option<&Value>) -> Vec<u32> {
@@ -201,7 +187,7 @@ pub fn config_from_json(path: &Path, json: &Value) -> Result<ModelConfig, ModelE
         mla,
         moe,
     };
-    crate::source::check_config(path, &config)?;
+    crate::config_check::check_config(path, &config)?;
     Ok(config)
 }
 

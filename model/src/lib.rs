@@ -4,12 +4,14 @@
 pub mod arch;
 pub mod chat_template;
 pub mod config;
+mod config_check;
 mod config_keys;
 pub mod error;
 pub mod gguf;
 pub mod gguf_config;
 pub mod gguf_tokenizer;
 pub mod hf_config;
+mod json_file;
 pub mod safetensors_source;
 pub mod source;
 pub mod tensors;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::ModelError;
-use crate::hf_config::read_json;
+use crate::json_file::read_json;
 use crate::tensors::{DType, RawTensor, TensorBytes, TensorSource};
 
 /// Where one tensor lives.

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::ModelError;
-use crate::hf_config::read_json_opt;
+use crate::json_file::read_json_opt;
 
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
     ModelError::Tokenizer(e.to_string())

@@ -1,6 +1,6 @@
 //! The physical side of KV-block management: reference counts, the content hash each
 //! block carries, and the LRU free queue. Knows nothing of sequences or of the prefix
-//! cache's lookup table (see [`super::prefix_cache`]).
+//! cache's lookup table (the `prefix_cache` module, which builds on this one).
 //!
 //! A block whose count is zero sits in the free queue exactly once; a block in use is
 //! never in it. The queue is a doubly linked list over block ids (`prev`/`next` arrays),

@@ -1,6 +1,6 @@
 //! The prefix cache's lookup side: which block holds the KV of a given chained block
 //! hash, and the hit counters. The blocks themselves (reference counts, eviction order)
-//! are the [`super::block_pool`]'s.
+//! are the block pool's (`block_pool`, which knows nothing of this table).
 
 use std::collections::HashMap;
 

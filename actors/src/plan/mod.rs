@@ -4,10 +4,9 @@
 //! As vLLM's `SchedulerOutput`, a plan carries a sequence's state once, when it is
 //! (re)admitted ([`NewSeq`]: its block table and, for the rank that samples, its sampling
 //! state), and afterwards only the change ([`CachedSeq`]: blocks kept and appended). Ranks
-//! keep the per-sequence state keyed by request id ([`crate::seq_states::SeqStates`]) and
-//! apply each plan in
-//! step order; `finished` lists the sequences to forget first. A preempted (recomputed)
-//! sequence is sent as new again.
+//! keep the per-sequence state keyed by request id (`SeqStates`, built on these messages)
+//! and apply each plan in step order; `finished` lists the sequences to forget first. A
+//! preempted (recomputed) sequence is sent as new again.
 //!
 //! Sampling runs on rank 0, which holds the full logits after the vocabulary gather (every
 //! rank has them; rank 0 is the one that answers): the scheduler gets token ids and the
@@ -197,7 +196,7 @@ pub struct MtpOutput {
 }
 
 /// A step with every sequence's full block table: what a rank computes once it has
-/// applied a [`StepPlan`] to its [`crate::seq_states::SeqStates`] (and what an [`MtpPlan`] carries).
+/// applied a [`StepPlan`] to its per-sequence state (and what an [`MtpPlan`] carries).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepBatch {
     pub step_id: u64,

@@ -18,6 +18,7 @@ pub mod hf;
 pub mod model;
 pub mod moe;
 pub mod mtp;
+mod mtp_forward;
 pub mod rope;
 pub mod weights;
 
