@@ -1,18 +1,18 @@
 //! One forward step over a continuous batch of tokens, computed through the rank's
 //! [`Backend`].
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use dcpserve_kernels::dcp::{DcpShape, MergeExchange};
+use dcpserve_kernels::dcp::DcpShape;
 use dcpserve_kernels::{
-    Backend, Communicator, CpuBackend, HostViews, InProcessComm, PagedAttentionParams, Precision,
-    RopeScalingKind,
+    Backend, CpuBackend, HostViews, PagedAttentionParams, Precision, RopeScalingKind,
 };
 
 use super::cache_access::{lock, read_in_pieces, CacheAccess};
 use super::device_weights::DeviceWeights;
 use super::head::head_logits;
 use super::kv_cache::KvCache;
+use super::rank_io::{ForwardOutput, RankComms};
 use super::weights::{DecoderWeights, HeadLayout, TpShard, WeightPrecision};
 use super::workspace::{whole, Widths, Workspace};
 use crate::config::{ModelConfig, RopeScaling};
@@ -82,35 +82,6 @@ impl BatchInput<'_> {
             table.dequantize_row(t as usize, &mut x[i * hidden..(i + 1) * hidden])?;
         }
         Ok(x)
-    }
-}
-
-/// Logits of the requested tokens, row-major `[logits_for.len(), vocab]`, in a buffer of
-/// the backend (on the CPU a `Vec<f32>`).
-pub struct ForwardOutput<B: Backend = CpuBackend> {
-    pub logits: B::Buffer,
-    pub vocab_size: usize,
-}
-
-/// The communicators one rank computes with: its tensor-parallel group (all ranks of
-/// the model) and its decode-context-parallel group (a contiguous block of `dcp` ranks),
-/// and how the DCP group exchanges attention partials.
-#[derive(Clone)]
-pub struct RankComms {
-    pub world: Arc<dyn Communicator>,
-    pub dcp: Arc<dyn Communicator>,
-    pub dcp_merge: MergeExchange,
-}
-
-impl RankComms {
-    /// The communicators of a model served by one rank (every collective is a no-op).
-    pub fn single() -> Self {
-        let world: Arc<dyn Communicator> = Arc::new(InProcessComm::group(1).remove(0));
-        Self {
-            dcp: world.clone(),
-            world,
-            dcp_merge: MergeExchange::default(),
-        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use dcpserve_kernels::{Backend, Communicator, HostViews, Precision};
 
-use super::forward::{ForwardOutput, RankComms};
+use super::rank_io::{ForwardOutput, RankComms};
 use super::weights::split_range;
 use super::workspace::{grow, whole, HeadBuffers};
 use crate::error::ModelError;

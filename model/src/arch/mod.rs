@@ -12,16 +12,18 @@ mod forward;
 mod head;
 mod kv_cache;
 pub mod mla;
+mod rank_io;
 mod rank_model;
 mod weights;
 mod workspace;
 
 pub use cache_access::CacheAccess;
 pub use device_weights::{DeviceLayer, DeviceWeights};
-pub use forward::{BatchInput, DecoderModel, ForwardOutput, RankComms};
+pub use forward::{BatchInput, DecoderModel};
 pub use kv_cache::KvCache;
 pub use mla::hf::{check_mla_config, mla_layer_tensors, mla_moe_from_json};
 pub use mla::{LatentCache, MlaModel, MtpLayer};
+pub use rank_io::{ForwardOutput, RankComms};
 pub use rank_model::{
     kv_bytes_per_token, kv_capacity, KvCapacity, KvStorage, RankCache, RankModel,
 };

@@ -8,9 +8,10 @@ use dcpserve_kernels::{BatonTurn, CpuBackend};
 
 use super::cache_access::{lock, SharedCache};
 
-use super::forward::{BatchInput, DecoderModel, ForwardOutput, RankComms};
+use super::forward::{BatchInput, DecoderModel};
 use super::kv_cache::KvCache;
 use super::mla::{LatentCache, MlaModel};
+use super::rank_io::{ForwardOutput, RankComms};
 use super::weights::{HeadLayout, TpShard, WeightPrecision};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
