@@ -19,7 +19,7 @@ use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 
-use crate::collective::RankChannels;
+use crate::collective::{RankChannels, RankCommSpecs};
 use crate::placement::Placement;
 pub use crate::plan::StepReport;
 use crate::plan::{
@@ -52,8 +52,10 @@ pub struct RankArgs {
     pub tp_size: usize,
     /// Which rank group this rank belongs to (restarts so far).
     pub generation: u64,
-    /// Communicators per micro-batch (one compute thread each), and the baton they share.
-    pub comms: RankChannels,
+    /// The plain specs of the rank's communicator groups (one set per micro-batch): the
+    /// rank connects to them itself when it starts, through the bootstrap, as a rank in
+    /// another process would.
+    pub comm_specs: RankCommSpecs,
     pub files: Arc<ModelFiles>,
     pub precision: WeightPrecision,
     pub placement: Placement,
@@ -126,14 +128,18 @@ impl Actor for RankActor {
         myself: ActorRef<RankMsg>,
         args: RankArgs,
     ) -> Result<RankState, ActorProcessingErr> {
-        let (jobs_tx, jobs_rx): (Vec<_>, Vec<_>) = (0..args.comms.micro_batches.len())
+        let rank = args.rank;
+        let comms = args
+            .comm_specs
+            .connect()
+            .map_err(|e| format!("rank {rank}: connecting its communicators: {e}"))?;
+        let (jobs_tx, jobs_rx): (Vec<_>, Vec<_>) = (0..comms.micro_batches.len())
             .map(|_| flume::unbounded::<Job>())
             .unzip();
         let (ready_tx, ready_rx) = oneshot::channel::<Result<(), String>>();
-        let rank = args.rank;
         let thread = std::thread::Builder::new()
             .name(format!("dcpserve-rank-{rank}"))
-            .spawn(move || compute_thread(args, jobs_rx, ready_tx, myself))?;
+            .spawn(move || compute_thread(args, comms, jobs_rx, ready_tx, myself))?;
         match ready_rx.await {
             Ok(Ok(())) => Ok(RankState {
                 jobs: jobs_tx,
@@ -194,6 +200,7 @@ impl Actor for RankActor {
 
 fn compute_thread(
     args: RankArgs,
+    comms: RankChannels,
     jobs: Vec<flume::Receiver<Job>>,
     ready: oneshot::Sender<Result<(), String>>,
     myself: ActorRef<RankMsg>,
@@ -215,6 +222,7 @@ fn compute_thread(
     let _ = ready.send(Ok(()));
     let rank = RankCompute {
         args: &args,
+        comms: &comms,
         model: &model,
         cache: &cache,
         myself: &myself,
@@ -272,6 +280,8 @@ fn load_model(args: &RankArgs) -> Result<RankModel, String> {
 /// What a rank's compute threads share.
 struct RankCompute<'a> {
     args: &'a RankArgs,
+    /// Communicators per micro-batch (one compute thread each), and the baton they share.
+    comms: &'a RankChannels,
     model: &'a RankModel,
     cache: &'a RankCache,
     myself: &'a ActorRef<RankMsg>,
@@ -281,10 +291,10 @@ impl RankCompute<'_> {
     /// Runs micro-batch `mb`'s jobs until the queue closes or a step fails.
     fn serve(&self, mb: usize, jobs: flume::Receiver<Job>) {
         let args = self.args;
-        if args.comms.baton.is_some() {
+        if self.comms.baton.is_some() {
             pin_micro_batch_thread(args);
         }
-        let comms = &args.comms.micro_batches[mb];
+        let comms = &self.comms.micro_batches[mb];
         // Hidden states for the MTP layer (only with one micro-batch).
         let mut hidden = HiddenStore::default();
         // This micro-batch's sequences: block tables, and samplers on the answering rank.
@@ -329,7 +339,7 @@ impl RankCompute<'_> {
                 }
             };
             // Compute only while holding the rank's baton (lent out inside collectives).
-            let turn = args.comms.baton.as_ref().map(|b| b.hold(mb));
+            let turn = self.comms.baton.as_ref().map(|b| b.hold(mb));
             let mut logits = None;
             let result = catch_unwind(AssertUnwindSafe(|| {
                 let batch = seqs.apply(&plan)?;

@@ -66,23 +66,18 @@ impl RankGroup {
             Actor::spawn_linked(None, CollectiveActor, args, supervisor.clone()).await?;
         let mut spawns = Vec::with_capacity(tp);
         for rank in 0..tp {
-            // In-process ranks connect here; a rank in another process would connect
-            // from the same plain specs through its own bootstrap.
-            let comms = match ractor::call!(collective, CollectiveMsg::Comms, rank)
-                .map_err(ActorProcessingErr::from)
-                .and_then(|specs| specs.connect().map_err(ActorProcessingErr::from))
-            {
-                Ok(c) => c,
+            let comm_specs = match ractor::call!(collective, CollectiveMsg::Comms, rank) {
+                Ok(specs) => specs,
                 Err(e) => {
                     collective.stop(None);
-                    return Err(e);
+                    return Err(e.into());
                 }
             };
             let args = RankArgs {
                 rank,
                 tp_size: tp,
                 generation,
-                comms,
+                comm_specs,
                 files: spec.files.clone(),
                 precision: spec.precision,
                 placement: layout.placement(rank),
