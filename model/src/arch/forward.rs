@@ -370,17 +370,15 @@ impl<B: HostViews> DecoderModel<B> {
                 },
             )?;
             let attn = dev.view(&ws.attn, 0..nqd)?;
-            dev.matmul(
-                attn,
-                n,
+            add_projected(
+                dev,
+                comms,
+                (attn, n),
                 &lw.o_proj,
-                dev.view_mut(&mut ws.proj, 0..nh)?,
-                exact,
+                nh,
+                &mut ws.proj,
+                &mut ws.x,
             )?;
-            comms
-                .world
-                .all_reduce_sum(B::host_mut(dev.view_mut(&mut ws.proj, 0..nh)?))?;
-            dev.add(dev.view_mut(&mut ws.x, 0..nh)?, dev.view(&ws.proj, 0..nh)?)?;
 
             let x = dev.view(&ws.x, 0..nh)?;
             let normed = dev.view_mut(&mut ws.normed, 0..nh)?;
@@ -403,17 +401,15 @@ impl<B: HostViews> DecoderModel<B> {
             let (gate, up) = (dev.view(&ws.gate, 0..ni)?, dev.view(&ws.up, 0..ni)?);
             dev.silu_mul(gate, up, dev.view_mut(&mut ws.act, 0..ni)?)?;
             let act = dev.view(&ws.act, 0..ni)?;
-            dev.matmul(
-                act,
-                n,
+            add_projected(
+                dev,
+                comms,
+                (act, n),
                 &lw.down_proj,
-                dev.view_mut(&mut ws.proj, 0..nh)?,
-                exact,
+                nh,
+                &mut ws.proj,
+                &mut ws.x,
             )?;
-            comms
-                .world
-                .all_reduce_sum(B::host_mut(dev.view_mut(&mut ws.proj, 0..nh)?))?;
-            dev.add(dev.view_mut(&mut ws.x, 0..nh)?, dev.view(&ws.proj, 0..nh)?)?;
         }
 
         head_logits(
@@ -428,4 +424,30 @@ impl<B: HostViews> DecoderModel<B> {
             &mut ws.head,
         )
     }
+}
+
+/// The residual update of a row-parallel layer (attention's `o_proj`, the MLP's
+/// `down_proj`): `x += all_reduce(input · weight)` for the `n` tokens of `input`, whose
+/// products fill the first `nh` values of `proj` and `x`.
+fn add_projected<B: HostViews>(
+    dev: &B,
+    comms: &RankComms,
+    (input, n): (B::View<'_>, usize),
+    weight: &B::Matrix,
+    nh: usize,
+    proj: &mut B::Buffer,
+    x: &mut B::Buffer,
+) -> Result<(), ModelError> {
+    dev.matmul(
+        input,
+        n,
+        weight,
+        dev.view_mut(proj, 0..nh)?,
+        Precision::Exact,
+    )?;
+    comms
+        .world
+        .all_reduce_sum(B::host_mut(dev.view_mut(proj, 0..nh)?))?;
+    dev.add(dev.view_mut(x, 0..nh)?, dev.view(proj, 0..nh)?)?;
+    Ok(())
 }
