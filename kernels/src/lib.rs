@@ -46,4 +46,5 @@ pub use overlap::{BatonComm, BatonTurn, ComputeBaton};
 pub use pool::{available_cores, pin_current_thread, ThreadPool};
 pub use quant::{dequantize, quantize, WeightFormat};
 pub use sampling::{argmax, sample, Rng, SamplingParams};
+pub use sampling_params::OutputConstraint;
 pub use weights::{SharedBytes, WeightMatrix};

@@ -47,6 +47,27 @@ pub struct SamplingParams {
     /// Return the log-probability of every prompt token after the first (given the tokens
     /// before it) with this many top alternatives, with the first generated token.
     pub prompt_logprobs: Option<usize>,
+    /// Constrain the generated text to a grammar (structured outputs, forced tool calls).
+    /// `None` leaves the output free.
+    pub constraint: Option<OutputConstraint>,
+}
+
+/// What the generated text must match, as the grammar engine compiles it (OpenAI's
+/// `response_format`, vLLM's `guided_*` / `structured_outputs` fields, and the grammar a
+/// forced tool call is generated under). Schemas and grammars stay text so that this crate
+/// does not parse JSON; the grammar engine does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutputConstraint {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// JSON valid against this JSON schema (the schema's JSON text).
+    JsonSchema(String),
+    /// Text matching this regular expression.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// Text in the language of this Lark grammar (llguidance's dialect).
+    Lark(String),
 }
 
 impl Default for SamplingParams {
@@ -66,6 +87,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: None,
             prompt_logprobs: None,
+            constraint: None,
         }
     }
 }

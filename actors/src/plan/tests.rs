@@ -1,6 +1,6 @@
 //! Every step message through bytes and back.
 
-use dcpserve_kernels::{Rng, SamplingParams};
+use dcpserve_kernels::{OutputConstraint, Rng, SamplingParams};
 
 use super::*;
 
@@ -23,6 +23,7 @@ pub(crate) fn sampler_init() -> SamplerInit {
             ignore_eos: true,
             logprobs: Some(3),
             prompt_logprobs: Some(1),
+            constraint: Some(OutputConstraint::JsonSchema(r#"{"type":"object"}"#.into())),
         },
         tokens: vec![3, 4, 5, 6, 7],
         prompt_len: 4,
