@@ -4,7 +4,10 @@
 #
 # usage: scripts/bench-serve.sh [--concurrency 1,8,32,64] [--input-len 96] [--output-len 96]
 #            [--range-ratio 0.34] [--prompts-per-concurrency 2] [--min-prompts 8]
-#            [--threads 2] [--result-dir bench-results/serve] [--quiet-wait 0]
+#            [--threads 2] [--result-dir bench-results/serve] [--quiet-wait 0] [--exe PATH]
+#
+# --exe serves (and benchmarks with) another dcpserve binary, e.g. a build from before a
+# change, instead of building this repository.
 #
 # Lengths are drawn uniformly from [L·(1−R), L·(1+R)] (default 64..128 tokens in and out),
 # prompts are random token ids, `ignore_eos` makes every request generate its full length.
@@ -25,6 +28,7 @@ MIN_PROMPTS=8
 THREADS=2
 RESULT_DIR=bench-results/serve
 QUIET_WAIT=0
+EXE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --concurrency) CONCURRENCY=$2; shift 2 ;;
@@ -36,14 +40,19 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=$2; shift 2 ;;
     --result-dir) RESULT_DIR=$2; shift 2 ;;
     --quiet-wait) QUIET_WAIT=$2; shift 2 ;;
+    --exe) EXE=$(realpath "$2"); shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
 MAX_C=$(tr ',' '\n' <<<"$CONCURRENCY" | sort -n | tail -1)
 
 bash scripts/fetch-default-model.sh >/dev/null
-cargo build --release -q --bin dcpserve
-DCPSERVE=$ROOT/target/release/dcpserve
+if [ -n "$EXE" ]; then
+  DCPSERVE=$EXE
+else
+  cargo build --release -q --bin dcpserve
+  DCPSERVE=$ROOT/target/release/dcpserve
+fi
 
 # The peer: the same lookup as scripts/bench.py (install script next to the repository).
 INSTALL=""

@@ -6,6 +6,10 @@ aggregate decode tok/s, with 2 threads each, and prints the ratios dcpserve / ll
 Each engine is measured `--repeats` times, alternating, and medians are reported.
 
 usage: python3 scripts/bench.py [--repeats 3] [--threads 2] [--decode-tokens 128] [--batch 32]
+                               [--exe LABEL=PATH ...]
+--exe measures other dcpserve binaries in the same run (e.g. a build from before a change:
+`--exe before=/tmp/before/dcpserve --exe after=target/release/dcpserve`); without it the
+repository's release build is measured (and built first).
 llama.cpp is installed on first use with ../shared/peers/install-llama-cpp.sh (15-20 min).
 Only the standard library is used.
 """
@@ -49,8 +53,7 @@ def llama_cpp(bin_dir, threads, prompt, decode, batch):
     return {"prefill_tok_s": pp, "decode_1_tok_s": tg, "decode_batch_tok_s": s_tg}
 
 
-def dcpserve(threads, prompt, decode, batch):
-    exe = ROOT / "target" / "release" / "dcpserve"
+def dcpserve(exe, threads, prompt, decode, batch):
     out = run([str(exe), "bench-engine", "--threads", str(threads), "--prompt-tokens", str(prompt),
                "--decode-tokens", str(decode), "--batch", str(batch), "--repeats", "1"],
               env=dict(os.environ, RUST_LOG="warn"))
@@ -64,26 +67,47 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--exe", action="append", default=[], metavar="LABEL=PATH",
+                    help="a dcpserve binary to measure (repeatable); default: this repository's build")
     a = ap.parse_args()
     run(["bash", str(ROOT / "scripts" / "fetch-default-model.sh")])
-    subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
+    exes = []
+    for spec in a.exe:
+        label, sep, path = spec.partition("=")
+        if not sep or not Path(path).is_file():
+            sys.exit(f"--exe wants LABEL=PATH to an existing binary, got {spec!r}")
+        exes.append((label, Path(path).resolve()))
+    if not exes:
+        subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
+        exes = [("dcpserve", ROOT / "target" / "release" / "dcpserve")]
     bin_dir = llama_bin_dir()
     keys = ["prefill_tok_s", "decode_1_tok_s", "decode_batch_tok_s"]
-    ours, peer = {k: [] for k in keys}, {k: [] for k in keys}
+    ours = {label: {k: [] for k in keys} for label, _ in exes}
+    peer = {k: [] for k in keys}
+    # Alternate the engines within each round so that slow drifts of a noisy machine hit all alike.
     for i in range(a.repeats):
-        o = dcpserve(a.threads, a.prompt_tokens, a.decode_tokens, a.batch)
+        line = []
+        for label, exe in exes:
+            o = dcpserve(exe, a.threads, a.prompt_tokens, a.decode_tokens, a.batch)
+            for k in keys:
+                ours[label][k].append(o[k])
+            line.append(f"{label} {o}")
         p = llama_cpp(bin_dir, a.threads, a.prompt_tokens, a.decode_tokens, a.batch)
         for k in keys:
-            ours[k].append(o[k])
             peer[k].append(p[k])
-        print(f"run {i + 1}: dcpserve {o}  llama.cpp {p}", file=sys.stderr)
+        print(f"run {i + 1}: {'  '.join(line)}  llama.cpp {p}", file=sys.stderr)
     names = {"prefill_tok_s": f"prefill ({a.prompt_tokens}-token prompt)",
              "decode_1_tok_s": "decode, 1 sequence",
              "decode_batch_tok_s": f"decode, {a.batch} sequences (aggregate)"}
-    print(f"{'measure':40} {'dcpserve':>10} {'llama.cpp':>10} {'ratio':>7}   (tok/s, medians of {a.repeats}, {a.threads} threads)")
+    head = "".join(f" {label:>10} {'ratio':>7}" for label, _ in exes)
+    print(f"{'measure':40}{head} {'llama.cpp':>10}   (tok/s, medians of {a.repeats}, {a.threads} threads; ratio = / llama.cpp)")
     for k in keys:
-        o, p = statistics.median(ours[k]), statistics.median(peer[k])
-        print(f"{names[k]:40} {o:10.1f} {p:10.1f} {o / p:7.2f}")
+        p = statistics.median(peer[k])
+        cols = ""
+        for label, _ in exes:
+            o = statistics.median(ours[label][k])
+            cols += f" {o:10.1f} {o / p:7.2f}"
+        print(f"{names[k]:40}{cols} {p:10.1f}")
 
 
 if __name__ == "__main__":
