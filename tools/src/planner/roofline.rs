@@ -13,10 +13,10 @@
 //!
 //! Collectives per step: with tp > 1, two all-reduces of the hidden state per layer
 //! (after attention and after the MLP) and one all-gather of the logits; with dcp > 1,
-//! per layer, the all-gather of the queries, the all-gather of the log-sum-exps and the
-//! reduce-scatter of the partial outputs (ring algorithms: an all-reduce moves
-//! `2(n−1)/n` of its data through each rank, a reduce-scatter `(n−1)/n`, an all-gather
-//! `(n−1)` contributions).
+//! per layer, the all-gather of the queries and one all-to-all that sends every peer the
+//! partial outputs of its heads with their f32 log-sum-exps (the engine's default
+//! `MergeExchange::AllToAll`; ring algorithms: an all-reduce moves `2(n−1)/n` of its data
+//! through each rank, an all-gather `(n−1)` contributions, an all-to-all `(n−1)` chunks).
 
 use dcpserve_model::ModelConfig;
 
@@ -86,12 +86,11 @@ pub fn collective_traffic(cfg: &ModelConfig, hw: &Hardware, s: &StepInputs) -> (
             Some(m) => (m.latent_dim() as f64, m.kv_lora_rank as f64),
             None => (cfg.head_dim as f64, cfg.head_dim as f64),
         };
-        let group_heads = heads * dcp;
         let gather_q = (dcp - 1.0) * b * heads * q_dim * act;
-        let gather_lse = (dcp - 1.0) * b * group_heads * 4.0;
-        let scatter_o = (dcp - 1.0) / dcp * b * group_heads * o_dim * act;
-        bytes += layers * (gather_q + gather_lse + scatter_o);
-        ops += 3 * cfg.num_hidden_layers;
+        // Each peer gets the partials of its `heads` heads and one f32 LSE per head.
+        let exchange_partials = (dcp - 1.0) * b * heads * (o_dim * act + 4.0);
+        bytes += layers * (gather_q + exchange_partials);
+        ops += 2 * cfg.num_hidden_layers;
     }
     (bytes, ops)
 }

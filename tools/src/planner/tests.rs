@@ -341,12 +341,12 @@ fn collective_bytes_by_hand() {
     // tp=2: 2 layers × 2 all-reduces × 2·(1/2) × 64 × 4 B, plus the logits' other half
     // (192 × 4 B): 1024 + 768.
     assert_eq!(at(2, 1), (1792.0, 5));
-    // tp=4, dcp=2 adds per layer: Q gather 1 × 2 heads × 8 × 4 = 64, LSE gather
-    // 1 × 4 heads × 4 = 16, output reduce-scatter ½ × 4 heads × 8 × 4 = 64.
+    // tp=4, dcp=2 adds per layer: Q gather 1 × 2 heads × 8 × 4 = 64, and the all-to-all
+    // of the partials: 1 peer × 2 heads × (8 × 4 B of output + a 4 B LSE) = 72.
     let tp_only = 2.0 * 2.0 * 2.0 * 0.75 * 64.0 * 4.0 + 3.0 * 96.0 * 4.0;
     assert_eq!(
         at(4, 2),
-        (tp_only + 2.0 * (64.0 + 16.0 + 64.0), 2 * 2 + 1 + 3 * 2)
+        (tp_only + 2.0 * (64.0 + 72.0), 2 * 2 + 1 + 2 * 2)
     );
 }
 
