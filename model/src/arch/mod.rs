@@ -17,7 +17,7 @@ mod rank_model;
 mod weights;
 mod workspace;
 
-pub use cache_access::CacheAccess;
+pub use cache_access::{CacheAccess, TurnPoints};
 pub use device_weights::{DeviceLayer, DeviceWeights};
 pub use forward::{BatchInput, DecoderModel};
 pub use kv_cache::KvCache;

@@ -4,9 +4,9 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use dcpserve_kernels::{Backend, BatonTurn, CpuBackend, HostViews};
+use dcpserve_kernels::{Backend, CpuBackend, HostViews};
 
-use super::cache_access::{lock, SharedCache};
+use super::cache_access::{lock, SharedCache, TurnPoints};
 
 use super::forward::{BatchInput, DecoderModel};
 use super::kv_cache::KvCache;
@@ -192,22 +192,22 @@ impl<B: HostViews> RankModel<B> {
 
     /// [`RankModel::forward_rank`] on a cache another micro-batch thread of the rank
     /// uses at the same time: the cache is locked only while this step reads or writes
-    /// it, never across a collective, and each access is a turn boundary for `baton`
-    /// (the rank's compute baton, held by the caller). The two threads' steps must hold
-    /// disjoint sequences.
+    /// it, never across a collective, and each access is one of the rank's `turns`
+    /// (where it may let the other micro-batch compute). The two threads' steps must
+    /// hold disjoint sequences.
     pub fn forward_rank_shared(
         &self,
         comms: &RankComms,
         input: &BatchInput,
         cache: &RankCache<B>,
-        baton: Option<&BatonTurn>,
+        turns: Option<&dyn TurnPoints>,
     ) -> Result<ForwardOutput<B>, ModelError> {
         match (self, cache) {
             (RankModel::Dense(m), RankCache::Dense(cache)) => {
-                m.forward_rank_with(comms, input, SharedCache::new(cache, baton))
+                m.forward_rank_with(comms, input, SharedCache::new(cache, turns))
             }
             (RankModel::Mla(m), RankCache::Latent(cache)) => {
-                let shared = SharedCache::new(cache, baton);
+                let shared = SharedCache::new(cache, turns);
                 Ok(m.forward_rank_with(comms, input, shared, &[])?.0)
             }
             _ => Err(mismatch()),
