@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dcpserve_actors::placement::Placement;
 use dcpserve_actors::plan::{LocalBatch, StepBatch};
-use dcpserve_kernels::{log_softmax, Communicator, CpuBackend, InProcessComm, ThreadPool};
+use dcpserve_kernels::{log_softmax, Communicator, CpuBackend, InProcessComm};
 use dcpserve_model::arch::mla::{LatentCache, MlaModel, MtpLayer};
 use dcpserve_model::arch::{BatchInput, RankComms, RankModel, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
@@ -91,7 +91,6 @@ fn main_pass(
     paging: &(Vec<u32>, Vec<usize>),
     chunk: usize,
 ) -> (Vec<Vec<f32>>, Vec<f32>) {
-    let pool = ThreadPool::new(2);
     let comms = RankComms::single();
     let (mut lps, mut hidden) = (Vec::new(), Vec::new());
     for start in (0..ids.len()).step_by(chunk) {
@@ -105,7 +104,7 @@ fn main_pass(
         let all: Vec<usize> = (0..end - start).collect();
         let (out, h) = rows.with_input(|input| {
             model
-                .forward_rank_hidden(&pool, &comms, input, cache, &all)
+                .forward_rank_hidden(&comms, input, cache, &all)
                 .unwrap()
         });
         lps.extend(rows_logprobs(&out.logits, out.vocab_size));
@@ -123,7 +122,6 @@ fn mtp_pass(
     paging: &(Vec<u32>, Vec<usize>),
     chunk: usize,
 ) -> (Vec<Vec<f32>>, Vec<f32>) {
-    let pool = ThreadPool::new(2);
     let comms = RankComms::single();
     let h = model.config.hidden_size;
     let (mut lps, mut ys) = (Vec::new(), Vec::new());
@@ -137,13 +135,7 @@ fn mtp_pass(
         };
         let (out, y) = rows.with_input(|input| {
             model
-                .forward_mtp(
-                    &pool,
-                    &comms,
-                    input,
-                    &prev_hidden[start * h..end * h],
-                    &mut *cache,
-                )
+                .forward_mtp(&comms, input, &prev_hidden[start * h..end * h], &mut *cache)
                 .unwrap()
         });
         lps.extend(rows_logprobs(&out.logits, out.vocab_size));
@@ -169,7 +161,7 @@ fn mtp_layer_matches_the_torch_reference() {
         let positions = ids_usize(&prompt["mtp_positions"]);
         for chunk in [n, 7] {
             let paging = paging(n + 1);
-            let mut cache = model.new_kv_cache(paging.0.len() * 2, BLOCK);
+            let mut cache = model.new_kv_cache(paging.0.len() * 2, BLOCK).unwrap();
             let (main_lp, hidden) = main_pass(&model, &mut cache, &ids, &paging, chunk);
             let worst_main = positions
                 .iter()
@@ -205,7 +197,7 @@ fn mtp_layer_matches_the_torch_reference() {
                 .max_by(|&a, &b| lp[c - 1][a].total_cmp(&lp[c - 1][b]))
                 .unwrap();
             assert_eq!(argmax as u32, d1, "{name}: first draft");
-            let mut fresh = model.new_kv_cache(paging.0.len() * 2, BLOCK);
+            let mut fresh = model.new_kv_cache(paging.0.len() * 2, BLOCK).unwrap();
             let _ = mtp_pass(
                 &model,
                 &mut fresh,
@@ -214,7 +206,6 @@ fn mtp_layer_matches_the_torch_reference() {
                 &paging,
                 c,
             );
-            let pool = ThreadPool::new(2);
             let rows = Rows {
                 tokens: &[d1],
                 start: c,
@@ -224,7 +215,6 @@ fn mtp_layer_matches_the_torch_reference() {
             let (out, _) = rows.with_input(|input| {
                 model
                     .forward_mtp(
-                        &pool,
                         &RankComms::single(),
                         input,
                         &ys[(c - 1) * h..c * h],
@@ -288,8 +278,7 @@ fn rank_pass(
     };
     let n_blocks = ids.len().div_ceil(block * dcp) as u32;
     let table: Vec<u32> = (0..n_blocks).map(|b| (n_blocks - 1 - b) * 2 + 1).collect();
-    let mut cache = model.new_kv_cache(2 * n_blocks as usize, block);
-    let pool = ThreadPool::new(1);
+    let mut cache = model.new_kv_cache(2 * n_blocks as usize, block).unwrap();
     let h = model.config.hidden_size;
     let plan = |tokens: &[u32], start: usize| StepBatch {
         step_id: 0,
@@ -306,13 +295,7 @@ fn rank_pass(
         let p = plan(&ids[start..(start + chunk).min(ids.len())], start);
         let local = LocalBatch::new(&p, &placement);
         let (out, hid) = model
-            .forward_rank_hidden(
-                &pool,
-                &comms,
-                &local.input(&p, &tables),
-                &mut cache,
-                &p.logits_for,
-            )
+            .forward_rank_hidden(&comms, &local.input(&p, &tables), &mut cache, &p.logits_for)
             .unwrap();
         main.extend(rows_logprobs(&out.logits, out.vocab_size));
         hidden.extend(hid);
@@ -325,7 +308,6 @@ fn rank_pass(
         let local = LocalBatch::new(&p, &placement);
         let (out, _) = model
             .forward_mtp(
-                &pool,
                 &comms,
                 &local.input(&p, &tables),
                 &hidden[start * h..end * h],

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use dcpserve_kernels::CpuBackend;
-use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, WeightPrecision};
+use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, TurnPoints, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
@@ -25,6 +25,7 @@ pub use crate::plan::StepReport;
 use crate::plan::{
     wire, LocalBatch, MtpOutput, MtpPlan, OutputKind, SharedPlan, StepOutput, StepPlan, StepResult,
 };
+use crate::rank_turns::BatonTurns;
 use crate::seq_states::SeqStates;
 use crate::speculative::mtp_rank::{HiddenStore, MtpContext};
 
@@ -60,6 +61,9 @@ pub struct RankArgs {
     pub precision: WeightPrecision,
     pub placement: Placement,
     pub num_blocks: usize,
+    /// The most tokens one step (one micro-batch) computes: each compute thread's
+    /// workspace is reserved for it when the rank starts (larger steps grow it).
+    pub max_step_tokens: usize,
     pub threads: usize,
     /// Where rank 0 sends step results and every rank its failures.
     pub reports: StepSink,
@@ -219,6 +223,14 @@ fn compute_thread(
             return;
         }
     };
+    // One workspace per micro-batch thread, reserved now so no step allocates
+    // activations (on the CPU its pages are only touched as steps use them).
+    for _ in 0..jobs.len() {
+        if let Err(e) = model.reserve_workspace(args.max_step_tokens) {
+            let _ = ready.send(Err(format!("rank {}: workspace: {e}", args.rank)));
+            return;
+        }
+    }
     let _ = ready.send(Ok(()));
     let rank = RankCompute {
         args: &args,
@@ -339,16 +351,17 @@ impl RankCompute<'_> {
                 }
             };
             // Compute only while holding the rank's baton (lent out inside collectives).
-            let turn = self.comms.baton.as_ref().map(|b| b.hold(mb));
+            let turn = self.comms.baton.as_ref().map(|b| BatonTurns(b.hold(mb)));
             let mut logits = None;
             let result = catch_unwind(AssertUnwindSafe(|| {
                 let batch = seqs.apply(&plan)?;
                 let local = LocalBatch::new(&batch, &args.placement);
                 let tables: Vec<&[u32]> = batch.block_tables.iter().map(|t| t.as_slice()).collect();
                 let input = local.input(&batch, &tables);
+                let turns = turn.as_ref().map(|t| t as &dyn TurnPoints);
                 let out = if !self.model.has_mtp() {
                     self.model
-                        .forward_rank_shared(comms, &input, self.cache, turn.as_ref())
+                        .forward_rank_shared(comms, &input, self.cache, turns)
                 } else {
                     hidden.release(&plan.finished);
                     let all: Vec<usize> = (0..batch.tokens.len()).collect();

@@ -28,6 +28,8 @@ pub struct RankGroupSpec {
     pub layout: Layout,
     /// KV blocks per rank.
     pub num_blocks: usize,
+    /// The most tokens one step computes (the ranks reserve their workspaces for it).
+    pub max_step_tokens: usize,
     pub threads_per_rank: usize,
     /// A modeled interconnect every collective also waits for (benchmarks).
     pub link: Option<LinkModel>,
@@ -82,6 +84,7 @@ impl RankGroup {
                 precision: spec.precision,
                 placement: layout.placement(rank),
                 num_blocks: spec.num_blocks,
+                max_step_tokens: spec.max_step_tokens,
                 threads: spec.threads_per_rank,
                 reports: StepSink::new(reports.clone(), spec.serialize_reports),
                 mtp: spec.mtp,

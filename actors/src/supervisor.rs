@@ -133,6 +133,7 @@ async fn draft_proposer(
                 precision: args.precision,
                 block_size: e.block_size,
                 num_blocks: cap.num_blocks,
+                max_step_tokens: e.max_num_batched_tokens,
                 threads_per_rank: (threads / parallel.tensor_parallel_size).max(1),
                 seed: e.seed,
             };
@@ -314,6 +315,7 @@ impl Actor for ModelSupervisor {
                 precision: args.precision,
                 layout,
                 num_blocks: sched_cfg.num_blocks,
+                max_step_tokens: sched_cfg.max_num_batched_tokens,
                 threads_per_rank: (threads / tp).max(1),
                 link: args.engine.modeled_link.map(|l| LinkModel {
                     latency: Duration::from_secs_f64(l.latency_us * 1e-6),

@@ -28,7 +28,7 @@ pub use cpu::{
 };
 
 pub use attention::{paged_attention, write_kv, AttentionBatch};
-pub use backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams};
+pub use backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams, Strided};
 pub use comm::{Communicator, Elems, ElemsMut, InProcessComm};
 pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
 pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};

@@ -29,6 +29,8 @@ pub struct DraftModelSpec {
     pub block_size: usize,
     /// KV blocks per draft rank.
     pub num_blocks: usize,
+    /// The most tokens one draft step computes (the ranks reserve their workspaces for it).
+    pub max_step_tokens: usize,
     /// Compute threads per draft rank.
     pub threads_per_rank: usize,
     pub seed: u64,
@@ -85,6 +87,7 @@ impl DraftModelProposer {
             precision: spec.precision,
             layout,
             num_blocks: spec.num_blocks,
+            max_step_tokens: spec.max_step_tokens,
             threads_per_rank: spec.threads_per_rank,
             link: None,
             dcp_merge: MergeExchange::default(),

@@ -34,6 +34,28 @@ use crate::weights::WeightMatrix;
 #[cfg(test)]
 mod tests;
 
+/// One side of a [`Backend::copy_strided`]: rows `stride` values apart, each starting
+/// `offset` values into its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided {
+    /// Distance between the starts of consecutive rows.
+    pub stride: usize,
+    /// Where the copied part starts within a row.
+    pub offset: usize,
+}
+
+impl Strided {
+    /// Rows `stride` apart, the copied part at `offset`.
+    pub fn new(stride: usize, offset: usize) -> Self {
+        Self { stride, offset }
+    }
+
+    /// Contiguous rows of exactly the copied width.
+    pub fn packed(width: usize) -> Self {
+        Self::new(width, 0)
+    }
+}
+
 /// Shape and step metadata of one [`Backend::paged_attention`] call (the queries are
 /// passed separately as a device view).
 #[derive(Debug, Clone, Copy)]
@@ -131,6 +153,8 @@ pub trait Backend: Send + Sync {
     fn download(&self, src: Self::View<'_>, host: &mut [f32]) -> Result<(), KernelError>;
     /// Elements in `buf`.
     fn len(&self, buf: &Self::Buffer) -> usize;
+    /// Elements in a view.
+    fn view_len(&self, v: Self::View<'_>) -> usize;
     /// Elements `range` of `buf`, read-only.
     fn view<'a>(
         &self,
@@ -197,6 +221,37 @@ pub trait Backend: Send + Sync {
     fn add_bias(&self, x: Self::ViewMut<'_>, bias: Self::View<'_>) -> Result<(), KernelError>;
     /// Copies `src` into `dst` (equal lengths), e.g. picking rows of activations.
     fn copy(&self, src: Self::View<'_>, dst: Self::ViewMut<'_>) -> Result<(), KernelError>;
+    /// Sets every element of `x` to `value`.
+    fn fill(&self, x: Self::ViewMut<'_>, value: f32) -> Result<(), KernelError>;
+    /// A 2-D strided copy (like `cudaMemcpy2D`): for `i` in `0..rows`, the `width` values
+    /// at `src[i·src_stride + src_offset..]` go to `dst[i·dst_stride + dst_offset..]`.
+    /// MLA uses it to take one head out of every token's row and to put it back.
+    fn copy_strided(
+        &self,
+        src: (Self::View<'_>, Strided),
+        dst: (Self::ViewMut<'_>, Strided),
+        rows: usize,
+        width: usize,
+    ) -> Result<(), KernelError>;
+    /// Row gather (`index_select`): row `j` of `dst` is row `rows[j]` of `src`, rows
+    /// being `width` wide (the tokens routed to one expert).
+    fn gather_rows(
+        &self,
+        src: Self::View<'_>,
+        width: usize,
+        rows: &[usize],
+        dst: Self::ViewMut<'_>,
+    ) -> Result<(), KernelError>;
+    /// Weighted row scatter-add (`index_add`): `dst[rows[j]] += scales[j] · src[j]` for
+    /// `width`-wide rows, in order of `j` (an expert's outputs into the MoE sum).
+    fn scatter_add_rows(
+        &self,
+        src: Self::View<'_>,
+        width: usize,
+        rows: &[usize],
+        scales: &[f32],
+        dst: Self::ViewMut<'_>,
+    ) -> Result<(), KernelError>;
     /// Rotates, for each token `t`, the `head_dim`-wide vector at `offset` of every
     /// `stride`-wide row of token `t`'s part of `x` (`x` is `[positions.len(), …]`) by
     /// position `positions[t]`. GQA heads: `stride = head_dim`, `offset = 0`; MLA: the
@@ -236,6 +291,16 @@ pub trait Backend: Send + Sync {
         k: Self::View<'_>,
         v: Self::View<'_>,
     ) -> Result<(), KernelError>;
+    /// Stores `width`-wide rows into a paged cache of such rows (MLA's latent cache,
+    /// `[num_blocks, block_size, width]`): row `t` of `rows` goes to slot `slots[t]`;
+    /// `usize::MAX` skips a token (one another DCP rank stores). Returns the rows stored.
+    fn write_rows(
+        &self,
+        cache: Self::ViewMut<'_>,
+        width: usize,
+        slots: &[usize],
+        rows: Self::View<'_>,
+    ) -> Result<usize, KernelError>;
     /// Paged GQA attention of `q` (`[n_tokens, n_q_heads, head_dim]`): the output
     /// `[n_tokens, n_q_heads, head_dim]` and its log-sum-exp `[n_tokens, n_q_heads]`
     /// (`-inf` and zeros for tokens without keys), so partials over KV shards merge.

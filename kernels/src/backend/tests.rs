@@ -638,8 +638,84 @@ fn bias_and_copy<B: Backend>(dev: &B) {
         .is_err());
 }
 
+/// `fill`, `copy_strided` (one head out of every row and back), `gather_rows`,
+/// `scatter_add_rows` and `write_rows` move exactly the rows they name, and refuse
+/// rows out of range.
+fn row_movement<B: Backend>(dev: &B) {
+    let (rows, stride, width) = (3, 7, 2);
+    let src: Vec<f32> = (0..rows * stride).map(|i| i as f32).collect();
+    let sb = dev.upload(&src).unwrap();
+    let mut packed = dev.zeros(rows * width).unwrap();
+    let from = (all(dev, &sb), Strided::new(stride, 4));
+    let to = (all_mut(dev, &mut packed), Strided::packed(width));
+    dev.copy_strided(from, to, rows, width).unwrap();
+    assert_eq!(host(dev, &packed), [4.0, 5.0, 11.0, 12.0, 18.0, 19.0]);
+    let mut back = dev.zeros(rows * stride).unwrap();
+    dev.fill(all_mut(dev, &mut back), -1.0).unwrap();
+    let from = (all(dev, &packed), Strided::packed(width));
+    let to = (all_mut(dev, &mut back), Strided::new(stride, 1));
+    dev.copy_strided(from, to, rows, width).unwrap();
+    let got = host(dev, &back);
+    assert_eq!(&got[..stride], &[-1.0, 4.0, 5.0, -1.0, -1.0, -1.0, -1.0]);
+    assert_eq!(&got[2 * stride + 1..2 * stride + 3], &[18.0, 19.0]);
+    let from = (all(dev, &sb), Strided::new(stride, 6));
+    let to = (all_mut(dev, &mut packed), Strided::packed(width));
+    assert!(dev.copy_strided(from, to, rows, width).is_err());
+
+    let mut gathered = dev.zeros(2 * stride).unwrap();
+    dev.gather_rows(all(dev, &sb), stride, &[2, 0], all_mut(dev, &mut gathered))
+        .unwrap();
+    let got = host(dev, &gathered);
+    assert_eq!(&got[..stride], &src[2 * stride..]);
+    assert_eq!(&got[stride..], &src[..stride]);
+    assert!(dev
+        .gather_rows(all(dev, &sb), stride, &[3, 0], all_mut(dev, &mut gathered))
+        .is_err());
+
+    let mut sum = dev.zeros(rows * stride).unwrap();
+    let (r, s) = ([1usize, 1], [0.5f32, 2.0]);
+    dev.scatter_add_rows(all(dev, &gathered), stride, &r, &s, all_mut(dev, &mut sum))
+        .unwrap();
+    let got = host(dev, &sum);
+    let want: Vec<f32> = (0..stride)
+        .map(|c| 0.5 * src[2 * stride + c] + 2.0 * src[c])
+        .collect();
+    assert_eq!(&got[stride..2 * stride], &want[..]);
+    assert!(got[..stride]
+        .iter()
+        .chain(&got[2 * stride..])
+        .all(|&v| v == 0.0));
+    let bad = dev.scatter_add_rows(
+        all(dev, &gathered),
+        stride,
+        &[0, 3],
+        &s,
+        all_mut(dev, &mut sum),
+    );
+    assert!(bad.is_err());
+
+    let mut cache = dev.zeros(4 * width).unwrap();
+    let slots = [3, usize::MAX, 0];
+    let stored = dev
+        .write_rows(all_mut(dev, &mut cache), width, &slots, all(dev, &packed))
+        .unwrap();
+    assert_eq!(stored, 2);
+    assert_eq!(
+        host(dev, &cache),
+        [18.0, 19.0, 0.0, 0.0, 0.0, 0.0, 4.0, 5.0]
+    );
+    let bad = dev.write_rows(
+        all_mut(dev, &mut cache),
+        width,
+        &[4, 0, 0],
+        all(dev, &packed),
+    );
+    assert!(bad.is_err());
+}
+
 test_on_every_backend!(
     bias_and_copy,
+    row_movement,
     memory_round_trip,
     matmul_every_dtype,
     norms_and_elementwise,

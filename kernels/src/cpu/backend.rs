@@ -4,7 +4,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::attention::{paged_attention, write_kv, AttentionBatch};
-use crate::backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams};
+use crate::backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams, Strided};
+use crate::cpu::rows::{copy_strided, gather_rows, scatter_add_rows, write_rows};
 use crate::dcp::merge_partials;
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
@@ -97,6 +98,10 @@ impl Backend for CpuBackend {
         buf.len()
     }
 
+    fn view_len(&self, v: &[f32]) -> usize {
+        v.len()
+    }
+
     fn view<'a>(&self, buf: &'a Vec<f32>, range: Range<usize>) -> Result<&'a [f32], KernelError> {
         check_range("view range", &range, buf.len())?;
         Ok(&buf[range])
@@ -172,6 +177,42 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn fill(&self, x: &mut [f32], value: f32) -> Result<(), KernelError> {
+        x.fill(value);
+        Ok(())
+    }
+
+    fn copy_strided(
+        &self,
+        src: (&[f32], Strided),
+        dst: (&mut [f32], Strided),
+        rows: usize,
+        width: usize,
+    ) -> Result<(), KernelError> {
+        copy_strided(src, dst, rows, width)
+    }
+
+    fn gather_rows(
+        &self,
+        src: &[f32],
+        width: usize,
+        rows: &[usize],
+        dst: &mut [f32],
+    ) -> Result<(), KernelError> {
+        gather_rows(src, width, rows, dst)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        src: &[f32],
+        width: usize,
+        rows: &[usize],
+        scales: &[f32],
+        dst: &mut [f32],
+    ) -> Result<(), KernelError> {
+        scatter_add_rows(src, width, rows, scales, dst)
+    }
+
     fn rope(
         &self,
         table: &RopeTable,
@@ -222,6 +263,16 @@ impl Backend for CpuBackend {
         v: &[f32],
     ) -> Result<(), KernelError> {
         write_kv(k_cache, v_cache, n_kv_heads, head_dim, slots, k, v)
+    }
+
+    fn write_rows(
+        &self,
+        cache: &mut [f32],
+        width: usize,
+        slots: &[usize],
+        rows: &[f32],
+    ) -> Result<usize, KernelError> {
+        write_rows(cache, width, slots, rows)
     }
 
     fn paged_attention(

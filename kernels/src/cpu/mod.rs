@@ -15,6 +15,7 @@ pub mod moe_routing;
 pub mod ops;
 pub mod pool;
 pub mod quant;
+pub mod rows;
 pub mod sampling;
 pub mod spec_sampling;
 pub mod weights;

@@ -1,13 +1,27 @@
 //! How a forward pass reaches its rank's KV cache: borrowed for the whole step, or shared
-//! with the rank's other micro-batch thread (see `dcpserve_kernels::overlap`). A forward
-//! only touches the cache inside [`CacheAccess::with`], never across a collective, so a
-//! shared cache is locked for cache reads and writes alone and the other micro-batch can
-//! use it while this one waits for its peers.
+//! with the rank's other micro-batch thread. A forward only touches the cache inside
+//! [`CacheAccess::with`], never across a collective, so a shared cache is locked for
+//! cache reads and writes alone and the other micro-batch can use it while this one
+//! waits for its peers. When the micro-batches hand over to each other is the rank's
+//! business ([`TurnPoints`], which the rank supplies), not the model's.
 
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use dcpserve_kernels::BatonTurn;
+/// The points of a forward where the rank may hand its compute to another micro-batch:
+/// supplied by the rank (on the CPU, the turn of its compute baton that the rank actor
+/// holds) and called by the model at every cache access. On a GPU the same overlap is
+/// two streams and events, and no hook is needed.
+pub trait TurnPoints {
+    /// A cache access is about to happen (inside a long read when `in_long`): the other
+    /// micro-batch may compute first.
+    fn before_access(&self, in_long: bool);
+    /// A long cache read (attention) begins.
+    fn begin_long(&self);
+    /// Into how many pieces a long cache read is split, so the other micro-batch gets
+    /// turns in between.
+    fn long_read_pieces(&self) -> usize;
+}
 
 /// Scoped access to a KV cache of type `C`.
 pub trait CacheAccess<C> {
@@ -38,40 +52,36 @@ impl<C> CacheAccess<C> for &mut C {
 
 /// A cache shared by a rank's micro-batch threads. The micro-batches write disjoint
 /// slots (their sequences, and so their blocks, are disjoint), but Rust wants one
-/// `&mut` at a time: each access locks. Each access is also a turn boundary: a
-/// micro-batch whose collective has completed computes first (see
-/// [`BatonTurn::yield_to_waiter`]).
+/// `&mut` at a time: each access locks. Each access is also one of the rank's
+/// [`TurnPoints`], when it supplied them.
 pub struct SharedCache<'a, C> {
     pub cache: &'a Mutex<C>,
-    pub baton: Option<&'a BatonTurn>,
+    pub turns: Option<&'a dyn TurnPoints>,
     /// Inside [`CacheAccess::long`].
     pub in_long: bool,
 }
 
 impl<'a, C> SharedCache<'a, C> {
-    pub fn new(cache: &'a Mutex<C>, baton: Option<&'a BatonTurn>) -> Self {
+    pub fn new(cache: &'a Mutex<C>, turns: Option<&'a dyn TurnPoints>) -> Self {
         Self {
             cache,
-            baton,
+            turns,
             in_long: false,
         }
     }
 }
 
-/// Pieces of a long cache read when another micro-batch may be waiting.
-const TURNS_PER_ATTENTION: usize = 16;
-
 impl<C> CacheAccess<C> for SharedCache<'_, C> {
     fn with<R>(&mut self, f: impl FnOnce(&mut C) -> R) -> R {
-        if let Some(b) = self.baton {
-            b.yield_to_waiter(self.in_long);
+        if let Some(t) = self.turns {
+            t.before_access(self.in_long);
         }
         f(&mut lock(self.cache))
     }
 
     fn long<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
-        if let Some(b) = self.baton {
-            b.begin_long();
+        if let Some(t) = self.turns {
+            t.begin_long();
         }
         self.in_long = true;
         let r = f(self);
@@ -80,11 +90,7 @@ impl<C> CacheAccess<C> for SharedCache<'_, C> {
     }
 
     fn turns(&self) -> usize {
-        if self.baton.is_some() {
-            TURNS_PER_ATTENTION
-        } else {
-            1
-        }
+        self.turns.map_or(1, |t| t.long_read_pieces())
     }
 }
 

@@ -64,25 +64,6 @@ impl BatchInput<'_> {
             None => Ok(()),
         }
     }
-
-    /// The tokens' embeddings (`[n, hidden]`), refusing ids outside the vocabulary.
-    pub(crate) fn embed(
-        &self,
-        table: &dcpserve_kernels::WeightMatrix,
-        vocab: usize,
-        hidden: usize,
-    ) -> Result<Vec<f32>, ModelError> {
-        let mut x = vec![0.0f32; self.tokens.len() * hidden];
-        for (i, &t) in self.tokens.iter().enumerate() {
-            if t as usize >= vocab {
-                return Err(ModelError::Invalid(format!(
-                    "token id {t} is outside the vocabulary ({vocab})"
-                )));
-            }
-            table.dequantize_row(t as usize, &mut x[i * hidden..(i + 1) * hidden])?;
-        }
-        Ok(x)
-    }
 }
 
 /// One rank's share of a decoder on its backend `B`: its weight shard, head layout,

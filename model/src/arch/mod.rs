@@ -1,6 +1,6 @@
 //! Decoder-only transformer architectures (Llama, Qwen2, Qwen3; DeepSeek-V2/V3 with MLA
-//! in [`mla`]): the dense decoder computes through a
-//! [`Backend`](dcpserve_kernels::Backend); MLA still calls the CPU kernels directly.
+//! in [`mla`]): both compute through the rank's
+//! [`Backend`](dcpserve_kernels::Backend).
 //!
 //! The forward pass works on a flat batch of tokens from many sequences (continuous
 //! batching): each token carries its sequence, position, KV slot and attention length,
@@ -17,12 +17,12 @@ mod rank_model;
 mod weights;
 mod workspace;
 
-pub use cache_access::CacheAccess;
+pub use cache_access::{CacheAccess, TurnPoints};
 pub use device_weights::{DeviceLayer, DeviceWeights};
 pub use forward::{BatchInput, DecoderModel};
 pub use kv_cache::KvCache;
 pub use mla::hf::{check_mla_config, mla_layer_tensors, mla_moe_from_json};
-pub use mla::{LatentCache, MlaModel, MtpLayer};
+pub use mla::{LatentCache, MlaModel, MlaWorkspace, MtpLayer};
 pub use rank_io::{ForwardOutput, RankComms};
 pub use rank_model::{
     kv_bytes_per_token, kv_capacity, KvCapacity, KvStorage, RankCache, RankModel,

@@ -4,36 +4,36 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use dcpserve_kernels::{BatonTurn, CpuBackend};
+use dcpserve_kernels::{Backend, CpuBackend, HostViews};
 
-use super::cache_access::{lock, SharedCache};
+use super::cache_access::{lock, SharedCache, TurnPoints};
 
 use super::forward::{BatchInput, DecoderModel};
 use super::kv_cache::KvCache;
-use super::mla::{LatentCache, MlaModel};
+use super::mla::{latent_bytes_per_token, LatentCache, MlaModel};
 use super::rank_io::{ForwardOutput, RankComms};
 use super::weights::{HeadLayout, TpShard, WeightPrecision};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
 
-/// One rank's model.
-pub enum RankModel {
+/// One rank's model, computing on backend `B`.
+pub enum RankModel<B: Backend = CpuBackend> {
     /// Llama / Qwen2 / Qwen3.
-    Dense(Box<DecoderModel>),
+    Dense(Box<DecoderModel<B>>),
     /// DeepSeek-V2 / V3, Kimi K2.
-    Mla(Box<MlaModel>),
+    Mla(Box<MlaModel<B>>),
 }
 
 /// One rank's KV storage, matching its [`RankModel`]. Each kind sits behind a mutex so
 /// the rank's two micro-batch threads can share it ([`RankModel::forward_rank_shared`]);
 /// a step that owns the cache (`&mut`) never locks.
-pub enum RankCache {
-    Dense(Mutex<KvCache>),
-    Latent(Mutex<LatentCache>),
+pub enum RankCache<B: Backend = CpuBackend> {
+    Dense(Mutex<KvCache<B>>),
+    Latent(Mutex<LatentCache<B>>),
 }
 
-impl RankCache {
+impl<B: Backend> RankCache<B> {
     /// Number of token slots.
     pub fn capacity_tokens(&self) -> usize {
         match self {
@@ -61,7 +61,7 @@ impl RankCache {
                 let c = lock(c);
                 KvStorage {
                     tokens_written_per_layer: Some(c.tokens_written().to_vec()),
-                    bytes_per_token: LatentCache::bytes_per_token(c.num_layers(), c.latent_dim),
+                    bytes_per_token: latent_bytes_per_token(c.num_layers(), c.latent_dim),
                     capacity_tokens: c.capacity_tokens(),
                 }
             }
@@ -81,11 +81,11 @@ pub struct KvStorage {
     pub capacity_tokens: usize,
 }
 
-impl RankModel {
+impl<B: Backend> RankModel<B> {
     /// Loads tensor-parallel rank `shard.rank`'s slice of whichever architecture `config`
     /// names, to compute on `backend` (the rank's device and threads).
     pub fn load_shard(
-        backend: CpuBackend,
+        backend: B,
         config: ModelConfig,
         tensors: &dyn TensorSource,
         precision: WeightPrecision,
@@ -104,7 +104,7 @@ impl RankModel {
 
     /// Loads the whole model on one rank.
     pub fn load(
-        backend: CpuBackend,
+        backend: B,
         config: ModelConfig,
         tensors: &dyn TensorSource,
         precision: WeightPrecision,
@@ -113,7 +113,7 @@ impl RankModel {
     }
 
     /// The backend the model computes on.
-    pub fn backend(&self) -> &CpuBackend {
+    pub fn backend(&self) -> &B {
         match self {
             RankModel::Dense(m) => m.backend(),
             RankModel::Mla(m) => m.backend(),
@@ -133,55 +133,24 @@ impl RankModel {
         &self,
         num_blocks: usize,
         block_size: usize,
-    ) -> Result<RankCache, ModelError> {
+    ) -> Result<RankCache<B>, ModelError> {
         Ok(match self {
             RankModel::Dense(m) => {
                 RankCache::Dense(Mutex::new(m.new_kv_cache(num_blocks, block_size)?))
             }
             RankModel::Mla(m) => {
-                RankCache::Latent(Mutex::new(m.new_kv_cache(num_blocks, block_size)))
+                RankCache::Latent(Mutex::new(m.new_kv_cache(num_blocks, block_size)?))
             }
         })
     }
 
-    /// One step on this rank (see [`DecoderModel::forward_rank`]).
-    pub fn forward_rank(
-        &self,
-        comms: &RankComms,
-        input: &BatchInput,
-        cache: &mut RankCache,
-    ) -> Result<ForwardOutput, ModelError> {
-        match (self, cache) {
-            (RankModel::Dense(m), RankCache::Dense(c)) => m.forward_rank(comms, input, owned(c)),
-            (RankModel::Mla(m), RankCache::Latent(c)) => {
-                m.forward_rank(m.backend().pool(), comms, input, owned(c))
-            }
-            _ => Err(mismatch()),
-        }
-    }
-
-    /// [`RankModel::forward_rank`] on a cache another micro-batch thread of the rank
-    /// uses at the same time: the cache is locked only while this step reads or writes
-    /// it, never across a collective, and each access is a turn boundary for `baton`
-    /// (the rank's compute baton, held by the caller). The two threads' steps must hold
-    /// disjoint sequences.
-    pub fn forward_rank_shared(
-        &self,
-        comms: &RankComms,
-        input: &BatchInput,
-        cache: &RankCache,
-        baton: Option<&BatonTurn>,
-    ) -> Result<ForwardOutput, ModelError> {
-        match (self, cache) {
-            (RankModel::Dense(m), RankCache::Dense(cache)) => {
-                m.forward_rank_with(comms, input, SharedCache::new(cache, baton))
-            }
-            (RankModel::Mla(m), RankCache::Latent(cache)) => {
-                let shared = SharedCache::new(cache, baton);
-                let pool = m.backend().pool();
-                Ok(m.forward_rank_with(pool, comms, input, shared, &[])?.0)
-            }
-            _ => Err(mismatch()),
+    /// Allocates one forward's workspace for steps of up to `max_tokens` tokens now, so
+    /// no step allocates activations; call it once per forward that may run at the same
+    /// time (one per micro-batch), after [`RankModel::load_mtp`].
+    pub fn reserve_workspace(&self, max_tokens: usize) -> Result<(), ModelError> {
+        match self {
+            RankModel::Dense(m) => m.reserve_workspace(max_tokens),
+            RankModel::Mla(m) => m.reserve_workspace(max_tokens),
         }
     }
 
@@ -204,6 +173,46 @@ impl RankModel {
     pub fn has_mtp(&self) -> bool {
         matches!(self, RankModel::Mla(m) if m.mtp.is_some())
     }
+}
+
+impl<B: HostViews> RankModel<B> {
+    /// One step on this rank (see [`DecoderModel::forward_rank`]).
+    pub fn forward_rank(
+        &self,
+        comms: &RankComms,
+        input: &BatchInput,
+        cache: &mut RankCache<B>,
+    ) -> Result<ForwardOutput<B>, ModelError> {
+        match (self, cache) {
+            (RankModel::Dense(m), RankCache::Dense(c)) => m.forward_rank(comms, input, owned(c)),
+            (RankModel::Mla(m), RankCache::Latent(c)) => m.forward_rank(comms, input, owned(c)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// [`RankModel::forward_rank`] on a cache another micro-batch thread of the rank
+    /// uses at the same time: the cache is locked only while this step reads or writes
+    /// it, never across a collective, and each access is one of the rank's `turns`
+    /// (where it may let the other micro-batch compute). The two threads' steps must
+    /// hold disjoint sequences.
+    pub fn forward_rank_shared(
+        &self,
+        comms: &RankComms,
+        input: &BatchInput,
+        cache: &RankCache<B>,
+        turns: Option<&dyn TurnPoints>,
+    ) -> Result<ForwardOutput<B>, ModelError> {
+        match (self, cache) {
+            (RankModel::Dense(m), RankCache::Dense(cache)) => {
+                m.forward_rank_with(comms, input, SharedCache::new(cache, turns))
+            }
+            (RankModel::Mla(m), RankCache::Latent(cache)) => {
+                let shared = SharedCache::new(cache, turns);
+                Ok(m.forward_rank_with(comms, input, shared, &[])?.0)
+            }
+            _ => Err(mismatch()),
+        }
+    }
 
     /// [`RankModel::forward_rank`], also returning the final-normed hidden states of the
     /// tokens `hidden_for` (MLA models; see [`MlaModel::forward_rank_hidden`]).
@@ -211,13 +220,13 @@ impl RankModel {
         &self,
         comms: &RankComms,
         input: &BatchInput,
-        cache: &RankCache,
+        cache: &RankCache<B>,
         hidden_for: &[usize],
-    ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
+    ) -> Result<(ForwardOutput<B>, B::Buffer), ModelError> {
         match (self, cache) {
             (RankModel::Mla(m), RankCache::Latent(cache)) => {
                 let shared = SharedCache::new(cache, None);
-                m.forward_rank_with(m.backend().pool(), comms, input, shared, hidden_for)
+                m.forward_rank_with(comms, input, shared, hidden_for)
             }
             _ => Err(ModelError::Invalid(
                 "hidden states are only kept for MLA models".into(),
@@ -230,13 +239,13 @@ impl RankModel {
         &self,
         comms: &RankComms,
         input: &BatchInput,
-        prev_hidden: &[f32],
-        cache: &RankCache,
-    ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
+        prev_hidden: B::View<'_>,
+        cache: &RankCache<B>,
+    ) -> Result<(ForwardOutput<B>, B::Buffer), ModelError> {
         match (self, cache) {
             (RankModel::Mla(m), RankCache::Latent(cache)) => {
                 let shared = SharedCache::new(cache, None);
-                m.forward_mtp(m.backend().pool(), comms, input, prev_hidden, shared)
+                m.forward_mtp(comms, input, prev_hidden, shared)
             }
             _ => Err(ModelError::Invalid(
                 "multi-token prediction needs a DeepSeek-V3 (MLA) model".into(),
@@ -248,8 +257,8 @@ impl RankModel {
     pub fn forward(
         &self,
         input: &BatchInput,
-        cache: &mut RankCache,
-    ) -> Result<ForwardOutput, ModelError> {
+        cache: &mut RankCache<B>,
+    ) -> Result<ForwardOutput<B>, ModelError> {
         self.forward_rank(&RankComms::single(), input, cache)
     }
 }
@@ -268,7 +277,7 @@ fn mismatch() -> ModelError {
 pub fn kv_bytes_per_token(cfg: &ModelConfig, tp: usize) -> usize {
     let layers = cfg.num_hidden_layers;
     match &cfg.mla {
-        Some(mla) => LatentCache::bytes_per_token(layers, mla.latent_dim()),
+        Some(mla) => latent_bytes_per_token(layers, mla.latent_dim()),
         None => {
             let heads = HeadLayout::new(
                 cfg,

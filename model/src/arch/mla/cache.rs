@@ -3,30 +3,47 @@
 //! followed by the roped shared key `k_pe`. Keys and values are both read from these rows
 //! (values are the `c_kv` prefix), so there is no separate V cache.
 
+use dcpserve_kernels::{Backend, CpuBackend};
+
 use crate::error::ModelError;
 
-/// Paged latent storage for all layers of one rank.
-pub struct LatentCache {
+/// Paged latent storage for all layers of one rank, owned as backend buffers.
+pub struct LatentCache<B: Backend = CpuBackend> {
     pub num_blocks: usize,
     pub block_size: usize,
     /// Values per token per layer (`kv_lora_rank + qk_rope_head_dim`).
     pub latent_dim: usize,
-    layers: Vec<Vec<f32>>,
+    layers: Vec<B::Buffer>,
     /// Token rows written per layer since allocation (diagnostic: what DCP left on this rank).
     written: Vec<usize>,
 }
 
-impl LatentCache {
-    /// Allocates `num_blocks` blocks for `n_layers` layers (zeroed, so untouched pages cost no RAM).
-    pub fn new(n_layers: usize, num_blocks: usize, block_size: usize, latent_dim: usize) -> Self {
+/// Bytes one token occupies on one rank across `n_layers` layers of a latent cache (f32,
+/// one latent row per layer).
+pub fn latent_bytes_per_token(n_layers: usize, latent_dim: usize) -> usize {
+    n_layers * latent_dim * std::mem::size_of::<f32>()
+}
+
+impl<B: Backend> LatentCache<B> {
+    /// Allocates `num_blocks` blocks for `n_layers` layers on `dev` (zeroed, so on the CPU
+    /// untouched pages cost no RAM).
+    pub fn new(
+        dev: &B,
+        n_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        latent_dim: usize,
+    ) -> Result<Self, ModelError> {
         let per_layer = num_blocks * block_size * latent_dim;
-        Self {
+        Ok(Self {
             num_blocks,
             block_size,
             latent_dim,
-            layers: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
+            layers: (0..n_layers)
+                .map(|_| dev.zeros(per_layer))
+                .collect::<Result<_, _>>()?,
             written: vec![0; n_layers],
-        }
+        })
     }
 
     /// Token rows written to each layer since allocation; a slot written twice (a
@@ -35,14 +52,15 @@ impl LatentCache {
         &self.written
     }
 
-    /// Bytes one token occupies on one rank across all layers (f32, one latent row per layer).
+    /// Bytes one token occupies on one rank across all layers (see
+    /// [`latent_bytes_per_token`]).
     pub fn bytes_per_token(n_layers: usize, latent_dim: usize) -> usize {
-        n_layers * latent_dim * std::mem::size_of::<f32>()
+        latent_bytes_per_token(n_layers, latent_dim)
     }
 
     /// Bytes the cache occupies (all layers, f32).
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| l.len()).sum::<usize>() * std::mem::size_of::<f32>()
+        self.layers.len() * self.capacity_tokens() * self.latent_dim * std::mem::size_of::<f32>()
     }
 
     /// Layers the cache holds.
@@ -55,36 +73,43 @@ impl LatentCache {
         self.num_blocks * self.block_size
     }
 
+    fn layer_len(&self) -> usize {
+        self.capacity_tokens() * self.latent_dim
+    }
+
     /// Layer `layer`'s rows.
-    pub fn layer(&self, layer: usize) -> &[f32] {
-        &self.layers[layer]
+    pub fn layer<'a>(&'a self, dev: &B, layer: usize) -> Result<B::View<'a>, ModelError> {
+        let len = self.layer_len();
+        match self.layers.get(layer) {
+            Some(l) => Ok(dev.view(l, 0..len)?),
+            None => Err(self.no_layer(layer)),
+        }
     }
 
     /// Stores `rows` (`[slots.len(), latent_dim]`) at `slots`; `usize::MAX` skips a token
     /// (one another DCP rank stores).
-    pub fn write(&mut self, layer: usize, slots: &[usize], rows: &[f32]) -> Result<(), ModelError> {
-        let d = self.latent_dim;
-        if rows.len() != slots.len() * d || layer >= self.layers.len() {
-            return Err(ModelError::Invalid(format!(
-                "latent cache write: {} values for {} slots of {d} in layer {layer}",
-                rows.len(),
-                slots.len()
-            )));
-        }
-        let cache = &mut self.layers[layer];
-        let n_slots = cache.len() / d.max(1);
-        for (t, &s) in slots.iter().enumerate() {
-            if s == usize::MAX {
-                continue;
-            }
-            if s >= n_slots {
-                return Err(ModelError::Invalid(format!(
-                    "kv slot {s} is outside the latent cache ({n_slots} slots)"
-                )));
-            }
-            cache[s * d..(s + 1) * d].copy_from_slice(&rows[t * d..(t + 1) * d]);
-            self.written[layer] += 1;
-        }
+    pub fn write(
+        &mut self,
+        dev: &B,
+        layer: usize,
+        slots: &[usize],
+        rows: B::View<'_>,
+    ) -> Result<(), ModelError> {
+        let (len, d) = (self.layer_len(), self.latent_dim);
+        let err = self.no_layer(layer);
+        let (Some(cache), Some(written)) =
+            (self.layers.get_mut(layer), self.written.get_mut(layer))
+        else {
+            return Err(err);
+        };
+        *written += dev.write_rows(dev.view_mut(cache, 0..len)?, d, slots, rows)?;
         Ok(())
+    }
+
+    fn no_layer(&self, layer: usize) -> ModelError {
+        ModelError::Invalid(format!(
+            "latent cache layer {layer} requested of a {}-layer cache",
+            self.layers.len()
+        ))
     }
 }

@@ -1,4 +1,5 @@
-//! Multi-head latent attention models: DeepSeek-V2 / V3 and Kimi K2.
+//! Multi-head latent attention models: DeepSeek-V2 / V3 and Kimi K2, computed through the
+//! rank's [`Backend`](dcpserve_kernels::Backend).
 //!
 //! The KV cache stores one latent row per token per layer (`kv_lora_rank +
 //! qk_rope_head_dim` values: the normalized `c_kv` and the roped shared key), never
@@ -10,18 +11,20 @@
 //! sharded by position and the absorbed queries of the DCP group are gathered (the one
 //! DCP attention step, `dcpserve_kernels::dcp::DcpAttention`).
 
-/// The latent attention kernel, now in `dcpserve-kernels` (named here for the callers
-/// that reach it as `mla::attention`).
-pub use dcpserve_kernels::cpu::latent_attention as attention;
 pub mod cache;
+pub mod device_weights;
 pub mod hf;
+mod layer;
 pub mod model;
 pub mod moe;
 pub mod mtp;
 mod mtp_forward;
 pub mod rope;
 pub mod weights;
+mod workspace;
 
-pub use cache::LatentCache;
+pub use cache::{latent_bytes_per_token, LatentCache};
+pub use device_weights::{DeviceMlaWeights, DeviceMtp};
 pub use model::MlaModel;
 pub use mtp::MtpLayer;
+pub use workspace::MlaWorkspace;

@@ -1,14 +1,15 @@
-//! DeepSeek mixture-of-experts: group-limited top-k routing and the expert MLPs.
+//! DeepSeek mixture-of-experts: group-limited top-k routing and the expert MLPs, computed
+//! through the rank's [`Backend`].
 //!
 //! Routing runs on every rank from the same (all-reduced) activations with the replicated
 //! router, so all ranks choose the same experts; each rank then computes its slice of
 //! every chosen expert's intermediate dimension, and the caller all-reduces the partial sums.
 
-use dcpserve_kernels::{
-    matmul, route_experts, silu_mul, RouterParams, RouterScoring, Routing, ThreadPool,
-};
+use dcpserve_kernels::{Backend, Precision, RouterParams, RouterScoring, Routing};
 
-use super::weights::{MlpShard, MoeShard};
+use super::device_weights::{DeviceMlp, DeviceMoe};
+use super::workspace::{MlpBuffers, MoeBuffers};
+use crate::arch::workspace::whole;
 use crate::config::{MoeConfig, MoeScoring};
 use crate::error::ModelError;
 
@@ -29,92 +30,100 @@ fn router_params(cfg: &MoeConfig) -> RouterParams {
     }
 }
 
-/// The router's logits for `n` tokens, then transformers' `DeepseekV3TopkRouter` /
-/// `DeepseekV2TopkRouter` choice (the kernels' [`route_experts`]).
-pub fn route(
-    pool: &ThreadPool,
+/// The router's logits for the `n` tokens of `x` (into `logits`), then transformers'
+/// `DeepseekV3TopkRouter` / `DeepseekV2TopkRouter` choice (the backend's
+/// [`route_experts`](Backend::route_experts)).
+pub(crate) fn route<B: Backend>(
+    dev: &B,
     cfg: &MoeConfig,
-    w: &MoeShard,
-    x: &[f32],
-    n: usize,
+    w: &DeviceMoe<B>,
+    (x, n): (B::View<'_>, usize),
+    logits: &mut B::Buffer,
 ) -> Result<Routing, ModelError> {
-    let mut logits = vec![0.0f32; n * cfg.n_routed_experts];
-    matmul(pool, x, n, &w.router, &mut logits)?;
-    Ok(route_experts(
-        &logits,
-        &router_params(cfg),
-        w.correction_bias.as_deref(),
-    )?)
+    let len = n * cfg.n_routed_experts;
+    dev.matmul(
+        x,
+        n,
+        &w.router,
+        dev.view_mut(logits, 0..len)?,
+        Precision::Exact,
+    )?;
+    let bias = w
+        .correction_bias
+        .as_ref()
+        .map(|b| whole(dev, b))
+        .transpose()?;
+    Ok(dev.route_experts(dev.view(logits, 0..len)?, &router_params(cfg), bias)?)
 }
 
-/// `down(silu(gate(x)) · up(x))` for `m` rows of `x`, this rank's slice, into `out`.
-pub fn mlp_forward(
-    pool: &ThreadPool,
-    w: &MlpShard,
-    x: &[f32],
-    m: usize,
-    out: &mut [f32],
+/// `down(silu(gate(x)) · up(x))` for the `m` rows of `x`, this rank's slice, into `out`.
+pub(crate) fn mlp_forward<B: Backend>(
+    dev: &B,
+    w: &DeviceMlp<B>,
+    (x, m): (B::View<'_>, usize),
+    bufs: &mut MlpBuffers<B>,
+    out: B::ViewMut<'_>,
 ) -> Result<(), ModelError> {
-    let inter = w.gate.rows();
-    let mut gate = vec![0.0f32; m * inter];
-    let mut up = vec![0.0f32; m * inter];
-    matmul(pool, x, m, &w.gate, &mut gate)?;
-    matmul(pool, x, m, &w.up, &mut up)?;
-    let mut act = vec![0.0f32; m * inter];
-    silu_mul(&gate, &up, &mut act)?;
-    matmul(pool, &act, m, &w.down, out)?;
+    let mi = m * dev.matrix_shape(&w.gate).0;
+    let exact = Precision::Exact;
+    dev.matmul(x, m, &w.gate, dev.view_mut(&mut bufs.gate, 0..mi)?, exact)?;
+    dev.matmul(x, m, &w.up, dev.view_mut(&mut bufs.up, 0..mi)?, exact)?;
+    let (gate, up) = (dev.view(&bufs.gate, 0..mi)?, dev.view(&bufs.up, 0..mi)?);
+    dev.silu_mul(gate, up, dev.view_mut(&mut bufs.act, 0..mi)?)?;
+    let act = dev.view(&bufs.act, 0..mi)?;
+    dev.matmul(act, m, &w.down, out, exact)?;
     Ok(())
 }
 
-/// This rank's partial MoE output for `n` tokens (`[n, hidden]`, to be all-reduced):
-/// routed experts weighted by the router, plus the shared experts.
-pub fn moe_forward(
-    pool: &ThreadPool,
+/// This rank's partial MoE output for the `n` tokens of `x` (`[n, hidden]`, the
+/// buffer's prefix) into `out`'s prefix (to be all-reduced): routed experts weighted by
+/// the router, plus the shared experts.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_forward<B: Backend>(
+    dev: &B,
     cfg: &MoeConfig,
-    w: &MoeShard,
-    x: &[f32],
-    n: usize,
-    hidden: usize,
-    out: &mut [f32],
+    w: &DeviceMoe<B>,
+    (x, n, hidden): (&B::Buffer, usize, usize),
+    mlp: &mut MlpBuffers<B>,
+    moe: &mut MoeBuffers<B>,
+    out: &mut B::Buffer,
 ) -> Result<(), ModelError> {
-    let routing = route(pool, cfg, w, x, n)?;
-    out.fill(0.0);
+    let nh = n * hidden;
+    let xs = dev.view(x, 0..nh)?;
+    let routing = route(dev, cfg, w, (xs, n), &mut moe.logits)?;
+    dev.fill(dev.view_mut(out, 0..nh)?, 0.0)?;
     let k = cfg.num_experts_per_tok;
-    let mut rows = Vec::new();
-    let mut y = Vec::new();
     for (e, expert) in w.experts.iter().enumerate() {
-        // Tokens routed to e, with their weight.
-        let picks: Vec<(usize, f32)> = (0..n * k)
-            .filter(|&i| routing.experts[i] == e)
-            .map(|i| (i / k, routing.weights[i]))
-            .collect();
         let Some(expert) = expert else { continue };
-        if picks.is_empty() {
+        // Tokens routed to e, with their weight.
+        moe.picked.clear();
+        moe.weights.clear();
+        for i in (0..n * k).filter(|&i| routing.experts[i] == e) {
+            moe.picked.push(i / k);
+            moe.weights.push(routing.weights[i]);
+        }
+        if moe.picked.is_empty() {
             continue;
         }
-        let m = picks.len();
-        rows.clear();
-        for &(t, _) in &picks {
-            rows.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
-        }
-        y.clear();
-        y.resize(m * hidden, 0.0);
-        mlp_forward(pool, expert, &rows, m, &mut y)?;
-        for (j, &(t, wt)) in picks.iter().enumerate() {
-            for (o, &v) in out[t * hidden..(t + 1) * hidden]
-                .iter_mut()
-                .zip(&y[j * hidden..(j + 1) * hidden])
-            {
-                *o += wt * v;
-            }
-        }
+        let mh = moe.picked.len() * hidden;
+        let rows = dev.view_mut(&mut moe.rows, 0..mh)?;
+        dev.gather_rows(xs, hidden, &moe.picked, rows)?;
+        let rows = dev.view(&moe.rows, 0..mh)?;
+        let y = dev.view_mut(&mut moe.out, 0..mh)?;
+        mlp_forward(dev, expert, (rows, moe.picked.len()), mlp, y)?;
+        let y = dev.view(&moe.out, 0..mh)?;
+        let sum = dev.view_mut(out, 0..nh)?;
+        dev.scatter_add_rows(y, hidden, &moe.picked, &moe.weights, sum)?;
     }
     if let Some(shared) = &w.shared {
-        let mut s = vec![0.0f32; n * hidden];
-        mlp_forward(pool, shared, x, n, &mut s)?;
-        for (o, v) in out.iter_mut().zip(&s) {
-            *o += v;
-        }
+        mlp_forward(
+            dev,
+            shared,
+            (xs, n),
+            mlp,
+            dev.view_mut(&mut moe.out, 0..nh)?,
+        )?;
+        dev.add(dev.view_mut(out, 0..nh)?, dev.view(&moe.out, 0..nh)?)?;
     }
     Ok(())
 }
@@ -122,7 +131,7 @@ pub fn moe_forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dcpserve_kernels::WeightMatrix;
+    use dcpserve_kernels::{CpuBackend, WeightMatrix};
 
     /// Grouped top-k: the best group (by its top-2 sum of biased scores) wins even when
     /// the single best biased score is elsewhere; weights use the unbiased scores.
@@ -145,15 +154,17 @@ mod tests {
         // Router = identity on a 4-dim input, so the logits are the input.
         let mut eye = vec![0.0f32; 16];
         (0..4).for_each(|i| eye[i * 5] = 1.0);
-        let w = MoeShard {
+        let w = DeviceMoe::<CpuBackend> {
             router: WeightMatrix::from_f32(4, 4, eye).unwrap(),
             correction_bias: Some(vec![0.0, 0.0, 0.0, 0.0]),
             experts: Vec::new(),
             shared: None,
         };
-        let pool = ThreadPool::new(1);
+        let dev = CpuBackend::new(1);
+        let mut logits = vec![0.0; 4];
         // Group 0 = {3.0, -3.0}, group 1 = {1.0, 1.0}: group 1 has the larger top-2 sum.
-        let r = route(&pool, &cfg, &w, &[3.0, -3.0, 1.0, 1.0], 1).unwrap();
+        let x = [3.0, -3.0, 1.0, 1.0];
+        let r = route(&dev, &cfg, &w, (&x[..], 1), &mut logits).unwrap();
         let mut chosen = r.experts.clone();
         chosen.sort();
         assert_eq!(chosen, vec![2, 3]);

@@ -2,33 +2,38 @@
 //! as a draft model (see [`super::mtp`] for what the layer computes).
 //!
 //! Kept apart from `mtp` so that the layer's data does not depend on the model that holds
-//! it: `model` names `MtpLayer`, and this file names both.
+//! it: `model` names the layer's device form, and this file names both.
 
-use dcpserve_kernels::dcp::DcpAttention;
-use dcpserve_kernels::{matmul, rms_norm, ThreadPool};
+use dcpserve_kernels::{Backend, HostViews, Precision, Strided};
 
 use super::cache::LatentCache;
-use super::model::MlaModel;
+use super::device_weights::DeviceMtp;
+use super::model::{copy_out, MlaModel};
 use super::mtp::MtpLayer;
 use crate::arch::cache_access::CacheAccess;
 use crate::arch::forward::BatchInput;
 use crate::arch::rank_io::{ForwardOutput, RankComms};
 use crate::arch::weights::WeightPrecision;
+use crate::arch::workspace::whole;
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
 
-impl MlaModel {
-    /// Loads this rank's share of the MTP layer; from then on the latent cache has one more
-    /// layer ([`MlaModel::cache_layers`]).
+impl<B: Backend> MlaModel<B> {
+    /// Loads this rank's share of the MTP layer onto the backend; from then on the latent
+    /// cache has one more layer ([`MlaModel::cache_layers`]).
     pub fn load_mtp(
         &mut self,
         src: &dyn TensorSource,
         precision: WeightPrecision,
     ) -> Result<(), ModelError> {
-        self.mtp = Some(MtpLayer::load(&self.config, src, precision, self.shard)?);
+        let host = MtpLayer::load(&self.config, src, precision, self.shard)?;
+        let mtp = DeviceMtp::upload(&self.backend, &host)?;
+        self.set_mtp(mtp);
         Ok(())
     }
+}
 
+impl<B: HostViews> MlaModel<B> {
     /// Runs the MTP layer over a batch: `input.tokens[j]` is the token *after* position
     /// `input.positions[j]` and `prev_hidden` (`[n, hidden]`) that position's previous
     /// hidden state (the main model's final-normed one, or the MTP output of the position
@@ -38,63 +43,66 @@ impl MlaModel {
     /// rank of the group must call it with the same plan.
     pub fn forward_mtp(
         &self,
-        pool: &ThreadPool,
         comms: &RankComms,
         input: &BatchInput,
-        prev_hidden: &[f32],
-        mut cache: impl CacheAccess<LatentCache>,
-    ) -> Result<(ForwardOutput, Vec<f32>), ModelError> {
+        prev_hidden: B::View<'_>,
+        mut cache: impl CacheAccess<LatentCache<B>>,
+    ) -> Result<(ForwardOutput<B>, B::Buffer), ModelError> {
         let Some(mtp) = &self.mtp else {
             return Err(ModelError::Invalid(
                 "the multi-token-prediction layer is not loaded".into(),
             ));
         };
+        let dev = &self.backend;
         let cfg = &self.config;
         let (n, h, eps) = (input.checked_len()?, cfg.hidden_size, cfg.rms_norm_eps);
+        let nh = n * h;
         cache.with(|c| self.check_cache(c))?;
-        if prev_hidden.len() != n * h {
+        if dev.view_len(prev_hidden) != nh {
             return Err(ModelError::Invalid(format!(
                 "MTP step: {} previous-hidden values for {n} tokens of {h}",
-                prev_hidden.len()
+                dev.view_len(prev_hidden)
             )));
         }
+        input.check_vocab(cfg.vocab_size)?;
         let embed = mtp
             .embed_tokens
             .as_ref()
             .unwrap_or(&self.weights.embed_tokens);
-        let mut e = input.embed(embed, cfg.vocab_size, h)?;
-        for (t, &pos) in input.positions.iter().enumerate() {
-            // vLLM / SGLang mask the token embedding at position 0.
-            if pos == 0 {
-                e[t * h..(t + 1) * h].fill(0.0);
+        self.in_workspace(|ws| {
+            ws.prepare(dev, n, comms.dcp_merge)?;
+            let b = &mut ws.mtp;
+            b.prepare(dev, n, h)?;
+            dev.embedding(embed, input.tokens, dev.view_mut(&mut b.embedded, 0..nh)?)?;
+            for (t, &pos) in input.positions.iter().enumerate() {
+                // vLLM / SGLang mask the token embedding at position 0.
+                if pos == 0 {
+                    dev.fill(dev.view_mut(&mut b.embedded, t * h..(t + 1) * h)?, 0.0)?;
+                }
             }
-        }
-        let mut en = vec![0.0f32; n * h];
-        let mut hn = vec![0.0f32; n * h];
-        rms_norm(&e, &mtp.enorm, eps, &mut en)?;
-        rms_norm(prev_hidden, &mtp.hnorm, eps, &mut hn)?;
-        let mut cat = vec![0.0f32; n * 2 * h];
-        for t in 0..n {
-            cat[t * 2 * h..t * 2 * h + h].copy_from_slice(&en[t * h..(t + 1) * h]);
-            cat[t * 2 * h + h..(t + 1) * 2 * h].copy_from_slice(&hn[t * h..(t + 1) * h]);
-        }
-        let mut x = vec![0.0f32; n * h];
-        matmul(pool, &cat, n, &mtp.eh_proj, &mut x)?;
-        let mut b = self.buffers(n);
-        let mut dcp = DcpAttention::new(comms.dcp_merge);
-        let li = cfg.num_hidden_layers;
-        self.layer(
-            pool,
-            comms,
-            input,
-            &mut cache,
-            (li, &mtp.layer),
-            &mut x,
-            &mut b,
-            &mut dcp,
-        )?;
-        let head = mtp.head.as_ref().unwrap_or(self.weights.output_head());
-        let out = self.logits(comms, &x, input.logits_for, &mtp.head_norm, head)?;
-        Ok((out, x))
+            let e = dev.view(&b.embedded, 0..nh)?;
+            dev.rms_norm(
+                e,
+                whole(dev, &mtp.enorm)?,
+                eps,
+                dev.view_mut(&mut b.enormed, 0..nh)?,
+            )?;
+            let hn = dev.view_mut(&mut b.hnormed, 0..nh)?;
+            dev.rms_norm(prev_hidden, whole(dev, &mtp.hnorm)?, eps, hn)?;
+            // Row t of the projection's input is [enorm(e_t) ; hnorm(h_t)].
+            for (half, part) in [(0, &b.enormed), (h, &b.hnormed)] {
+                let src = (dev.view(part, 0..nh)?, Strided::packed(h));
+                let cat = dev.view_mut(&mut b.cat, 0..2 * nh)?;
+                dev.copy_strided(src, (cat, Strided::new(2 * h, half)), n, h)?;
+            }
+            let cat = dev.view(&b.cat, 0..2 * nh)?;
+            let x = dev.view_mut(&mut ws.x, 0..nh)?;
+            dev.matmul(cat, n, &mtp.eh_proj, x, Precision::Exact)?;
+            let li = cfg.num_hidden_layers;
+            self.layer(comms, input, &mut cache, (li, &mtp.layer), ws)?;
+            let head = mtp.head.as_ref().unwrap_or(self.weights.output_head());
+            let out = self.logits(comms, ws, n, input.logits_for, (&mtp.head_norm, head))?;
+            Ok((out, copy_out(dev, &ws.x, nh)?))
+        })
     }
 }

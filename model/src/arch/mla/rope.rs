@@ -1,11 +1,11 @@
-//! RoPE for the `qk_rope_head_dim` part of MLA queries and keys: the model's view of the
-//! kernels' [`RopeTable`] (DeepSeek's YaRN, transformers' `_compute_yarn_parameters`,
-//! lives there), plus YaRN's softmax-scale correction.
+//! RoPE for the `qk_rope_head_dim` part of MLA queries and keys: the model's YaRN
+//! settings in the kernels' terms (DeepSeek's YaRN, transformers'
+//! `_compute_yarn_parameters`, lives in the backend's RoPE table), plus YaRN's
+//! softmax-scale correction.
 
-use dcpserve_kernels::{yarn_mscale, RopeScalingKind, RopeTable, YarnParams};
+use dcpserve_kernels::{yarn_mscale, RopeScalingKind, YarnParams};
 
 use crate::config::{MlaConfig, YarnScaling};
-use crate::error::ModelError;
 
 /// The kernels' YaRN parameters for a model's `rope_scaling`.
 fn yarn_params(y: &YarnScaling) -> YarnParams {
@@ -21,37 +21,12 @@ fn yarn_params(y: &YarnScaling) -> YarnParams {
     }
 }
 
-/// Cos/sin tables of the rope dimensions, already multiplied by YaRN's attention factor.
-pub struct MlaRope {
-    table: RopeTable,
-    interleaved: bool,
-}
-
-impl MlaRope {
-    /// Tables for positions `0..max_positions` (later positions are computed on the fly).
-    pub fn new(mla: &MlaConfig, theta: f32, max_positions: usize) -> Self {
-        let scaling = match &mla.yarn {
-            None => RopeScalingKind::None,
-            Some(y) => RopeScalingKind::Yarn(yarn_params(y)),
-        };
-        Self {
-            table: RopeTable::new(mla.qk_rope_head_dim, theta, scaling, max_positions),
-            interleaved: mla.rope_interleave,
-        }
-    }
-
-    /// Rotates each `dim`-wide vector `x[stride·k + offset ..][..dim]` for position `pos`
-    /// (see [`RopeTable::apply_strided`]).
-    pub fn apply(
-        &self,
-        x: &mut [f32],
-        stride: usize,
-        offset: usize,
-        pos: usize,
-    ) -> Result<(), ModelError> {
-        Ok(self
-            .table
-            .apply_strided(x, stride, offset, pos, self.interleaved)?)
+/// The RoPE scaling of the rope dimensions (the table already multiplies by YaRN's
+/// attention factor).
+pub fn rope_scaling(mla: &MlaConfig) -> RopeScalingKind {
+    match &mla.yarn {
+        None => RopeScalingKind::None,
+        Some(y) => RopeScalingKind::Yarn(yarn_params(y)),
     }
 }
 

@@ -1,0 +1,139 @@
+//! Row movement on host memory: strided copies, gathers and scatters of fixed-width rows
+//! (the CPU side of [`Backend::copy_strided`](crate::Backend::copy_strided),
+//! [`gather_rows`](crate::Backend::gather_rows),
+//! [`scatter_add_rows`](crate::Backend::scatter_add_rows) and
+//! [`write_rows`](crate::Backend::write_rows)).
+
+use crate::backend::Strided;
+use crate::error::{check_len, KernelError};
+
+/// Checks that `rows` rows of `width` values at `layout` fit in `len` values.
+fn check_strided(
+    what: &'static str,
+    layout: Strided,
+    rows: usize,
+    width: usize,
+    len: usize,
+) -> Result<(), KernelError> {
+    if rows == 0 || width == 0 {
+        return Ok(());
+    }
+    if layout.offset + width > layout.stride {
+        return Err(KernelError::Shape(format!(
+            "{what}: {width} values at offset {} overrun rows of {}",
+            layout.offset, layout.stride
+        )));
+    }
+    let end = (rows - 1) * layout.stride + layout.offset + width;
+    if end > len {
+        return Err(KernelError::OutOfRange {
+            what,
+            value: end,
+            limit: len + 1,
+        });
+    }
+    Ok(())
+}
+
+/// See [`Backend::copy_strided`](crate::Backend::copy_strided).
+pub fn copy_strided(
+    (src, s): (&[f32], Strided),
+    (dst, d): (&mut [f32], Strided),
+    rows: usize,
+    width: usize,
+) -> Result<(), KernelError> {
+    check_strided("strided copy source", s, rows, width, src.len())?;
+    check_strided("strided copy destination", d, rows, width, dst.len())?;
+    if width == 0 {
+        return Ok(());
+    }
+    for i in 0..rows {
+        let (from, to) = (i * s.stride + s.offset, i * d.stride + d.offset);
+        dst[to..to + width].copy_from_slice(&src[from..from + width]);
+    }
+    Ok(())
+}
+
+/// See [`Backend::gather_rows`](crate::Backend::gather_rows).
+pub fn gather_rows(
+    src: &[f32],
+    width: usize,
+    rows: &[usize],
+    dst: &mut [f32],
+) -> Result<(), KernelError> {
+    check_len("gathered rows", rows.len() * width, dst.len())?;
+    if width == 0 {
+        return Ok(());
+    }
+    let n_src = src.len() / width;
+    for (&r, out) in rows.iter().zip(dst.chunks_exact_mut(width)) {
+        if r >= n_src {
+            return Err(KernelError::OutOfRange {
+                what: "gathered row",
+                value: r,
+                limit: n_src,
+            });
+        }
+        out.copy_from_slice(&src[r * width..(r + 1) * width]);
+    }
+    Ok(())
+}
+
+/// See [`Backend::scatter_add_rows`](crate::Backend::scatter_add_rows).
+pub fn scatter_add_rows(
+    src: &[f32],
+    width: usize,
+    rows: &[usize],
+    scales: &[f32],
+    dst: &mut [f32],
+) -> Result<(), KernelError> {
+    check_len("scatter-add source", rows.len() * width, src.len())?;
+    check_len("scatter-add scales", rows.len(), scales.len())?;
+    if width == 0 {
+        return Ok(());
+    }
+    let n_dst = dst.len() / width;
+    for ((&r, &scale), row) in rows.iter().zip(scales).zip(src.chunks_exact(width)) {
+        if r >= n_dst {
+            return Err(KernelError::OutOfRange {
+                what: "scatter-add row",
+                value: r,
+                limit: n_dst,
+            });
+        }
+        for (o, &v) in dst[r * width..(r + 1) * width].iter_mut().zip(row) {
+            *o += scale * v;
+        }
+    }
+    Ok(())
+}
+
+/// See [`Backend::write_rows`](crate::Backend::write_rows).
+pub fn write_rows(
+    cache: &mut [f32],
+    width: usize,
+    slots: &[usize],
+    rows: &[f32],
+) -> Result<usize, KernelError> {
+    check_len("rows to store", slots.len() * width, rows.len())?;
+    if width == 0 {
+        return Ok(0);
+    }
+    let n_slots = cache.len() / width;
+    let mut stored = 0;
+    for (&s, row) in slots.iter().zip(rows.chunks_exact(width)) {
+        if s == usize::MAX {
+            continue;
+        }
+        if s >= n_slots {
+            return Err(KernelError::OutOfRange {
+                what: "cache slot",
+                value: s,
+                limit: n_slots,
+            });
+        }
+        cache[s * width..(s + 1) * width].copy_from_slice(row);
+        stored += 1;
+    }
+    Ok(stored)
+}
