@@ -22,8 +22,8 @@ use crate::weights::WeightMatrix;
 /// The CPU device: buffers are `Vec<f32>`, views are slices, weights are
 /// [`WeightMatrix`] (shared, never copied), and multi-threaded kernels run on the
 /// backend's [`ThreadPool`]. Products with Q8_0/Q4_0/Q4_1 weights use int8
-/// activations or the f32 path as its [`CpuMatmul`] says (default `auto`: int8 where
-/// the CPU has an int8 dot product).
+/// activations or the f32 path as its [`CpuMatmul`] says (default `auto`, which is
+/// f32 unless `DCPSERVE_CPU_MATMUL=int8`).
 ///
 /// ```
 /// use dcpserve_kernels::{Backend, CpuBackend};

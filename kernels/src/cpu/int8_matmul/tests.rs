@@ -32,8 +32,8 @@ const FORMATS: [WeightFormat; 3] = [WeightFormat::Q8_0, WeightFormat::Q4_0, Weig
 
 /// `(m, n, k)`: decode and prefill sizes, k not a multiple of 64 or 256 (odd block
 /// counts take the kernels' one-block tail), n not a multiple of 4, m past one tile
-/// and past one 64-row task chunk.
-const SHAPES: [(usize, usize, usize); 9] = [
+/// and past one 64-row task chunk; the last one quantizes its activations in parallel.
+const SHAPES: [(usize, usize, usize); 10] = [
     (1, 1, 32),
     (1, 7, 96),
     (1, 33, 576),
@@ -43,6 +43,7 @@ const SHAPES: [(usize, usize, usize); 9] = [
     (5, 9, 224),
     (17, 21, 288),
     (70, 10, 608),
+    (64, 5, 1536),
 ];
 
 /// The activations quantized by the portable quantizer (bit-identical to the AVX-512
