@@ -70,6 +70,12 @@ impl EngineBuilder {
         self
     }
 
+    /// How quantized weights are multiplied on the CPU (int8 activations or f32).
+    pub fn cpu_matmul(mut self, mode: dcpserve_kernels::CpuMatmul) -> Self {
+        self.config.cpu_matmul = mode;
+        self
+    }
+
     /// Tokens per KV block (per rank).
     pub fn block_size(mut self, tokens: usize) -> Self {
         self.config.block_size = tokens;

@@ -28,6 +28,7 @@ pub use dcpserve_config::{
     default_model_path, DType, EngineConfig, ModeledLinkConfig, ParallelConfig, SpeculativeConfig,
     SpeculativeMethod, DEFAULT_MODEL_FILE,
 };
+pub use dcpserve_kernels::CpuMatmul;
 pub use dcpserve_model::ChatMessage;
 pub use engine::{Completion, Engine, GenerationEvent, GenerationStream, Prompt};
 pub use error::{Error, Result};

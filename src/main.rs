@@ -121,6 +121,11 @@ struct EngineArgs {
     /// Weight precision: auto (bf16, or quantized weights kept quantized), float32, bfloat16.
     #[arg(long, default_value = "auto")]
     dtype: String,
+    /// Quantized (Q8_0/Q4_0/Q4_1) weights on the CPU: int8 (activations quantized to
+    /// int8 per 32-block, VNNI/AVX2 integer dot products), f32 (weights decoded to
+    /// f32), or auto (f32 unless DCPSERVE_CPU_MATMUL=int8; int8 costs accuracy).
+    #[arg(long, default_value = "auto")]
+    cpu_matmul: String,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -183,6 +188,7 @@ impl EngineArgs {
         }
         let cfg = EngineConfig {
             dtype: self.dtype.parse::<DType>()?,
+            cpu_matmul: self.cpu_matmul.parse::<dcpserve::CpuMatmul>()?,
             block_size: self.block_size,
             kv_cache_memory_bytes: self.kv_cache_memory_bytes,
             max_model_len: self.max_model_len,

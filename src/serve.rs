@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// auto, float32 or bfloat16.
     #[arg(long)]
     pub dtype: Option<String>,
+    /// Quantized weights on the CPU: auto (= f32 unless DCPSERVE_CPU_MATMUL=int8), int8
+    /// (int8 activations, VNNI/AVX2 integer dot products) or f32 (weights decoded).
+    #[arg(long)]
+    pub cpu_matmul: Option<String>,
     /// Reuse KV blocks of shared prompt prefixes (default on).
     #[arg(long, overrides_with = "no_enable_prefix_caching")]
     pub enable_prefix_caching: bool,
@@ -135,6 +139,7 @@ impl ServeArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             block_size: self.block_size,
             dtype: self.dtype.clone(),
+            cpu_matmul: self.cpu_matmul.clone(),
             enable_prefix_caching: if self.no_enable_prefix_caching {
                 Some(false)
             } else if self.enable_prefix_caching {

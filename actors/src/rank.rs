@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use dcpserve_kernels::CpuBackend;
+use dcpserve_kernels::{CpuBackend, CpuMatmul};
 use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, TurnPoints, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -59,6 +59,8 @@ pub struct RankArgs {
     pub comm_specs: RankCommSpecs,
     pub files: Arc<ModelFiles>,
     pub precision: WeightPrecision,
+    /// How the rank's CPU backend multiplies by quantized weights.
+    pub cpu_matmul: CpuMatmul,
     pub placement: Placement,
     pub num_blocks: usize,
     /// The most tokens one step (one micro-batch) computes: each compute thread's
@@ -264,7 +266,7 @@ fn compute_thread(
 fn load_model(args: &RankArgs) -> Result<RankModel, String> {
     let loaded = catch_unwind(AssertUnwindSafe(|| {
         let mut m = RankModel::load_shard(
-            CpuBackend::new(args.threads.max(1)),
+            CpuBackend::new(args.threads.max(1)).with_cpu_matmul(args.cpu_matmul),
             args.files.config.clone(),
             args.files.tensors.as_ref(),
             args.precision,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use dcpserve_config::MergeExchange;
 use dcpserve_kernels::dcp::Layout;
-use dcpserve_kernels::LinkModel;
+use dcpserve_kernels::{CpuMatmul, LinkModel};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
@@ -25,6 +25,8 @@ use crate::rank::{RankActor, RankArgs, RankMsg, StepReport, StepSink};
 pub struct RankGroupSpec {
     pub files: Arc<ModelFiles>,
     pub precision: WeightPrecision,
+    /// How the ranks' CPU backends multiply by quantized weights.
+    pub cpu_matmul: CpuMatmul,
     pub layout: Layout,
     /// KV blocks per rank.
     pub num_blocks: usize,
@@ -82,6 +84,7 @@ impl RankGroup {
                 comm_specs,
                 files: spec.files.clone(),
                 precision: spec.precision,
+                cpu_matmul: spec.cpu_matmul,
                 placement: layout.placement(rank),
                 num_blocks: spec.num_blocks,
                 max_step_tokens: spec.max_step_tokens,

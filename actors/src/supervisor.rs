@@ -131,6 +131,7 @@ async fn draft_proposer(
             let spec = DraftModelSpec {
                 parallel,
                 precision: args.precision,
+                cpu_matmul: e.cpu_matmul,
                 block_size: e.block_size,
                 num_blocks: cap.num_blocks,
                 max_step_tokens: e.max_num_batched_tokens,
@@ -313,6 +314,7 @@ impl Actor for ModelSupervisor {
             group_spec: RankGroupSpec {
                 files: args.files.clone(),
                 precision: args.precision,
+                cpu_matmul: args.engine.cpu_matmul,
                 layout,
                 num_blocks: sched_cfg.num_blocks,
                 max_step_tokens: sched_cfg.max_num_batched_tokens,

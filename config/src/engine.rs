@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use dcpserve_kernels::dcp::MergeExchange;
+use dcpserve_kernels::CpuMatmul;
 
 use crate::parallel::{ConfigError, ParallelConfig};
 use crate::speculative::SpeculativeConfig;
@@ -40,6 +41,11 @@ impl std::str::FromStr for DType {
 pub struct EngineConfig {
     pub parallel: ParallelConfig,
     pub dtype: DType,
+    /// How the CPU multiplies by quantized (Q8_0/Q4_0/Q4_1) weights: int8 activations
+    /// with integer dot products (`int8`, on AVX-512 VNNI / AVX-VNNI / AVX2), dequantized
+    /// f32 (`f32`), or `auto` (f32 unless `DCPSERVE_CPU_MATMUL=int8`: int8 costs
+    /// accuracy on small models, see `dcpserve_kernels::CpuMatmul`).
+    pub cpu_matmul: CpuMatmul,
     /// Tokens per KV block on one rank (B); a virtual block holds B × dcp tokens.
     pub block_size: usize,
     /// KV-cache bytes per rank; `None` derives it from free memory.
@@ -87,6 +93,7 @@ impl Default for EngineConfig {
         Self {
             parallel: ParallelConfig::default(),
             dtype: DType::Auto,
+            cpu_matmul: CpuMatmul::Auto,
             block_size: 16,
             kv_cache_memory_bytes: None,
             max_model_len: None,

@@ -73,6 +73,8 @@ pub struct ModelEntry {
     pub max_num_batched_tokens: Option<usize>,
     pub block_size: Option<usize>,
     pub dtype: Option<String>,
+    /// `auto`, `f32` or `int8` (see `EngineConfig::cpu_matmul`).
+    pub cpu_matmul: Option<String>,
     pub enable_prefix_caching: Option<bool>,
     pub seed: Option<u64>,
     /// Compute threads of this model (default: all cores).
@@ -110,6 +112,12 @@ impl ModelEntry {
             dtype: match &self.dtype {
                 Some(s) => s.parse::<DType>()?,
                 None => DType::Auto,
+            },
+            cpu_matmul: match &self.cpu_matmul {
+                Some(s) => s
+                    .parse()
+                    .map_err(|e: dcpserve_kernels::KernelError| ConfigError(e.to_string()))?,
+                None => d.cpu_matmul,
             },
             block_size: self.block_size.unwrap_or(d.block_size),
             kv_cache_memory_bytes: self.kv_cache_memory_bytes,

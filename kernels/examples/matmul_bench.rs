@@ -1,7 +1,9 @@
 //! Matmul throughput on SmolLM2-135M shapes.
 //!
 //! `cargo run -p dcpserve-kernels --release --example matmul_bench [threads] [formats]`
-//! e.g. `... matmul_bench 2 f32,bf16,q4_1`; set `FAST=1` for `Precision::Fast`.
+//! e.g. `... matmul_bench 2 f32,bf16,q4_1`; set `FAST=1` for `Precision::Fast`,
+//! `INT8=1` for the int8-activation kernels on quantized formats (ISA from
+//! `DCPSERVE_INT8_ISA`, else the best available).
 
 use dcpserve_kernels::{matmul_with_precision, Precision, ThreadPool, WeightFormat, WeightMatrix};
 use std::time::{Duration, Instant};
@@ -25,13 +27,19 @@ fn main() {
         })
         .collect();
     let pool = ThreadPool::new(threads);
+    let cpu_time = std::env::var("CPU").is_ok_and(|v| v == "1");
     let precision = if std::env::var("FAST").is_ok_and(|v| v == "1") {
         Precision::Fast
     } else {
         Precision::Exact
     };
-    let matmul = |x: &[f32], m, w: &WeightMatrix, out: &mut [f32]| {
-        matmul_with_precision(&pool, x, m, w, out, precision)
+    let int8 = std::env::var("INT8").is_ok_and(|v| v == "1");
+    let isa = dcpserve_kernels::Int8Isa::detect();
+    let matmul = |x: &[f32], m, w: &WeightMatrix, out: &mut [f32]| match isa {
+        Some(isa) if int8 && dcpserve_kernels::cpu::int8_matmul::int8_supported(w.format()) => {
+            dcpserve_kernels::matmul_int8(&pool, x, m, w, out, isa)
+        }
+        _ => matmul_with_precision(&pool, x, m, w, out, precision),
     };
     // (name, N = out features, K = in features)
     let shapes = [
@@ -42,7 +50,7 @@ fn main() {
         ("lm_head 49152x576", 49152, 576),
     ];
     println!(
-        "threads={threads} avx512={} precision={precision:?}",
+        "threads={threads} avx512={} precision={precision:?} int8={int8} ({isa:?})",
         dcpserve_kernels::cpu::use_avx512()
     );
     for &(name, n, k) in &shapes {
@@ -60,12 +68,19 @@ fn main() {
                 let mut out = vec![0.0f32; m * n];
                 matmul(&x, m, &w, &mut out).expect("matmul");
                 let start = Instant::now();
+                let cpu0 = cpu_seconds();
                 let mut iters = 0u32;
                 while start.elapsed() < Duration::from_millis(150) || iters < 3 {
                     matmul(&x, m, &w, &mut out).expect("matmul");
                     iters += 1;
                 }
-                let secs = start.elapsed().as_secs_f64() / iters as f64;
+                // CPU=1: process CPU time instead of wall time (steadier on a shared
+                // machine; meaningful with 1 thread, whose pool runs tasks inline).
+                let secs = if cpu_time {
+                    (cpu_seconds() - cpu0) / iters as f64
+                } else {
+                    start.elapsed().as_secs_f64() / iters as f64
+                };
                 let gflops = 2.0 * (m * n * k) as f64 / secs / 1e9;
                 if m == 1 {
                     let gbs = (n * f.bytes_for(k)) as f64 / secs / 1e9;
@@ -80,4 +95,15 @@ fn main() {
             println!("{line}");
         }
     }
+}
+
+/// CPU time of the whole process so far.
+fn cpu_seconds() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer for clock_gettime.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }

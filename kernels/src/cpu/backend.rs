@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::attention::{paged_attention, write_kv, AttentionBatch};
 use crate::backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams, Strided};
+use crate::cpu::int8_matmul::{int8_supported, matmul_int8, CpuMatmul, Int8Isa};
 use crate::cpu::rows::{copy_strided, gather_rows, scatter_add_rows, write_rows};
 use crate::dcp::merge_partials;
 use crate::dtype::DType;
@@ -21,7 +22,9 @@ use crate::weights::WeightMatrix;
 
 /// The CPU device: buffers are `Vec<f32>`, views are slices, weights are
 /// [`WeightMatrix`] (shared, never copied), and multi-threaded kernels run on the
-/// backend's [`ThreadPool`].
+/// backend's [`ThreadPool`]. Products with Q8_0/Q4_0/Q4_1 weights use int8
+/// activations or the f32 path as its [`CpuMatmul`] says (default `auto`, which is
+/// f32 unless `DCPSERVE_CPU_MATMUL=int8`).
 ///
 /// ```
 /// use dcpserve_kernels::{Backend, CpuBackend};
@@ -34,6 +37,8 @@ use crate::weights::WeightMatrix;
 #[derive(Debug, Clone)]
 pub struct CpuBackend {
     pool: Arc<ThreadPool>,
+    /// The int8 path for quantized weights, when chosen and available.
+    int8: Option<Int8Isa>,
 }
 
 impl CpuBackend {
@@ -44,7 +49,26 @@ impl CpuBackend {
 
     /// A backend computing on an existing pool (e.g. a rank's pinned threads).
     pub fn with_pool(pool: Arc<ThreadPool>) -> Self {
-        CpuBackend { pool }
+        CpuBackend { pool, int8: None }.with_cpu_matmul(CpuMatmul::Auto)
+    }
+
+    /// Chooses how quantized weights are multiplied ([`CpuMatmul::resolve`]: `int8`
+    /// falls back to `f32` on a CPU without an int8 dot product).
+    pub fn with_cpu_matmul(mut self, mode: CpuMatmul) -> Self {
+        self.int8 = match mode.resolve() {
+            CpuMatmul::Int8 => Int8Isa::detect(),
+            _ => None,
+        };
+        self
+    }
+
+    /// How quantized weights are multiplied: `Int8` or `F32` (never `Auto`).
+    pub fn cpu_matmul(&self) -> CpuMatmul {
+        if self.int8.is_some() {
+            CpuMatmul::Int8
+        } else {
+            CpuMatmul::F32
+        }
     }
 
     /// The pool the kernels run on.
@@ -142,6 +166,11 @@ impl Backend for CpuBackend {
         out: &mut [f32],
         precision: Precision,
     ) -> Result<(), KernelError> {
+        if let Some(isa) = self.int8 {
+            if int8_supported(w.format()) && !crate::cpu::scalar_forced() {
+                return matmul_int8(&self.pool, x, m, w, out, isa);
+            }
+        }
         matmul_with_precision(&self.pool, x, m, w, out, precision)
     }
 

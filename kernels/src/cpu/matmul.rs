@@ -291,7 +291,7 @@ fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx {
+pub(crate) mod avx {
     //! AVX-512 micro-kernels.
     use crate::quant::simd::{load16_bf16, load16_f16, q4_0_block, q4_1_block, q8_0_block};
     use crate::quant::WeightFormat;
@@ -425,7 +425,7 @@ mod avx {
     /// than four separate reductions).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn hsum4(a: __m512, b: __m512, c: __m512, d: __m512) -> __m128 {
+    pub(crate) unsafe fn hsum4(a: __m512, b: __m512, c: __m512, d: __m512) -> __m128 {
         let half = |v: __m512| {
             let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
             _mm256_add_ps(_mm512_castps512_ps256(v), hi)

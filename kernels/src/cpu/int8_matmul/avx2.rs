@@ -1,0 +1,260 @@
+//! 256-bit kernels, one 32-element block per vector, stamped out three times by
+//! [`kernels_256!`] with different integer dot products:
+//! * AVX2: `vpmaddubsw` + `vpmaddwd` (no saturation: |w| ≤ 128, |x| ≤ 127, so a pair
+//!   sums to at most 2·128·127 = 32512 < 32767);
+//! * AVX-VNNI: the VEX `vpdpbusd`;
+//! * AVX-512 VNNI + VL: the EVEX `vpdpbusd` on ymm (tests the same structure on CPUs
+//!   with AVX-512 but no AVX-VNNI).
+//!
+//! Each variant's functions carry the features of its dot product, so the dot product
+//! inlines; they are reached only after the matching [`Int8Isa`](super::Int8Isa) was
+//! found available.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use super::{padded_blocks, ActsView};
+use crate::quant::{WeightFormat, QK};
+use crate::weights::WeightMatrix;
+
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q4_1: u8 = 2;
+
+/// Bytes per 32-element block of format `F`.
+const fn blk_bytes(f: u8) -> usize {
+    match f {
+        Q8_0 => 34,
+        Q4_0 => 18,
+        _ => 20,
+    }
+}
+
+thread_local! {
+    /// Per-task block scales of the current 4 weight rows.
+    static SCALES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Σ of `u·s` over each group of 4 bytes (unsigned `u`, signed `s`), AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_maddubs(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// Σ of `u·s` over each group of 4 bytes, AVX-VNNI.
+#[inline]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn dot_avxvnni(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+}
+
+/// Σ of `u·s` over each group of 4 bytes, AVX-512 VNNI + VL on ymm.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+unsafe fn dot_evex(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+}
+
+macro_rules! kernels_256 {
+    ($task:ident, $features:literal, $dot:ident) => {
+        /// One task of [`super::matmul_int8`] with this module's 256-bit kernels.
+        ///
+        /// # Safety
+        /// The features this variant is compiled for are available; `acts` holds rows
+        /// `m0..m1` quantized from `w.cols()` values each; `out` is `[m, w.rows()]` and
+        /// no other task writes rows `m0..m1` × columns `n0..n1`; `w` is Q8_0, Q4_0 or
+        /// Q4_1.
+        pub(super) unsafe fn $task(
+            acts: ActsView,
+            m0: usize,
+            m1: usize,
+            w: &WeightMatrix,
+            out: *mut f32,
+            n0: usize,
+            n1: usize,
+        ) {
+            /// Block `b` of a weight row in element order (Q4_x: nibbles 0..15).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn load_blk<const F: u8>(row: *const u8, b: usize) -> __m256i {
+                let p = row.add(b * blk_bytes(F));
+                if F == Q8_0 {
+                    return _mm256_loadu_si256(p.add(2) as *const __m256i);
+                }
+                let off = if F == Q4_0 { 2 } else { 4 };
+                let a = _mm_loadu_si128(p.add(off) as *const __m128i);
+                let v = _mm256_set_m128i(_mm_srli_epi16::<4>(a), a);
+                _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+            }
+
+            /// The row's block scales `dw` and offset factors `mt` (see avx512.rs).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weight_scales<const F: u8>(
+                row: *const u8,
+                nb: usize,
+                dw: *mut f32,
+                mt: *mut f32,
+            ) {
+                let h = |p: *const u8| {
+                    let bits = (p as *const u16).read_unaligned();
+                    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+                };
+                for b in 0..nb {
+                    let p = row.add(b * blk_bytes(F));
+                    let d = h(p);
+                    *dw.add(b) = d;
+                    *mt.add(b) = match F {
+                        Q4_1 => h(p.add(2)),
+                        Q4_0 => -8.0 * d,
+                        _ => 0.0,
+                    };
+                }
+            }
+
+            /// Horizontal sum of 8 floats.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn hsum(v: __m256) -> f32 {
+                let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+            }
+
+            /// `MR × NR` outputs (see avx512.rs `tile`).
+            #[inline]
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn tile<const F: u8, const MR: usize, const NR: usize>(
+                acts: ActsView,
+                i0: usize,
+                w: *const u8,
+                ws: usize,
+                dw: *const f32,
+                mt: *const f32,
+                ss: usize,
+                out: *mut f32,
+                os: usize,
+            ) {
+                let (k, nb) = (acts.k, acts.nb());
+                let nbp = padded_blocks(nb);
+                let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+                for b in 0..nb {
+                    let mut wv = [_mm256_setzero_si256(); NR];
+                    let mut sign = [_mm256_setzero_si256(); NR];
+                    for r in 0..NR {
+                        let v = load_blk::<F>(w.add(r * ws), b);
+                        if F == Q8_0 {
+                            // |w| as the unsigned operand, x takes w's sign.
+                            sign[r] = v;
+                            wv[r] = _mm256_sign_epi8(v, v);
+                        } else {
+                            wv[r] = v;
+                        }
+                    }
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let row = i0 + i;
+                        let xv = _mm256_loadu_si256(acts.q.add(row * k + b * QK) as *const __m256i);
+                        let dxv = _mm256_loadu_ps(acts.dx8.add((row * nb + b) * 8));
+                        for r in 0..NR {
+                            let xs = if F == Q8_0 {
+                                _mm256_sign_epi8(xv, sign[r])
+                            } else {
+                                xv
+                            };
+                            let f = _mm256_mul_ps(_mm256_cvtepi32_ps($dot(wv[r], xs)), dxv);
+                            a[r] = _mm256_fmadd_ps(f, _mm256_set1_ps(*dw.add(r * ss + b)), a[r]);
+                        }
+                    }
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    let sx = acts.sx.add((i0 + i) * nbp);
+                    for (r, v) in a.iter().enumerate() {
+                        let mut c = hsum(*v);
+                        if F != Q8_0 {
+                            for b in 0..nb {
+                                c += *mt.add(r * ss + b) * *sx.add(b);
+                            }
+                        }
+                        *out.add(i * os + r) = c;
+                    }
+                }
+            }
+
+            /// Rows `m0..m1` × weight rows `n0..n1` in 2 × 4 tiles.
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn task_f<const F: u8>(
+                acts: ActsView,
+                m0: usize,
+                m1: usize,
+                w: *const u8,
+                ws: usize,
+                out: *mut f32,
+                n: usize,
+                n0: usize,
+                n1: usize,
+                scr: *mut f32,
+                ss: usize,
+            ) {
+                let nb = acts.nb();
+                let (dw, mt) = (scr, scr.add(4 * ss));
+                let mut j = n0;
+                while j < n1 {
+                    let nr = 4.min(n1 - j);
+                    for r in 0..nr {
+                        weight_scales::<F>(w.add((j + r) * ws), nb, dw.add(r * ss), mt.add(r * ss));
+                    }
+                    let wj = w.add(j * ws);
+                    let mut i = m0;
+                    while i < m1 {
+                        let mr = 2.min(m1 - i);
+                        let o = out.add(i * n + j);
+                        match (mr, nr) {
+                            (1, 1) => tile::<F, 1, 1>(acts, i, wj, ws, dw, mt, ss, o, n),
+                            (1, 2) => tile::<F, 1, 2>(acts, i, wj, ws, dw, mt, ss, o, n),
+                            (1, 3) => tile::<F, 1, 3>(acts, i, wj, ws, dw, mt, ss, o, n),
+                            (1, 4) => tile::<F, 1, 4>(acts, i, wj, ws, dw, mt, ss, o, n),
+                            (2, 1) => tile::<F, 2, 1>(acts, i, wj, ws, dw, mt, ss, o, n),
+                            (2, 2) => tile::<F, 2, 2>(acts, i, wj, ws, dw, mt, ss, o, n),
+                            (2, 3) => tile::<F, 2, 3>(acts, i, wj, ws, dw, mt, ss, o, n),
+                            (2, 4) => tile::<F, 2, 4>(acts, i, wj, ws, dw, mt, ss, o, n),
+                            _ => unreachable!("tile {mr}x{nr}"),
+                        }
+                        i += mr;
+                    }
+                    j += nr;
+                }
+            }
+
+            let ss = padded_blocks(acts.nb()) + 16;
+            SCALES.with_borrow_mut(|s| {
+                if s.len() < 8 * ss {
+                    s.resize(8 * ss, 0.0);
+                }
+                let (wp, ws, n, scr) = (w.base_ptr(), w.row_stride(), w.rows(), s.as_mut_ptr());
+                match w.format() {
+                    WeightFormat::Q8_0 => {
+                        task_f::<Q8_0>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss)
+                    }
+                    WeightFormat::Q4_0 => {
+                        task_f::<Q4_0>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss)
+                    }
+                    WeightFormat::Q4_1 => {
+                        task_f::<Q4_1>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss)
+                    }
+                    other => unreachable!("int8 matmul of {other:?}"),
+                }
+            });
+        }
+    };
+}
+
+kernels_256!(task_avx2, "avx2,fma,f16c", dot_maddubs);
+kernels_256!(task_avxvnni, "avx2,fma,f16c,avxvnni", dot_avxvnni);
+kernels_256!(
+    task_avx512vnni256,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    dot_evex
+);
