@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What structured outputs cost: time per output token (TPOT) with a JSON-schema constraint
 # versus without, on the default model, one server, `dcpserve bench` alternating the two
-# workloads at each concurrency (ROUNDS times; the medians are printed).
+# workloads at each concurrency (ROUNDS times; the medians of the per-run median TPOTs).
 #
 # usage: scripts/bench-structured.sh [--concurrency 1,32] [--input-len 64] [--output-len 96]
 #            [--rounds 3] [--threads 2] [--schema examples/structured/bench-schema.json]
@@ -45,14 +45,15 @@ PORT=$(free_port)
 SERVER_PID=$!
 wait_ready "$PORT" "$OUT/serve.log"
 
-# One point: prints the mean TPOT in ms.
+# One point: prints its median TPOT in ms (nothing if a request failed).
 tpot() { # concurrency, extra flags...
   local c=$1; shift
   "$DCPSERVE" bench --base-url "http://127.0.0.1:$PORT" --model smollm2 --disable-tqdm \
     --max-concurrency "$c" --num-prompts $((2 * c)) --random-input-len "$INPUT_LEN" \
     --random-output-len "$OUTPUT_LEN" --seed 1 --result-dir "$OUT/r" --label "x$RANDOM" \
     --no-plots "$@" >"$OUT/bench.txt" 2>&1 || { cat "$OUT/bench.txt" >&2; exit 1; }
-  grep -m1 -i "tpot" "$OUT/bench.txt" | grep -oE '[0-9]+(\.[0-9]+)?' | head -1
+  # The point's row of the table: conc rate done err ... TPOT50 is the 11th column.
+  awk -v c="$c" '$1 == c && $4 == 0 && NF >= 17 {print $11; exit}' "$OUT/bench.txt"
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
