@@ -239,6 +239,13 @@ impl ModelBackend for EngineBackend {
         self.engine.render_chat(messages).map_err(|e| e.to_string())
     }
 
+    fn check_constraint(
+        &self,
+        constraint: &dcpserve_actors::OutputConstraint,
+    ) -> Result<(), String> {
+        self.engine.files().grammar()?.check(constraint)
+    }
+
     fn generate(&self, request: ValidRequest) -> Result<EventStream, String> {
         let stream = self
             .engine

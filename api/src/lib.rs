@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod router;
 pub mod routes;
 pub mod sse;
+pub mod structured;
 pub mod types;
 pub mod validation;
 

@@ -25,7 +25,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     let req: ChatCompletionRequest = parse_body(body)?;
     let slot = state.router.get(req.model.as_deref())?;
     let backend = slot.backend.as_ref();
-    let common = validation::common(&req.sampling, &slot.defaults)?;
+    let common = validation::common_with_constraint(&req.sampling, &slot.defaults, backend)?;
     let want_logprobs = req.logprobs.unwrap_or(false);
     let top = match req.top_logprobs {
         Some(k) if !want_logprobs && k > 0 => {

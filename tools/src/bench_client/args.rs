@@ -92,6 +92,11 @@ pub struct BenchServeArgs {
     /// Ask the server to ignore end-of-sequence so each request makes exactly its output length.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Constrain every request to this JSON schema (`response_format` of type
+    /// `json_schema`): the schema's JSON text, or `@PATH` of a file holding it. Measures
+    /// what structured outputs cost.
+    #[arg(long, value_name = "SCHEMA")]
+    pub json_schema: Option<String>,
     /// Seed of the workload (prompts, lengths, arrival times).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

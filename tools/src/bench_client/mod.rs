@@ -114,6 +114,11 @@ pub async fn run(args: BenchServeArgs) -> Result<()> {
             text_prompts: args.text_prompts,
             temperature: args.temperature,
             ignore_eos: args.ignore_eos,
+            response_format: args
+                .json_schema
+                .as_deref()
+                .map(payload::json_schema_format)
+                .transpose()?,
         },
         timeout: Duration::from_secs_f64(args.request_timeout),
         seed: args.seed,

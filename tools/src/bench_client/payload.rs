@@ -14,6 +14,20 @@ pub struct PayloadOptions {
     pub text_prompts: bool,
     pub temperature: f64,
     pub ignore_eos: bool,
+    /// A `response_format` sent with every request (structured outputs).
+    pub response_format: Option<Value>,
+}
+
+/// The `response_format` constraining output to `schema` (JSON text, or `@PATH`).
+pub fn json_schema_format(schema: &str) -> anyhow::Result<Value> {
+    let text = match schema.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--json-schema: cannot read {path}: {e}"))?,
+        None => schema.to_string(),
+    };
+    let schema: Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("--json-schema is not JSON: {e}"))?;
+    Ok(json!({"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}))
 }
 
 fn role_name(r: Role) -> &'static str {
@@ -40,6 +54,9 @@ pub fn request_body(spec: &RequestSpec, o: &PayloadOptions) -> Value {
     body.insert("stream_options".into(), json!({"include_usage": true}));
     if o.ignore_eos {
         body.insert("ignore_eos".into(), json!(true));
+    }
+    if let Some(f) = &o.response_format {
+        body.insert("response_format".into(), f.clone());
     }
     Value::Object(body)
 }
@@ -153,6 +170,7 @@ mod tests {
             text_prompts: false,
             temperature: 0.0,
             ignore_eos: true,
+            response_format: Some(json_schema_format(r#"{"type": "integer"}"#).unwrap()),
         }
     }
 
@@ -168,6 +186,10 @@ mod tests {
         assert_eq!(b["stream"], json!(true));
         assert_eq!(b["stream_options"]["include_usage"], json!(true));
         assert_eq!(b["ignore_eos"], json!(true));
+        assert_eq!(
+            b["response_format"]["json_schema"]["schema"],
+            json!({"type": "integer"})
+        );
         assert_eq!(b["model"], json!("m"));
     }
 
