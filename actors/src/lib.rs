@@ -32,7 +32,7 @@ mod valid_request;
 
 pub use attention::attention_kind;
 pub use block_manager::KvBlockManager;
-pub use dcpserve_kernels::SamplingParams;
+pub use dcpserve_kernels::{OutputConstraint, SamplingParams};
 pub use placement::Placement;
 pub use request::{FinishReason, GenerationRequest, RequestEvent, TokenOutput};
 pub use scheduler::{
