@@ -254,6 +254,13 @@ impl ModelBackend for EngineBackend {
             .map_err(|e| e.to_string())
     }
 
+    fn check_constraint(
+        &self,
+        constraint: &dcpserve_actors::OutputConstraint,
+    ) -> Result<(), String> {
+        self.engine.files().grammar()?.check(constraint)
+    }
+
     fn generate(&self, request: ValidRequest) -> Result<EventStream, String> {
         let stream = self
             .engine

@@ -298,7 +298,9 @@ impl RankCompute<'_> {
         // Hidden states for the MTP layer (only with one micro-batch).
         let mut hidden = HiddenStore::default();
         // This micro-batch's sequences: block tables, and samplers on the answering rank.
-        let mut seqs = SeqStates::new(args.rank == 0);
+        let files = args.files.clone();
+        let mut seqs =
+            SeqStates::new(args.rank == 0).with_grammar(Arc::new(move || files.grammar()));
         while let Ok(job) = jobs.recv() {
             let plan = match job {
                 Job::Step(plan) => plan,
@@ -346,19 +348,43 @@ impl RankCompute<'_> {
                 let local = LocalBatch::new(&batch, &args.placement);
                 let tables: Vec<&[u32]> = batch.block_tables.iter().map(|t| t.as_slice()).collect();
                 let input = local.input(&batch, &tables);
-                let out = if !self.model.has_mtp() {
-                    self.model
-                        .forward_rank_shared(comms, &input, self.cache, turn.as_ref())
-                } else {
-                    hidden.release(&plan.finished);
-                    let all: Vec<usize> = (0..batch.tokens.len()).collect();
-                    self.model
-                        .forward_rank_hidden(comms, &input, self.cache, &all)
-                        .map(|(out, h)| {
-                            hidden.keep(&batch, &h);
-                            out
-                        })
-                };
+                // Grammar masks of constrained sequences are computed on a helper thread
+                // while this thread runs the forward pass (off the critical path).
+                let masks_needed = args.rank == 0
+                    && matches!(plan.output, OutputKind::Sampled)
+                    && seqs.needs_masks(&plan);
+                let out = std::thread::scope(|s| {
+                    let masks = masks_needed.then(|| {
+                        let seqs = &mut seqs;
+                        let plan = &plan;
+                        std::thread::Builder::new()
+                            .name(format!("dcpserve-rank-{}-grammar", args.rank))
+                            .spawn_scoped(s, move || seqs.prepare_masks(plan))
+                    });
+                    let out = if !self.model.has_mtp() {
+                        self.model
+                            .forward_rank_shared(comms, &input, self.cache, turn.as_ref())
+                    } else {
+                        hidden.release(&plan.finished);
+                        let all: Vec<usize> = (0..batch.tokens.len()).collect();
+                        self.model
+                            .forward_rank_hidden(comms, &input, self.cache, &all)
+                            .map(|(out, h)| {
+                                hidden.keep(&batch, &h);
+                                out
+                            })
+                    };
+                    match masks {
+                        // Not spawned: `decide` computes the masks itself.
+                        None | Some(Err(_)) => {}
+                        Some(Ok(h)) => {
+                            if let Err(p) = h.join() {
+                                std::panic::resume_unwind(p);
+                            }
+                        }
+                    }
+                    out
+                });
                 logits = Some(out.map_err(|e| e.to_string())?);
                 Ok::<_, String>(())
             }));

@@ -6,9 +6,12 @@
 //! scheduler says (the request's seed, or where the stream stood before a preemption), so
 //! the same request draws the same tokens whichever way it is batched.
 
+use std::sync::Arc;
+
 use dcpserve_kernels::sampling::apply_penalties;
 use dcpserve_kernels::spec_sampling::{verify_draft, Verdict};
-use dcpserve_kernels::{log_softmax, sample, Rng, SamplingParams};
+use dcpserve_kernels::{log_softmax, sample, OutputConstraint, Rng, SamplingParams};
+use dcpserve_model::{GrammarCompiler, GrammarMatcher, TokenMask};
 
 use serde::{Deserialize, Serialize};
 
@@ -30,9 +33,71 @@ pub struct SamplerInit {
     pub max_model_len: usize,
 }
 
+/// Where the sampling rank gets its grammar engine (built on the first constrained request).
+pub type GrammarSource = Arc<dyn Fn() -> Result<Arc<GrammarCompiler>, String> + Send + Sync>;
+
+/// A constrained sequence's grammar state on the sampling rank.
+///
+/// The matcher lives here, with the sampler, rather than in the scheduler: the sampling
+/// rank learns each token first (it samples it), so it can compute the next step's masks
+/// as soon as that step's plan arrives, on a helper thread while the rank runs its share
+/// of the forward pass (as vLLM overlaps its grammar bitmask with the model), without a
+/// round trip to the scheduler and without sending vocabulary-sized bitmasks in plans
+/// (which stay small and serializable: they carry the constraint as text). Draft tokens
+/// are checked here too, where they are verified. After a preemption or a restart the
+/// plan's `SamplerInit` carries every token so far, and the matcher is rebuilt from them.
+struct SeqGrammar {
+    constraint: OutputConstraint,
+    /// The token a sequence whose grammar cannot be built is ended with.
+    eos: u32,
+    /// Built on first use (on the mask thread) from the constraint and `replay`.
+    matcher: Option<GrammarMatcher>,
+    /// Output tokens the matcher has yet to consume when it is built.
+    replay: Vec<u32>,
+    /// The masks of the coming step: `masks[i]` for the token after `draft[..i]`.
+    masks: Vec<TokenMask>,
+    /// Where the matcher's compiler comes from.
+    source: Option<GrammarSource>,
+}
+
+impl SeqGrammar {
+    /// Builds the matcher if needed and computes the masks along `draft` (see
+    /// [`GrammarMatcher::masks_along`]).
+    fn prepare(&mut self, draft: &[u32]) {
+        if self.matcher.is_none() {
+            let built = self
+                .source
+                .as_ref()
+                .ok_or_else(|| "this rank has no grammar engine".to_string())
+                .and_then(|s| s())
+                .and_then(|c| {
+                    let mut m = c.matcher(&self.constraint)?;
+                    m.consume(&self.replay)?;
+                    Ok((m, c))
+                });
+            match built {
+                Ok((m, _)) => self.matcher = Some(m),
+                Err(e) => {
+                    // The HTTP layer compiled this constraint already: this is not expected.
+                    // The sequence is made to stop (only end-of-sequence is allowed).
+                    tracing::error!(
+                        "structured output constraint failed on the sampling rank: {e}"
+                    );
+                    self.masks = vec![TokenMask::from_tokens(self.eos as usize + 1, &[self.eos])];
+                    return;
+                }
+            }
+            self.replay.clear();
+        }
+        let m = self.matcher.as_mut().expect("built above");
+        self.masks = m.masks_along(draft);
+    }
+}
+
 /// One sequence's sampling state on the sampling rank.
 pub struct SeqSampler {
     params: SamplingParams,
+    grammar: Option<SeqGrammar>,
     /// Every known token: prompt, then output.
     tokens: Vec<u32>,
     prompt_len: usize,
@@ -43,13 +108,46 @@ pub struct SeqSampler {
 
 impl SeqSampler {
     pub fn new(init: &SamplerInit) -> Self {
+        let grammar = init.params.constraint.clone().map(|constraint| SeqGrammar {
+            constraint,
+            eos: init.eos_token_ids.first().copied().unwrap_or(0),
+            matcher: None,
+            replay: init.tokens[init.prompt_len.min(init.tokens.len())..].to_vec(),
+            masks: Vec::new(),
+            source: None,
+        });
         Self {
             params: init.params.clone(),
+            grammar,
             tokens: init.tokens.clone(),
             prompt_len: init.prompt_len,
             rng: init.rng.clone(),
             eos_token_ids: init.eos_token_ids.clone(),
             max_model_len: init.max_model_len,
+        }
+    }
+
+    /// Whether the output is constrained by a grammar.
+    pub fn is_constrained(&self) -> bool {
+        self.grammar.is_some()
+    }
+
+    /// Gives a constrained sequence its grammar engine (without one, a constrained
+    /// sequence can only end).
+    pub fn with_grammar(mut self, source: Option<GrammarSource>) -> Self {
+        if let Some(g) = &mut self.grammar {
+            g.source = source;
+        }
+        self
+    }
+
+    /// Computes the grammar masks of the coming step (the next token and each position of
+    /// `draft`), building the matcher on first use. Meant to run while the rank computes
+    /// the step's logits; [`SeqSampler::decide`] computes them itself when this was not
+    /// called. Does nothing for an unconstrained sequence.
+    pub fn prepare_masks(&mut self, draft: &[u32]) {
+        if let Some(g) = &mut self.grammar {
+            g.prepare(draft);
         }
     }
 
@@ -86,16 +184,47 @@ impl SeqSampler {
         draft: &[u32],
         draft_probs: Option<&[Vec<f32>]>,
     ) -> (Vec<TokenOutput>, usize) {
+        // Masks are normally ready (computed during the forward pass); if not, now.
+        if let Some(g) = &mut self.grammar {
+            if g.masks.is_empty() {
+                g.prepare(draft);
+            }
+        }
+        let masks = self.grammar.as_mut().map(|g| std::mem::take(&mut g.masks));
         let mut out = Vec::new();
         let mut accepted = 0;
         for (i, logits) in rows.iter().enumerate() {
             let d = draft
                 .get(i)
                 .map(|&t| (t, draft_probs.map(|p| p[i].as_slice())));
-            let (token, was_draft) = self.next_token(logits, d);
+            // A draft position past the grammar's look-ahead is never reached: the look-ahead
+            // stops at the first draft token the grammar rejects, which is rejected here.
+            let mask = masks.as_ref().map(|m| m.get(i).or(m.last()));
+            let (token, was_draft, output) = match mask {
+                Some(Some(mask)) => {
+                    let mut masked = logits.to_vec();
+                    mask.apply(&mut masked);
+                    let (token, was_draft) = self.next_token(&masked, d, Some(mask));
+                    (token, was_draft, self.token_output(&masked, token))
+                }
+                Some(None) => {
+                    // No mask could be computed: end the sequence.
+                    let token = self.eos_token_ids.first().copied().unwrap_or(0);
+                    (token, false, self.token_output(logits, token))
+                }
+                None => {
+                    let (token, was_draft) = self.next_token(logits, d, None);
+                    (token, was_draft, self.token_output(logits, token))
+                }
+            };
             self.tokens.push(token);
-            out.push(self.token_output(logits, token));
+            out.push(output);
             accepted += was_draft as usize;
+            if let Some(m) = self.grammar.as_mut().and_then(|g| g.matcher.as_mut()) {
+                if let Err(e) = m.consume(&[token]) {
+                    tracing::warn!("grammar matcher refused token {token}: {e}");
+                }
+            }
             if self.ended() || !was_draft {
                 break;
             }
@@ -105,10 +234,25 @@ impl SeqSampler {
 
     /// Samples the next token (or verifies draft `d` by rejection sampling, which draws
     /// from the same distribution). Returns the token and whether it is the draft token.
-    fn next_token(&mut self, logits: &[f32], d: Option<(u32, Option<&[f32]>)>) -> (u32, bool) {
+    /// With a grammar `mask`, `logits` are already masked: the draft is verified against
+    /// the masked distribution (a token the grammar rejects has probability 0), and the
+    /// token is never one the mask rejects.
+    fn next_token(
+        &mut self,
+        logits: &[f32],
+        d: Option<(u32, Option<&[f32]>)>,
+        mask: Option<&TokenMask>,
+    ) -> (u32, bool) {
         let p = &self.params;
         let penalized = p.penalized();
-        let mask_stops = self.output_len() < p.min_tokens;
+        // min_tokens holds stop tokens back, unless the grammar allows nothing else.
+        let mask_stops = self.output_len() < p.min_tokens
+            && mask.is_none_or(|m| {
+                logits
+                    .iter()
+                    .enumerate()
+                    .any(|(t, l)| l.is_finite() && !self.is_stop(t as u32) && m.allows(t as u32))
+            });
         let masked;
         let logits = if penalized || mask_stops {
             let mut m = logits.to_vec();
@@ -135,12 +279,18 @@ impl SeqSampler {
         } else {
             logits
         };
-        match d {
+        let (token, was_draft) = match d {
             None => (sample(logits, &self.params, &mut self.rng), false),
             Some((d, q)) => match verify_draft(logits, &self.params, d, q, &mut self.rng) {
                 Verdict::Accepted => (d, true),
                 Verdict::Rejected(t) => (t, false),
             },
+        };
+        match mask {
+            // Verification's last resort is the draft token itself: never one the grammar
+            // rejects.
+            Some(m) if !m.allows(token) => (sample(logits, &self.params, &mut self.rng), false),
+            _ => (token, was_draft),
         }
     }
 
@@ -183,3 +333,7 @@ pub fn logprobs_of(logits: &[f32], token: u32, k: usize) -> TokenOutput {
         prompt_logprobs: None,
     }
 }
+
+#[cfg(test)]
+#[path = "sampler_grammar_tests.rs"]
+mod grammar_tests;

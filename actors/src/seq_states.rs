@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::plan::{SeqSampled, SeqUpdate, StepBatch, StepPlan};
-use crate::sampler::SeqSampler;
+use crate::sampler::{GrammarSource, SeqSampler};
 
 /// One compute thread's sequences (one per micro-batch: a sequence runs in one
 /// micro-batch at a time, so the two threads never share an entry).
@@ -13,6 +13,8 @@ pub struct SeqStates {
     seqs: HashMap<u64, SeqState>,
     /// Whether this rank samples (keeps the samplers plans bring).
     samples: bool,
+    /// The grammar engine of constrained sequences (on the sampling rank).
+    grammar: Option<GrammarSource>,
 }
 
 struct SeqState {
@@ -26,6 +28,40 @@ impl SeqStates {
         Self {
             seqs: HashMap::new(),
             samples,
+            grammar: None,
+        }
+    }
+
+    /// Where constrained sequences get their grammar engine.
+    pub fn with_grammar(mut self, source: GrammarSource) -> Self {
+        self.grammar = Some(source);
+        self
+    }
+
+    /// Whether a sequence `plan` samples has a grammar constraint (its masks are then
+    /// computed by [`SeqStates::prepare_masks`] alongside the forward pass).
+    pub fn needs_masks(&self, plan: &StepPlan) -> bool {
+        plan.seqs.iter().any(|s| {
+            s.sample.as_ref().is_some_and(|t| t.logits_row.is_some())
+                && self
+                    .seqs
+                    .get(&s.id)
+                    .and_then(|st| st.sampler.as_ref())
+                    .is_some_and(SeqSampler::is_constrained)
+        })
+    }
+
+    /// Computes the grammar masks of every constrained sequence `plan` samples: the next
+    /// token's and one per draft token (until the grammar rejects one). Runs on a helper
+    /// thread while the rank computes the step's logits.
+    pub fn prepare_masks(&mut self, plan: &StepPlan) {
+        for s in &plan.seqs {
+            let Some(task) = s.sample.as_ref().filter(|t| t.logits_row.is_some()) else {
+                continue;
+            };
+            if let Some(sampler) = self.seqs.get_mut(&s.id).and_then(|st| st.sampler.as_mut()) {
+                sampler.prepare_masks(&task.draft);
+            }
         }
     }
 
@@ -62,7 +98,7 @@ impl SeqStates {
                         .sampler
                         .as_ref()
                         .filter(|_| self.samples)
-                        .map(|init| SeqSampler::new(init));
+                        .map(|init| SeqSampler::new(init).with_grammar(self.grammar.clone()));
                     let state = SeqState {
                         table: new.block_table.clone(),
                         sampler,

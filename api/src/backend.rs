@@ -4,7 +4,7 @@
 
 use std::pin::Pin;
 
-use dcpserve_actors::{FinishReason, TokenOutput, ValidRequest};
+use dcpserve_actors::{FinishReason, OutputConstraint, TokenOutput, ValidRequest};
 use dcpserve_model::ChatMessage;
 use futures::future::BoxFuture;
 use futures::Stream;
@@ -91,13 +91,15 @@ pub trait ModelBackend: Send + Sync + 'static {
             .unwrap_or_default();
         self.render_chat(&messages)
     }
-    /// Whether generations honour `SamplingParams::constraint` (structured outputs, forced
-    /// tool calls); requests that need it are refused otherwise.
-    fn supports_output_constraints(&self) -> bool {
-        false
-    }
     /// Starts a generation of a request validated by the HTTP layer.
     fn generate(&self, request: ValidRequest) -> Result<EventStream, String>;
+    /// Compiles `constraint` with the model's grammar engine (structured outputs); `Err`
+    /// carries the engine's message. A backend without a grammar engine refuses every
+    /// constraint.
+    fn check_constraint(&self, constraint: &OutputConstraint) -> Result<(), String> {
+        let _ = constraint;
+        Err("this model does not support structured outputs".into())
+    }
     /// Current counters, or `None` when the model cannot answer.
     fn stats(&self) -> BoxFuture<'static, Option<BackendStats>>;
 }

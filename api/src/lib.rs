@@ -39,6 +39,7 @@ pub mod reasoning;
 pub mod router;
 pub mod routes;
 pub mod sse;
+pub mod structured;
 pub mod tool_parsers;
 pub mod tools;
 pub mod types;

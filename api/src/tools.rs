@@ -212,13 +212,12 @@ pub fn required_schema(functions: &[(&str, &Value)]) -> Value {
     json!({"type": "array", "minItems": 1, "items": {"anyOf": any_of}})
 }
 
-/// Checks `tools` and `tool_choice` against the model's settings. `constraints`: whether the
-/// model enforces output constraints (forced choices need it).
+/// Checks `tools` and `tool_choice` against the model's settings. The constraint of a
+/// forced choice is compiled by the caller (with the model's grammar engine).
 pub fn plan(
     tools: Option<&Value>,
     tool_choice: Option<&Value>,
     settings: &ChatSettings,
-    constraints: bool,
 ) -> Result<ToolPlan, ApiError> {
     let functions = match tools {
         None | Some(Value::Null) => Vec::new(),
@@ -263,11 +262,6 @@ pub fn plan(
             out.forced = true;
         }
     }
-    if out.forced && !constraints {
-        return Err(bad_choice(
-            "This model does not enforce output constraints, which a forced `tool_choice` (\"required\" or a named function) needs.",
-        ));
-    }
     Ok(out)
 }
 
@@ -287,18 +281,12 @@ mod tests {
     #[test]
     fn choices() {
         let t = weather();
-        let p = plan(Some(&t), None, &auto(), true).unwrap();
+        let p = plan(Some(&t), None, &auto()).unwrap();
         assert!(p.parser.is_some() && p.constraint.is_none() && !p.forced);
-        let p = plan(
-            Some(&t),
-            Some(&json!("none")),
-            &ChatSettings::default(),
-            false,
-        )
-        .unwrap();
+        let p = plan(Some(&t), Some(&json!("none")), &ChatSettings::default()).unwrap();
         assert!(p.parser.is_none() && p.template_tools.is_some());
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
-        let p = plan(Some(&t), Some(&named), &ChatSettings::default(), true).unwrap();
+        let p = plan(Some(&t), Some(&named), &ChatSettings::default()).unwrap();
         let Some(OutputConstraint::JsonSchema(s)) = p.constraint else {
             panic!("a schema")
         };
@@ -306,13 +294,7 @@ mod tests {
             serde_json::from_str::<Value>(&s).unwrap(),
             t[0]["function"]["parameters"]
         );
-        let p = plan(
-            Some(&t),
-            Some(&json!("required")),
-            &ChatSettings::default(),
-            true,
-        )
-        .unwrap();
+        let p = plan(Some(&t), Some(&json!("required")), &ChatSettings::default()).unwrap();
         let Some(OutputConstraint::JsonSchema(s)) = p.constraint else {
             panic!("a schema")
         };
@@ -322,7 +304,7 @@ mod tests {
             s["items"]["anyOf"][0]["properties"]["name"]["enum"][0],
             "get_weather"
         );
-        assert!(plan(None, None, &ChatSettings::default(), false)
+        assert!(plan(None, None, &ChatSettings::default())
             .unwrap()
             .parser
             .is_none());
@@ -396,28 +378,13 @@ mod tests {
             ),
         ];
         for (tools, choice, param, needle) in cases {
-            let e = plan(
-                tools.as_ref(),
-                choice.as_ref(),
-                &ChatSettings::default(),
-                true,
-            )
-            .err()
-            .unwrap_or_else(|| panic!("{tools:?} {choice:?} should fail"));
+            let e = plan(tools.as_ref(), choice.as_ref(), &ChatSettings::default())
+                .err()
+                .unwrap_or_else(|| panic!("{tools:?} {choice:?} should fail"));
             assert_eq!(e.status, 400);
             assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
             assert!(e.message.contains(needle), "{}", e.message);
         }
-        // Forced choices need the grammar engine.
-        let e = plan(
-            Some(&t),
-            Some(&json!("required")),
-            &ChatSettings::default(),
-            false,
-        )
-        .err()
-        .unwrap();
-        assert_eq!(e.param.as_deref(), Some("tool_choice"));
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct SamplingFields {
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub repetition_penalty: Option<f64>,
+    /// Structured outputs (`response_format`, `guided_*`, `structured_outputs`).
+    #[serde(flatten)]
+    pub constraint: crate::structured::ConstraintFields,
 }
 
 /// `stream_options`.

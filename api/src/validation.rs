@@ -39,6 +39,25 @@ fn range(name: &str, v: f64, ok: bool, want: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Validates the shared sampling fields and the output constraint (compiled by the
+/// backend's grammar engine), filling what the request leaves out from the model's
+/// defaults.
+pub fn common_with_constraint(
+    f: &SamplingFields,
+    d: &SamplingDefaults,
+    backend: &dyn ModelBackend,
+) -> Result<Common, ApiError> {
+    let mut c = common(f, d)?;
+    c.params.constraint = crate::structured::constraint(&f.constraint, backend)?;
+    if c.params.constraint.is_some() && c.params.ignore_eos {
+        return Err(ApiError::invalid_param(
+            "ignore_eos",
+            "`ignore_eos` cannot be combined with a structured output constraint: the output ends when its grammar is complete.",
+        ));
+    }
+    Ok(c)
+}
+
 /// Validates the shared sampling fields, filling what the request leaves out from the
 /// model's defaults.
 pub fn common(f: &SamplingFields, d: &SamplingDefaults) -> Result<Common, ApiError> {

@@ -1,7 +1,7 @@
 //! One entry point for every supported model layout: [`ModelFiles::open`].
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::chat_template::ChatTemplate;
 use crate::config::ModelConfig;
@@ -10,6 +10,7 @@ use crate::error::ModelError;
 use crate::gguf::{GgufFile, GgufTensorSource};
 use crate::gguf_config::config_from_gguf;
 use crate::gguf_tokenizer::tokenizer_from_gguf;
+use crate::grammar::GrammarCompiler;
 use crate::hf_config::load_hf_config;
 use crate::safetensors_source::SafetensorsSource;
 use crate::tensors::TensorSource;
@@ -24,6 +25,8 @@ pub struct ModelFiles {
     pub chat_template: Option<ChatTemplate>,
     /// The file or folder the model was opened from.
     pub path: PathBuf,
+    /// The grammar engine over the tokenizer's vocabulary, built on first use.
+    grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
 }
 
 impl std::fmt::Debug for ModelFiles {
@@ -38,6 +41,15 @@ impl std::fmt::Debug for ModelFiles {
 }
 
 impl ModelFiles {
+    /// The grammar engine (structured outputs) over this model's tokenizer, built on first
+    /// use and shared; `Err` when the tokenizer's vocabulary cannot be read as bytes or
+    /// the model has no end-of-sequence token.
+    pub fn grammar(&self) -> Result<Arc<GrammarCompiler>, String> {
+        self.grammar
+            .get_or_init(|| GrammarCompiler::new(&self.tokenizer).map(Arc::new))
+            .clone()
+    }
+
     /// Opens a model from
     /// - a Hugging Face folder (`config.json`, `tokenizer.json`, safetensors weights),
     /// - a `.gguf` file, or
@@ -110,6 +122,7 @@ impl ModelFiles {
             tokenizer,
             chat_template,
             path: dir.to_path_buf(),
+            grammar: OnceLock::new(),
         })
     }
 
@@ -127,6 +140,7 @@ impl ModelFiles {
             tokenizer,
             chat_template,
             path: path.to_path_buf(),
+            grammar: OnceLock::new(),
         })
     }
 }

@@ -120,3 +120,37 @@ threads = 1
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def start_server(log_dir: pathlib.Path, args: list[str]):
+    """Starts `dcpserve serve ARGS` on a free port; yields its /v1 URL and stops it after.
+    For module fixtures of servers with their own model and layout."""
+    binary = os.environ.get("DCPSERVE_BIN", str(ROOT / "target" / "release" / "dcpserve"))
+    port = _free_port()
+    log = log_dir / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [binary, "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, url, log)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# The tiny fixture at tp=4 dcp=2 (four ranks; the KV cache sharded by position on two).
+TINY_TP4_DCP2 = [
+    str(TINY), "--served-model-name", "tiny", "--dtype", "float32",
+    "--tensor-parallel-size", "4", "--decode-context-parallel-size", "2",
+    "--kv-cache-memory-bytes", "16777216", "--threads", "1", "--max-num-seqs", "64",
+]

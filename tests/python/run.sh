@@ -8,7 +8,7 @@ VENV=target/python-venv
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
-"$VENV/bin/pip" install -q --disable-pip-version-check -r tests/python/requirements.txt
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
 BIN=target/release/dcpserve
 cargo build --release --quiet --bin dcpserve
 bash scripts/fetch-default-model.sh >/dev/null

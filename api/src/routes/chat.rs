@@ -31,7 +31,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     let req: ChatCompletionRequest = parse_body(body)?;
     let slot = state.router.get(req.model.as_deref())?;
     let backend = slot.backend.as_ref();
-    let common = validation::common(&req.sampling, &slot.defaults)?;
+    let common = validation::common_with_constraint(&req.sampling, &slot.defaults, backend)?;
     let want_logprobs = req.logprobs.unwrap_or(false);
     let top = match req.top_logprobs {
         Some(k) if !want_logprobs && k > 0 => {
@@ -44,12 +44,25 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         None => 0,
     };
     let messages = chat_messages::template_messages(req.messages.as_ref())?;
-    let plan = tools::plan(
-        req.tools.as_ref(),
-        req.tool_choice.as_ref(),
-        &slot.chat,
-        backend.supports_output_constraints(),
-    )?;
+    let plan = tools::plan(req.tools.as_ref(), req.tool_choice.as_ref(), &slot.chat)?;
+    if let Some(c) = &plan.constraint {
+        if common.params.constraint.is_some() {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "A forced `tool_choice` (\"required\" or a named function) cannot be combined with `response_format` or `guided_*` constraints.",
+            ));
+        }
+        if common.params.ignore_eos {
+            return Err(ApiError::invalid_param(
+                "ignore_eos",
+                "`ignore_eos` cannot be combined with a forced `tool_choice`: the output ends when the call is complete.",
+            ));
+        }
+        // The tools' schemas compile with the model's grammar engine, or 400 with its message.
+        backend
+            .check_constraint(c)
+            .map_err(|e| ApiError::invalid_param("tools", e))?;
+    }
     let context = chat_messages::template_context(messages, plan.template_tools.as_ref());
     let text = backend
         .render_chat_context(&context)

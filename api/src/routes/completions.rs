@@ -25,7 +25,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     let req: CompletionRequest = parse_body(body)?;
     let slot = state.router.get(req.model.as_deref())?;
     let backend = slot.backend.as_ref();
-    let common = validation::common(&req.sampling, &slot.defaults)?;
+    let common = validation::common_with_constraint(&req.sampling, &slot.defaults, backend)?;
     let logprobs = req
         .logprobs
         .map(|k| validation::check_logprobs("logprobs", k))
