@@ -84,7 +84,7 @@ impl ToolCallParser for DeepSeekV3 {
             let Some(body) = trimmed.strip_prefix(CALL_BEGIN) else {
                 // At the end, calls whose closing token never came still count; anything
                 // else is not this format. While streaming, wait.
-                if done && !(trimmed.is_empty() && !calls.is_empty()) {
+                if done && (calls.is_empty() || !trimmed.is_empty()) {
                     return Parsed::content_only(text);
                 }
                 break;
