@@ -247,6 +247,19 @@ impl Engine {
             .map_err(|e| Error::InvalidRequest(e.to_string()))
     }
 
+    /// Renders a chat-template context given as JSON (`messages` with tool calls, `tools`,
+    /// `add_generation_prompt`, ...).
+    pub fn render_chat_context(&self, context: &serde_json::Value) -> Result<String> {
+        let t = self
+            .inner
+            .files
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| Error::InvalidRequest("This model has no chat template.".into()))?;
+        t.render_json(context)
+            .map_err(|e| Error::InvalidRequest(e.to_string()))
+    }
+
     /// Token ids of a prompt.
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         let tok = self.tokenizer();

@@ -13,7 +13,8 @@ use clap::Args;
 use dcpserve_actors::ValidRequest;
 use dcpserve_api::backend::SpeculationCounters;
 use dcpserve_api::{
-    AppState, BackendEvent, BackendStats, EventStream, ModelBackend, ModelRouter, ModelSlot,
+    AppState, BackendEvent, BackendStats, ChatSettings, EventStream, ModelBackend, ModelRouter,
+    ModelSlot,
 };
 use dcpserve_config::serve_file::{self as config, ModelEntry, SamplingDefaults, ServeConfig};
 use dcpserve_model::ChatMessage;
@@ -97,6 +98,16 @@ pub struct ServeArgs {
     /// in its collectives (pays off when collectives are slow; see bench-dcp).
     #[arg(long)]
     pub overlap_micro_batches: bool,
+    /// How the model writes tool calls (vLLM's names): hermes, llama3_json, deepseek_v3.
+    #[arg(long)]
+    pub tool_call_parser: Option<String>,
+    /// Let requests use `tool_choice: "auto"`: tool calls in the output are parsed with
+    /// --tool-call-parser.
+    #[arg(long)]
+    pub enable_auto_tool_choice: bool,
+    /// Split `<think>` reasoning into `reasoning_content`: deepseek_r1 or qwen3.
+    #[arg(long)]
+    pub reasoning_parser: Option<String>,
 }
 
 fn parse_speculative_config(s: &str) -> Result<SpeculativeConfig, String> {
@@ -151,6 +162,9 @@ impl ServeArgs {
             threads: self.threads,
             speculative_config: self.speculative_config.clone(),
             overlap_micro_batches: self.overlap_micro_batches.then_some(true),
+            tool_call_parser: self.tool_call_parser.clone(),
+            enable_auto_tool_choice: self.enable_auto_tool_choice.then_some(true),
+            reasoning_parser: self.reasoning_parser.clone(),
             sampling: SamplingDefaults::default(),
         }
     }
@@ -237,6 +251,12 @@ impl ModelBackend for EngineBackend {
 
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {
         self.engine.render_chat(messages).map_err(|e| e.to_string())
+    }
+
+    fn render_chat_context(&self, context: &serde_json::Value) -> Result<String, String> {
+        self.engine
+            .render_chat_context(context)
+            .map_err(|e| e.to_string())
     }
 
     fn check_constraint(
@@ -370,6 +390,12 @@ pub async fn build_router(cfg: &ServeConfig) -> Result<ModelRouter> {
             entry.threads = Some(share);
         }
         let entry = &entry;
+        let chat = ChatSettings::from_names(
+            entry.tool_call_parser.as_deref(),
+            entry.enable_auto_tool_choice.unwrap_or(false),
+            entry.reasoning_parser.as_deref(),
+        )
+        .map_err(|e| anyhow!(e))?;
         let (name, engine, ecfg, path) = load_model(entry).await?;
         let backend = EngineBackend::new(
             engine,
@@ -377,12 +403,15 @@ pub async fn build_router(cfg: &ServeConfig) -> Result<ModelRouter> {
             path.display().to_string(),
         );
         router
-            .add(ModelSlot::new(
-                name,
-                Arc::new(backend),
-                entry.sampling,
-                ecfg.max_num_seqs + waiting,
-            ))
+            .add(
+                ModelSlot::new(
+                    name,
+                    Arc::new(backend),
+                    entry.sampling,
+                    ecfg.max_num_seqs + waiting,
+                )
+                .with_chat_settings(chat),
+            )
             .map_err(|e| anyhow!(e))?;
     }
     Ok(router)

@@ -72,6 +72,25 @@ pub trait ModelBackend: Send + Sync + 'static {
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, String>;
     /// Renders a conversation with the model's chat template and a generation prompt.
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String>;
+    /// Renders a chat-template context: `messages` as JSON (with `tool_calls`,
+    /// `tool_call_id`), `tools` when the request has them, `add_generation_prompt`. The
+    /// default renders roles and text contents with [`ModelBackend::render_chat`].
+    fn render_chat_context(&self, context: &serde_json::Value) -> Result<String, String> {
+        let messages = context["messages"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .map(|m| {
+                        ChatMessage::new(
+                            m["role"].as_str().unwrap_or_default(),
+                            m["content"].as_str().unwrap_or_default(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        self.render_chat(&messages)
+    }
     /// Starts a generation of a request validated by the HTTP layer.
     fn generate(&self, request: ValidRequest) -> Result<EventStream, String>;
     /// Compiles `constraint` with the model's grammar engine (structured outputs); `Err`

@@ -3,6 +3,8 @@
 //! - `POST /v1/completions`, `POST /v1/chat/completions` (with SSE streaming), `GET /v1/models`
 //! - vLLM's `POST /tokenize`, `POST /detokenize`, `GET /health`, `GET /version`
 //! - `GET /metrics`: Prometheus text, labelled by model
+//! - tool calls (`tools`, `tool_choice`; [`tools`], [`tool_parsers`]) and reasoning content
+//!   ([`reasoning`]) on chat completions
 //!
 //! Models are reached through the [`ModelBackend`] trait (the `dcpserve` crate implements it
 //! for its `Engine`), routed by the request's `model` through a [`ModelRouter`] that bounds
@@ -26,15 +28,20 @@
 //! ```
 
 pub mod backend;
+pub mod chat_messages;
+pub mod chat_output;
 pub mod errors;
 pub mod generation;
 pub mod http;
 pub mod limits;
 pub mod metrics;
+pub mod reasoning;
 pub mod router;
 pub mod routes;
 pub mod sse;
 pub mod structured;
+pub mod tool_parsers;
+pub mod tools;
 pub mod types;
 pub mod validation;
 
@@ -44,3 +51,4 @@ pub use dcpserve_config::{ModelEntry, SamplingDefaults, ServeConfig, ServerSecti
 pub use errors::ApiError;
 pub use http::{routes as filter, serve, AppState};
 pub use router::{ModelRouter, ModelSlot};
+pub use tools::ChatSettings;

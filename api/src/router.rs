@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::backend::ModelBackend;
 use crate::errors::ApiError;
 use crate::metrics::ModelSample;
+use crate::tools::ChatSettings;
 use dcpserve_config::SamplingDefaults;
 
 /// One served model.
@@ -21,6 +22,8 @@ pub struct ModelSlot {
     pub max_outstanding: usize,
     /// When the model was loaded (`created` in `/v1/models`).
     pub created: u64,
+    /// Tool-call and reasoning parsers of the model.
+    pub chat: ChatSettings,
     outstanding: AtomicUsize,
 }
 
@@ -38,8 +41,15 @@ impl ModelSlot {
             defaults,
             max_outstanding,
             created: crate::types::unix_now(),
+            chat: ChatSettings::default(),
             outstanding: AtomicUsize::new(0),
         }
+    }
+
+    /// The slot with these tool-call and reasoning settings.
+    pub fn with_chat_settings(mut self, chat: ChatSettings) -> Self {
+        self.chat = chat;
+        self
     }
 
     /// Sequences admitted and not yet finished.

@@ -63,6 +63,11 @@ pub struct ChatCompletionRequest {
     pub top_logprobs: Option<i64>,
     /// vLLM's option: logprob tokens as `token_id:{id}` instead of text.
     pub return_tokens_as_token_ids: Option<bool>,
+    /// Function definitions `[{"type": "function", "function": {name, description,
+    /// parameters}}]` (checked by `crate::tools`).
+    pub tools: Option<Value>,
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name": ..}}`.
+    pub tool_choice: Option<Value>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -167,7 +172,53 @@ pub struct ChatLogprobs {
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is only tool calls.
+    pub content: Option<String>,
+    /// The model's `<think>` reasoning, with `--reasoning-parser`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A tool call in a message.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ToolCallOut {
+    /// `call_` and 24 random characters.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCallOut,
+}
+
+/// The function a tool call calls.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FunctionCallOut {
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+/// A piece of a streamed tool call: the first carries `id`, `type` and the name; later ones
+/// only pieces of `arguments`. Clients join them by `index`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// One choice of a chat completion.
@@ -197,6 +248,10 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chat stream chunk.
@@ -245,6 +300,8 @@ pub struct TokenizeRequest {
     pub model: Option<String>,
     pub prompt: Option<String>,
     pub messages: Option<Value>,
+    /// Tools for the chat template, with `messages`.
+    pub tools: Option<Value>,
     pub add_special_tokens: Option<bool>,
     pub return_token_strs: Option<bool>,
 }

@@ -16,6 +16,10 @@
 //! max_model_len = 2048
 //! # optional, as vLLM's --speculative-config (a draft model path is relative to this file)
 //! speculative_config = { method = "ngram", num_speculative_tokens = 4, prompt_lookup_max = 4 }
+//! # optional, as vLLM's --tool-call-parser / --enable-auto-tool-choice / --reasoning-parser
+//! tool_call_parser = "hermes"
+//! enable_auto_tool_choice = true
+//! reasoning_parser = "deepseek_r1"
 //!
 //! [models.sampling]             # defaults for fields a request leaves out
 //! temperature = 0.7
@@ -84,6 +88,14 @@ pub struct ModelEntry {
     /// Two micro-batches in ping-pong, one's collectives overlapping the other's compute
     /// (default off).
     pub overlap_micro_batches: Option<bool>,
+    /// How the model writes tool calls, as vLLM's `--tool-call-parser`: `hermes`,
+    /// `llama3_json` or `deepseek_v3`.
+    pub tool_call_parser: Option<String>,
+    /// Let requests use `tool_choice: "auto"` (needs `tool_call_parser`), as vLLM's
+    /// `--enable-auto-tool-choice`.
+    pub enable_auto_tool_choice: Option<bool>,
+    /// Split `<think>` reasoning into `reasoning_content`: `deepseek_r1` or `qwen3`.
+    pub reasoning_parser: Option<String>,
     #[serde(default)]
     pub sampling: SamplingDefaults,
 }

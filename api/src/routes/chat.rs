@@ -1,4 +1,6 @@
-//! `POST /v1/chat/completions`: messages rendered with the model's chat template.
+//! `POST /v1/chat/completions`: messages (and tools) rendered with the model's chat
+//! template; outputs read for reasoning and tool calls as the model's settings and the
+//! request's `tool_choice` say (see [`crate::tools`], [`crate::chat_output`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,10 +10,14 @@ use warp::reply::Response;
 
 use super::{finite, parse_body, token_text};
 use crate::backend::ModelBackend;
+use crate::chat_messages;
+use crate::chat_output::{OutputMode, OutputParser};
 use crate::errors::ApiError;
 use crate::generation::{self, ChoiceEvent, ChoiceSpec};
 use crate::http::AppState;
+use crate::reasoning::ReasoningParser;
 use crate::sse::{self, ChunkFormatter};
+use crate::tools;
 use crate::types::{
     new_id, unix_now, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatMessageOut, ChatTokenLogprob,
@@ -37,10 +43,38 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         Some(k) => validation::check_logprobs("top_logprobs", k)?,
         None => 0,
     };
-    let messages = validation::parse_messages(req.messages.as_ref())?;
+    let messages = chat_messages::template_messages(req.messages.as_ref())?;
+    let plan = tools::plan(req.tools.as_ref(), req.tool_choice.as_ref(), &slot.chat)?;
+    if let Some(c) = &plan.constraint {
+        if common.params.constraint.is_some() {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "A forced `tool_choice` (\"required\" or a named function) cannot be combined with `response_format` or `guided_*` constraints.",
+            ));
+        }
+        if common.params.ignore_eos {
+            return Err(ApiError::invalid_param(
+                "ignore_eos",
+                "`ignore_eos` cannot be combined with a forced `tool_choice`: the output ends when the call is complete.",
+            ));
+        }
+        // The tools' schemas compile with the model's grammar engine, or 400 with its message.
+        backend
+            .check_constraint(c)
+            .map_err(|e| ApiError::invalid_param("tools", e))?;
+    }
+    let context = chat_messages::template_context(messages, plan.template_tools.as_ref());
     let text = backend
-        .render_chat(&messages)
+        .render_chat_context(&context)
         .map_err(|e| ApiError::invalid_param("messages", e))?;
+    let mode = OutputMode {
+        reasoning: slot
+            .chat
+            .reasoning_parser
+            .filter(|_| !plan.forced)
+            .map(|p| (p, ReasoningParser::prompt_opens_thinking(&text))),
+        tools: plan.parser.clone(),
+    };
     let ids = backend
         .encode(&text, false)
         .map_err(ApiError::bad_request)?;
@@ -62,6 +96,9 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
             params.max_tokens = max_tokens;
             params.logprobs = want_logprobs.then_some(top);
             params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
+            if plan.constraint.is_some() {
+                params.constraint = plan.constraint.clone();
+            }
             ChoiceSpec {
                 index: i,
                 prompt: 0,
@@ -77,6 +114,7 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         backend: slot.backend.clone(),
         logprobs: want_logprobs,
         started: vec![false; n],
+        parsers: (0..n).map(|_| OutputParser::new(mode.clone())).collect(),
         prompt_tokens,
         completion_tokens: 0,
         include_usage: common.include_usage,
@@ -91,16 +129,22 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         .enumerate()
         .map(|(index, r)| {
             fmt.completion_tokens += r.finish.completion_tokens;
+            let mut parser = OutputParser::new(mode.clone());
+            parser.push(&r.text, true);
+            let m = parser.finish();
+            let finish_reason = finish_reason(r.finish.reason, !m.tool_calls.is_empty());
             ChatChoice {
                 index,
                 message: ChatMessageOut {
                     role: "assistant",
-                    content: r.text,
+                    content: m.content,
+                    reasoning_content: m.reasoning,
+                    tool_calls: m.tool_calls,
                 },
                 logprobs: want_logprobs.then(|| ChatLogprobs {
                     content: r.tokens.iter().map(|t| fmt.entry(t)).collect(),
                 }),
-                finish_reason: Some(r.finish.reason),
+                finish_reason: Some(finish_reason),
             }
         })
         .collect();
@@ -114,6 +158,16 @@ pub async fn handle(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     }))
 }
 
+/// `tool_calls` when a choice that called tools ended by itself (OpenAI's and vLLM's
+/// reason), else the engine's reason (`length` stays: the call may be cut short).
+fn finish_reason(reason: &'static str, called_tools: bool) -> &'static str {
+    if called_tools && reason == "stop" {
+        "tool_calls"
+    } else {
+        reason
+    }
+}
+
 /// Builds chat bodies and stream chunks.
 struct Formatter {
     id: String,
@@ -122,6 +176,8 @@ struct Formatter {
     backend: Arc<dyn ModelBackend>,
     logprobs: bool,
     started: Vec<bool>,
+    /// Each choice's output so far, read for reasoning and tool calls.
+    parsers: Vec<OutputParser>,
     prompt_tokens: usize,
     completion_tokens: usize,
     include_usage: bool,
@@ -182,6 +238,7 @@ impl ChunkFormatter for Formatter {
                 delta: ChatDelta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    ..Default::default()
                 },
                 logprobs: None,
                 finish_reason: None,
@@ -197,17 +254,36 @@ impl ChunkFormatter for Formatter {
         if let Some(f) = ev.finish {
             self.completion_tokens += f.completion_tokens;
         }
-        if ev.text.is_empty() && ev.finish.is_none() && logprobs.is_none() {
-            return;
-        }
+        let parser = &mut self.parsers[i];
+        let plain = parser.is_plain();
+        let d = parser.push(&ev.text, ev.finish.is_some());
+        let finish_reason = ev
+            .finish
+            .map(|f| finish_reason(f.reason, parser.called_tools()));
+        let delta = if plain {
+            if ev.text.is_empty() && ev.finish.is_none() && logprobs.is_none() {
+                return;
+            }
+            ChatDelta {
+                content: (!ev.text.is_empty() || ev.finish.is_none()).then_some(ev.text),
+                ..Default::default()
+            }
+        } else {
+            if d.is_empty() && ev.finish.is_none() && logprobs.is_none() {
+                return;
+            }
+            ChatDelta {
+                role: None,
+                content: (!d.content.is_empty()).then_some(d.content),
+                reasoning_content: (!d.reasoning.is_empty()).then_some(d.reasoning),
+                tool_calls: (!d.tool_calls.is_empty()).then_some(d.tool_calls),
+            }
+        };
         let choice = ChatChunkChoice {
             index: i,
-            delta: ChatDelta {
-                role: None,
-                content: (!ev.text.is_empty() || ev.finish.is_none()).then_some(ev.text),
-            },
+            delta,
             logprobs,
-            finish_reason: ev.finish.map(|f| f.reason),
+            finish_reason,
         };
         sse::push_frame(out, &self.chunk(vec![choice], self.usage_field()));
     }

@@ -8,7 +8,6 @@ use crate::http::AppState;
 use crate::types::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
-use crate::validation;
 
 /// The served models.
 pub fn models(state: &AppState) -> Response {
@@ -32,7 +31,8 @@ pub fn models(state: &AppState) -> Response {
     })
 }
 
-/// vLLM's `/tokenize`: a `prompt`, or `messages` rendered with the chat template.
+/// vLLM's `/tokenize`: a `prompt`, or `messages` (and `tools`) rendered with the chat
+/// template as chat completions render them.
 pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let req: TokenizeRequest = parse_body(body)?;
     let slot = state.router.get(req.model.as_deref())?;
@@ -42,9 +42,11 @@ pub fn tokenize(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
             .encode(p, req.add_special_tokens.unwrap_or(true))
             .map_err(ApiError::bad_request)?,
         (None, Some(m)) => {
-            let messages = validation::parse_messages(Some(m))?;
+            let messages = crate::chat_messages::template_messages(Some(m))?;
+            let tools = req.tools.as_ref().filter(|t| !t.is_null());
+            let context = crate::chat_messages::template_context(messages, tools);
             let text = b
-                .render_chat(&messages)
+                .render_chat_context(&context)
                 .map_err(|e| ApiError::invalid_param("messages", e))?;
             b.encode(&text, req.add_special_tokens.unwrap_or(false))
                 .map_err(ApiError::bad_request)?
