@@ -344,10 +344,7 @@ fn collective_bytes_by_hand() {
     // tp=4, dcp=2 adds per layer: Q gather 1 × 2 heads × 8 × 4 = 64, and the all-to-all
     // of the partials: 1 peer × 2 heads × (8 × 4 B of output + a 4 B LSE) = 72.
     let tp_only = 2.0 * 2.0 * 2.0 * 0.75 * 64.0 * 4.0 + 3.0 * 96.0 * 4.0;
-    assert_eq!(
-        at(4, 2),
-        (tp_only + 2.0 * (64.0 + 72.0), 2 * 2 + 1 + 2 * 2)
-    );
+    assert_eq!(at(4, 2), (tp_only + 2.0 * (64.0 + 72.0), 2 * 2 + 1 + 2 * 2));
 }
 
 #[test]
