@@ -66,7 +66,9 @@ pub struct ModelSupervisor;
 pub struct SupervisorState {
     args: SupervisorArgs,
     info: ModelInfo,
-    /// The draft actor, with speculative decoding.
+    /// The draft actor, with speculative decoding (only the draft-fault test hook reads it;
+    /// the scheduler holds its own reference).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     draft: Option<ActorRef<DraftMsg>>,
     /// The running rank group (none while it restarts).
     group: Option<RankGroup>,

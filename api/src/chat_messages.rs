@@ -155,6 +155,19 @@ mod tests {
     }
 
     #[test]
+    fn content_of_every_shape() {
+        let m = template_messages(Some(&json!([
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null}
+        ])))
+        .unwrap();
+        assert_eq!(m[0]["content"], "s");
+        assert_eq!(m[1]["content"], "ab");
+        assert_eq!(m[2]["content"], "");
+    }
+
+    #[test]
     fn bad_messages() {
         for bad in [
             json!([]),

@@ -5,7 +5,6 @@
 
 use dcpserve_actors::{SamplingParams, ValidPrompt};
 use dcpserve_config::SamplingDefaults;
-use dcpserve_model::ChatMessage;
 use serde_json::Value;
 
 use crate::backend::ModelBackend;
@@ -248,50 +247,6 @@ pub fn parse_prompt(v: Option<&Value>) -> Result<Vec<PromptInput>, ApiError> {
     Ok(out)
 }
 
-/// `messages`: a non-empty list of `{role, content}` where content is a string, a list of
-/// text parts, or null.
-pub fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let bad = |m: String| ApiError::invalid_param("messages", m);
-    let list = match v {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(Value::Array(_)) => return Err(bad("`messages` must not be empty.".into())),
-        None | Some(Value::Null) => return Err(bad("`messages` is required.".into())),
-        Some(_) => return Err(bad("`messages` must be a list of messages.".into())),
-    };
-    let mut out = Vec::with_capacity(list.len());
-    for (i, m) in list.iter().enumerate() {
-        let role = m
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad(format!("messages[{i}].role must be a string.")))?;
-        let content = match m.get("content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut text = String::new();
-                for part in parts {
-                    match (part.get("type").and_then(Value::as_str), part.get("text")) {
-                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                        _ => {
-                            return Err(bad(format!(
-                                "messages[{i}].content: only text parts are supported."
-                            )))
-                        }
-                    }
-                }
-                text
-            }
-            Some(_) => {
-                return Err(bad(format!(
-                    "messages[{i}].content must be a string or a list of text parts."
-                )))
-            }
-        };
-        out.push(ChatMessage::new(role, content));
-    }
-    Ok(out)
-}
-
 /// Checks token ids against the vocabulary (not empty, every id below its size).
 pub fn valid_prompt(ids: Vec<u32>, backend: &dyn ModelBackend) -> Result<ValidPrompt, ApiError> {
     ValidPrompt::new(ids, backend.vocab_size())
@@ -416,20 +371,5 @@ mod tests {
         assert_eq!(c.params.temperature, 0.25);
         assert!(check_logprobs("logprobs", 21).is_err());
         assert_eq!(check_logprobs("logprobs", 20).unwrap(), 20);
-    }
-
-    #[test]
-    fn messages() {
-        let m = parse_messages(Some(&json!([
-            {"role": "system", "content": "s"},
-            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-            {"role": "assistant", "content": null}
-        ])))
-        .unwrap();
-        assert_eq!(m[1].content, "ab");
-        assert_eq!(m[2].content, "");
-        assert!(parse_messages(Some(&json!([]))).is_err());
-        assert!(parse_messages(Some(&json!([{"content": "x"}]))).is_err());
-        assert!(parse_messages(Some(&json!([{"role": "user", "content": 5}]))).is_err());
     }
 }
