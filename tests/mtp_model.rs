@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dcpserve_actors::placement::Placement;
 use dcpserve_actors::plan::{LocalBatch, StepBatch};
-use dcpserve_kernels::{log_softmax, Communicator, CpuBackend, InProcessComm};
+use dcpserve_kernels::{log_softmax, CpuBackend, HostCollectives, InProcessComm};
 use dcpserve_model::arch::mla::{LatentCache, MlaModel, MtpLayer};
 use dcpserve_model::arch::{BatchInput, RankComms, RankModel, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
@@ -338,8 +338,8 @@ fn mtp_layer_sharded_matches_the_torch_reference() {
         let comms: Vec<RankComms> = world
             .into_iter()
             .map(|w| RankComms {
-                world: Arc::new(w) as Arc<dyn Communicator>,
-                dcp: Arc::new(dcps.remove(0)) as Arc<dyn Communicator>,
+                world: Arc::new(HostCollectives::new(Arc::new(w))),
+                dcp: Arc::new(HostCollectives::new(Arc::new(dcps.remove(0)))),
                 dcp_merge: Default::default(),
             })
             .collect();

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use dcpserve_kernels::comm::{connect, CommGroupSpec, GroupOwner, Transport};
 use dcpserve_kernels::dcp::{Layout, MergeExchange};
 use dcpserve_kernels::{
-    BatonComm, Communicator, ComputeBaton, KernelError, LinkModel, ModeledLink,
+    BatonComm, Communicator, ComputeBaton, HostCollectives, KernelError, LinkModel, ModeledLink,
 };
 use dcpserve_model::arch::RankComms;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -81,8 +81,8 @@ impl RankCommSpecs {
             .iter()
             .map(|mb| {
                 Ok(RankComms {
-                    world: handle(&mb.world)?,
-                    dcp: handle(&mb.dcp)?,
+                    world: Arc::new(HostCollectives::new(handle(&mb.world)?)),
+                    dcp: Arc::new(HostCollectives::new(handle(&mb.dcp)?)),
                     dcp_merge: self.dcp_merge,
                 })
             })

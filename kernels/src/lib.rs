@@ -29,7 +29,9 @@ pub use cpu::{
 
 pub use attention::{paged_attention, write_kv, AttentionBatch};
 pub use backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams, Strided};
-pub use comm::{Communicator, Elems, ElemsMut, InProcessComm};
+pub use comm::{
+    Collectives, Communicator, Elems, ElemsMut, HostCollectives, InProcessComm, SoloCollectives,
+};
 pub use cpu::int8_matmul::{matmul_int8, CpuMatmul, Int8Isa};
 pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
 pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};

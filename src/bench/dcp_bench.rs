@@ -15,7 +15,9 @@ use anyhow::{bail, Result};
 use futures::StreamExt;
 
 use dcpserve_kernels::dcp::{DcpAttention, DcpShape};
-use dcpserve_kernels::{Communicator, InProcessComm, KernelError, LinkModel, ModeledLink};
+use dcpserve_kernels::{
+    Communicator, CpuBackend, HostCollectives, InProcessComm, KernelError, LinkModel, ModeledLink,
+};
 
 use dcpserve::{
     DType, Engine, EngineConfig, GenerationEvent, ModeledLinkConfig, ParallelConfig, Prompt,
@@ -391,26 +393,27 @@ fn exchange_us(
     shape: DcpShape,
     iters: usize,
 ) -> f64 {
-    let comms: Vec<Arc<dyn Communicator>> = InProcessComm::group(tp)
+    let comms: Vec<HostCollectives> = InProcessComm::group(tp)
         .into_iter()
         .map(|c| {
             let c: Arc<dyn Communicator> = Arc::new(c);
-            match link {
+            HostCollectives::new(match link {
                 Some(l) => Arc::new(ModeledLink::new(c, l)) as Arc<dyn Communicator>,
                 None => c,
-            }
+            })
         })
         .collect();
+    let dev = CpuBackend::new(1);
     let q = vec![0.5f32; shape.tokens * shape.heads * shape.q_dim];
     let start = Instant::now();
     std::thread::scope(|s| {
         for c in &comms {
-            let q = &q;
+            let (q, dev) = (&q, &dev);
             s.spawn(move || {
                 let mut step = DcpAttention::new(exchange);
                 let mut out = vec![0.0f32; shape.tokens * shape.heads * shape.v_dim];
                 for i in 0..iters {
-                    step.run(c.as_ref(), q, shape, &mut out, |_, _, o, l| {
+                    step.run(dev, c, q, shape, &mut out, |_, _, o, l| {
                         o.fill(1.0);
                         l.fill((i % 3) as f32);
                         Ok::<(), KernelError>(())

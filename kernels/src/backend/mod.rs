@@ -335,6 +335,20 @@ pub trait Backend: Send + Sync {
         lse: Self::ViewMut<'_>,
     ) -> Result<(), KernelError>;
 
+    /// Scales each attention partial by its shard's share of the merged log-sum-exp,
+    /// the step before a reduce-scatter sums the shards (vLLM's `correct_attn_out`): row
+    /// `i` (`head_dim` wide) of `out` is multiplied by `exp(lse[i] − LSE_i)`, where
+    /// `LSE_i` merges `all_lse[p·n_rows + i]` over the `parts` shards (`n_rows` is
+    /// `lse`'s length). An empty shard (`−inf`) gets weight 0.
+    fn scale_by_lse_share(
+        &self,
+        out: Self::ViewMut<'_>,
+        lse: Self::View<'_>,
+        all_lse: Self::View<'_>,
+        parts: usize,
+        head_dim: usize,
+    ) -> Result<(), KernelError>;
+
     // --- routing and sampling (results come back to the host) ------------------------
 
     /// MoE routing of router logits `[n_tokens, n_experts]` (see
@@ -357,11 +371,10 @@ pub trait Backend: Send + Sync {
     ) -> Result<u32, KernelError>;
 }
 
-/// A backend whose views are host memory: the bridge to the code that still works on
-/// host slices — the [`Communicator`](crate::Communicator)'s collectives and the
-/// [`DcpAttention`](crate::DcpAttention) step — until collectives over device buffers
-/// (NCCL) arrive with the CUDA backend, whose views are not host slices and which will
-/// not implement this trait.
+/// A backend whose views are host memory, so a host
+/// [`Communicator`](crate::Communicator) (shared memory, MPI) can move its buffers:
+/// [`HostCollectives`](crate::HostCollectives) relies on it. A CUDA backend does not
+/// implement it; its collectives (NCCL) take device views directly.
 pub trait HostViews: Backend {
     /// The host slice behind a view.
     fn host<'a>(v: Self::View<'a>) -> &'a [f32]

@@ -490,6 +490,26 @@ fn merge_lse_of_shards<B: Backend>(dev: &B) {
         1e-6,
     );
     assert!(host(dev, &empty.1).iter().all(|&l| l == f32::NEG_INFINITY));
+
+    // The reduce-scatter form: each shard's partial scaled by its share of the merged
+    // LSE; the scaled partials sum to the same merged output.
+    let parts = [&first, &rest, &empty];
+    let all_lse: Vec<f32> = parts.iter().flat_map(|p| host(dev, &p.1)).collect();
+    let all_lse = dev.upload(&all_lse).unwrap();
+    let mut sum = dev.zeros(h * d).unwrap();
+    for p in parts {
+        let mut scaled = dev.upload(&host(dev, &p.0)).unwrap();
+        let sv = all_mut(dev, &mut scaled);
+        dev.scale_by_lse_share(sv, all(dev, &p.1), all(dev, &all_lse), 3, d)
+            .unwrap();
+        dev.add(all_mut(dev, &mut sum), all(dev, &scaled)).unwrap();
+    }
+    assert_close(
+        "scaled partials' sum",
+        &host(dev, &sum),
+        &f64s(host(dev, &whole.0)),
+        1e-5,
+    );
 }
 
 /// Routing against brute force: softmax top-k, and V3's group-limited sigmoid choice

@@ -11,12 +11,19 @@
 //! [`CommGroupSpec`] and connects through the [`bootstrap`] — shared memory inside one
 //! process today; the spec's [`Transport`] is where an NCCL unique id or an MPI
 //! communicator plugs in for ranks in other processes.
+//!
+//! A rank's forward pass does not call the host [`Communicator`] directly: it calls
+//! [`Collectives`] on its backend's buffers, which [`HostCollectives`] maps onto a host
+//! communicator for host-memory backends and a device backend implements over its own
+//! transport (NCCL), so device buffers are never staged through the host.
 
 pub mod bootstrap;
+mod collectives;
 mod elems;
 mod in_process;
 
 pub use bootstrap::{connect, CommGroupSpec, GroupId, GroupOwner, Transport};
+pub use collectives::{Collectives, HostCollectives, SoloCollectives};
 pub use elems::{CommElem, Elems, ElemsMut};
 pub use in_process::InProcessComm;
 

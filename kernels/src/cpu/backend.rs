@@ -7,7 +7,7 @@ use crate::attention::{paged_attention, write_kv, AttentionBatch};
 use crate::backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams, Strided};
 use crate::cpu::int8_matmul::{int8_supported, matmul_int8, CpuMatmul, Int8Isa};
 use crate::cpu::rows::{copy_strided, gather_rows, scatter_add_rows, write_rows};
-use crate::dcp::merge_partials;
+use crate::dcp::merge::{merge_partials, scale_by_lse_share};
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::latent_attention::{latent_attention, LatentBatch};
@@ -359,6 +359,17 @@ impl Backend for CpuBackend {
         lse: &mut [f32],
     ) -> Result<(), KernelError> {
         merge_partials(partial_out, partial_lse, n_rows, head_dim, out, lse)
+    }
+
+    fn scale_by_lse_share(
+        &self,
+        out: &mut [f32],
+        lse: &[f32],
+        all_lse: &[f32],
+        parts: usize,
+        head_dim: usize,
+    ) -> Result<(), KernelError> {
+        scale_by_lse_share(out, lse, all_lse, parts, head_dim)
     }
 
     fn route_experts(

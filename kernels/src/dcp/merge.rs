@@ -77,6 +77,36 @@ pub fn shard_weight(lse_i: f32, merged: f32) -> f32 {
     }
 }
 
+/// Scales each `head_dim`-wide row `i` of `out` by its shard's weight
+/// `exp(lse[i] − LSE_i)`, `LSE_i` merging `all_lse[p·n + i]` over `parts` shards
+/// (`n = lse.len()`): the partials then sum to the merged output (the all-gather +
+/// reduce-scatter form of the DCP merge).
+///
+/// ```
+/// use dcpserve_kernels::dcp::merge::scale_by_lse_share;
+/// // Two shards with equal LSEs: each weighs one half.
+/// let mut out = [2.0f32, 4.0];
+/// scale_by_lse_share(&mut out, &[0.0], &[0.0, 0.0], 2, 2).unwrap();
+/// assert_eq!(out, [1.0, 2.0]);
+/// ```
+pub fn scale_by_lse_share(
+    out: &mut [f32],
+    lse: &[f32],
+    all_lse: &[f32],
+    parts: usize,
+    head_dim: usize,
+) -> Result<(), KernelError> {
+    let n = lse.len();
+    check_len("scale_by_lse_share out", n * head_dim, out.len())?;
+    check_len("scale_by_lse_share all_lse", parts * n, all_lse.len())?;
+    for (i, row) in out.chunks_exact_mut(head_dim.max(1)).enumerate().take(n) {
+        let merged = merged_lse((0..parts).map(|p| all_lse[p * n + i]));
+        let w = shard_weight(lse[i], merged);
+        row.iter_mut().for_each(|x| *x *= w);
+    }
+    Ok(())
+}
+
 /// [`merge_partials`] over parts reached by index, without the length checks.
 pub(crate) fn merge_rows<'a>(
     n_parts: usize,

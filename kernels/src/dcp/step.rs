@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::merge::{merge_rows, merged_lse, shard_weight};
-use crate::comm::Communicator;
+use crate::backend::{Backend, Strided};
+use crate::comm::Collectives;
 use crate::error::KernelError;
 
 /// How the partial outputs and their LSEs travel between the ranks of a DCP group.
@@ -35,62 +35,95 @@ pub struct DcpShape {
     pub v_dim: usize,
 }
 
-/// Buffers of the DCP attention step, reused across layers and steps.
-#[derive(Default)]
-pub struct DcpAttention {
+/// A buffer of the DCP step, grown to the largest call seen (never per call).
+struct Scratch<B: Backend>(Option<B::Buffer>);
+
+impl<B: Backend> Scratch<B> {
+    fn grow(&mut self, dev: &B, len: usize) -> Result<&mut B::Buffer, KernelError> {
+        if self.0.as_ref().is_none_or(|b| dev.len(b) < len) {
+            self.0 = Some(dev.zeros(len)?);
+        }
+        self.0
+            .as_mut()
+            .ok_or_else(|| KernelError::Shape("dcp scratch buffer missing".into()))
+    }
+}
+
+impl<B: Backend> Default for Scratch<B> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+/// Buffers of the DCP attention step (on the rank's backend), reused across layers
+/// and steps.
+pub struct DcpAttention<B: Backend> {
     exchange: MergeExchange,
-    gathered: Vec<f32>,
-    q_all: Vec<f32>,
-    out_all: Vec<f32>,
-    lse_all: Vec<f32>,
-    send: Vec<f32>,
-    recv: Vec<f32>,
-    lse_mine: Vec<f32>,
+    gathered: Scratch<B>,
+    q_all: Scratch<B>,
+    out_all: Scratch<B>,
+    lse_all: Scratch<B>,
+    send: Scratch<B>,
+    recv: Scratch<B>,
+    lse_mine: Scratch<B>,
 }
 
-fn resize(v: &mut Vec<f32>, len: usize) {
-    v.clear();
-    v.resize(len, 0.0);
-}
-
-impl DcpAttention {
+impl<B: Backend> DcpAttention<B> {
     /// A step whose partials travel by `exchange`.
     pub fn new(exchange: MergeExchange) -> Self {
         Self {
             exchange,
-            ..Self::default()
+            gathered: Scratch::default(),
+            q_all: Scratch::default(),
+            out_all: Scratch::default(),
+            lse_all: Scratch::default(),
+            send: Scratch::default(),
+            recv: Scratch::default(),
+            lse_mine: Scratch::default(),
         }
     }
 
-    /// Attention with the KV cache sharded by position over `group`.
+    /// How this step's partials travel.
+    pub fn exchange(&self) -> MergeExchange {
+        self.exchange
+    }
+
+    /// Attention with the KV cache sharded by position over `group`, on `dev`'s buffers.
     ///
-    /// `q` is this rank's `[tokens, heads, q_dim]` queries. `attend(q_all, heads_all,
-    /// out, lse)` must attend `q_all` (`[tokens, heads_all, q_dim]`, rank r's heads at
-    /// `r·heads..(r+1)·heads`) to the local shard, writing `out` (`[tokens, heads_all,
-    /// v_dim]`) and `lse` (`[tokens, heads_all]`, −inf where the shard holds nothing).
-    /// `out` (`[tokens, heads, v_dim]`) then receives this rank's heads merged over all
-    /// shards. With a group of one, `attend` sees `q` itself and writes `out` directly.
+    /// `q` holds this rank's `[tokens, heads, q_dim]` queries (in its prefix). `attend(
+    /// q_all, heads_all, out, lse)` must attend the prefix of `q_all` (`[tokens,
+    /// heads_all, q_dim]`, rank r's heads at `r·heads..(r+1)·heads`) to the local shard,
+    /// writing the prefixes of `out` (`[tokens, heads_all, v_dim]`) and `lse` (`[tokens,
+    /// heads_all]`, −inf where the shard holds nothing). The prefix of `out`
+    /// (`[tokens, heads, v_dim]`) then receives this rank's heads merged over all shards.
+    /// With a group of one, `attend` sees `q` itself and writes `out` directly.
     ///
     /// `attend` is the only place the caller may touch its KV cache: no collective runs
     /// while it does (micro-batch overlap relies on it).
     ///
     /// ```
+    /// use std::sync::Arc;
     /// use dcpserve_kernels::dcp::{DcpAttention, DcpShape, MergeExchange};
-    /// use dcpserve_kernels::{Communicator, InProcessComm, KernelError};
+    /// use dcpserve_kernels::{Backend, Collectives, CpuBackend, HostCollectives, InProcessComm, KernelError};
     /// // Two ranks, one head each, one token; rank r's shard holds one key whose
     /// // value is r + 1 and whose score is 0 for every query: the merged output is
     /// // the mean, 1.5, on both ranks.
-    /// let comms = InProcessComm::group(2);
+    /// let dev = CpuBackend::new(1);
+    /// let groups: Vec<_> =
+    ///     InProcessComm::group(2).into_iter().map(|c| HostCollectives::new(Arc::new(c))).collect();
     /// std::thread::scope(|s| {
-    ///     for c in &comms {
+    ///     for g in &groups {
+    ///         let dev = &dev;
     ///         s.spawn(move || {
+    ///             let rank = Collectives::<CpuBackend>::rank(g);
     ///             let shape = DcpShape { tokens: 1, heads: 1, q_dim: 1, v_dim: 1 };
     ///             let mut step = DcpAttention::new(MergeExchange::AllToAll);
-    ///             let mut out = [0.0];
-    ///             step.run(c, &[1.0], shape, &mut out, |q_all, heads_all, o, lse| {
-    ///                 assert_eq!((q_all.len(), heads_all), (2, 2));
-    ///                 o.fill(c.rank() as f32 + 1.0);
-    ///                 lse.fill(0.0);
+    ///             let q = dev.upload(&[1.0]).unwrap();
+    ///             let mut out = dev.zeros(1).unwrap();
+    ///             step.run(dev, g, &q, shape, &mut out, |_q_all, heads_all, o, lse| {
+    ///                 assert_eq!(heads_all, 2);
+    ///                 o[..2].fill(rank as f32 + 1.0);
+    ///                 lse[..2].fill(0.0);
     ///                 Ok::<(), KernelError>(())
     ///             })
     ///             .unwrap();
@@ -99,13 +132,15 @@ impl DcpAttention {
     ///     }
     /// });
     /// ```
+    #[allow(clippy::too_many_arguments)]
     pub fn run<E: From<KernelError>>(
         &mut self,
-        group: &dyn Communicator,
-        q: &[f32],
+        dev: &B,
+        group: &dyn Collectives<B>,
+        q: &B::Buffer,
         shape: DcpShape,
-        out: &mut [f32],
-        attend: impl FnOnce(&[f32], usize, &mut [f32], &mut [f32]) -> Result<(), E>,
+        out: &mut B::Buffer,
+        attend: impl FnOnce(&B::Buffer, usize, &mut B::Buffer, &mut B::Buffer) -> Result<(), E>,
     ) -> Result<(), E> {
         let DcpShape {
             tokens: n,
@@ -115,124 +150,197 @@ impl DcpAttention {
         } = shape;
         let ranks = group.size();
         let all_h = ranks * h;
-        let check = |what: &'static str, want: usize, got: usize| {
-            crate::error::check_len(what, want, got).map_err(E::from)
+        let at_least = |what: &str, want: usize, got: usize| {
+            if got < want {
+                Err(E::from(KernelError::Shape(format!(
+                    "dcp attention {what}: {got} values, need {want}"
+                ))))
+            } else {
+                Ok(())
+            }
         };
-        check("dcp attention queries", n * h * q_dim, q.len())?;
-        check("dcp attention output", n * h * v_dim, out.len())?;
-        resize(&mut self.lse_all, n * all_h);
+        at_least("queries", n * h * q_dim, dev.len(q))?;
+        at_least("output", n * h * v_dim, dev.len(out))?;
+        let lse_all = self.lse_all.grow(dev, n * all_h)?;
         if ranks == 1 {
-            return attend(q, h, out, &mut self.lse_all);
+            return attend(q, h, out, lse_all);
         }
-        self.gather_queries(group, q, n, h, q_dim)?;
-        resize(&mut self.out_all, n * all_h * v_dim);
-        attend(&self.q_all, all_h, &mut self.out_all, &mut self.lse_all)?;
+        let q_all = gather_queries(dev, group, &mut self.gathered, &mut self.q_all, q, shape)?;
+        let out_all = self.out_all.grow(dev, n * all_h * v_dim)?;
+        attend(q_all, all_h, out_all, lse_all)?;
+        let parts = Partials {
+            out: out_all,
+            lse: lse_all,
+            shape,
+            ranks,
+        };
         match self.exchange {
-            MergeExchange::AllToAll => self.merge_all_to_all(group, n, h, v_dim, out),
+            MergeExchange::AllToAll => parts.merge_all_to_all(
+                dev,
+                group,
+                (&mut self.send, &mut self.recv, &mut self.lse_mine),
+                out,
+            ),
             MergeExchange::AllGatherReduceScatter => {
-                self.merge_gather_scatter(group, n, h, v_dim, out)
+                let mut parts = parts;
+                parts.merge_gather_scatter(dev, group, (&mut self.send, &mut self.recv), out)
             }
         }
         .map_err(E::from)
     }
+}
 
-    /// All-gathers every rank's `[n, h, d]` queries into `q_all` as `[n, ranks·h, d]`.
-    fn gather_queries(
-        &mut self,
-        group: &dyn Communicator,
-        q: &[f32],
-        n: usize,
-        h: usize,
-        d: usize,
-    ) -> Result<(), KernelError> {
-        let ranks = group.size();
-        let all_h = ranks * h;
-        let row = h * d;
-        resize(&mut self.gathered, ranks * n * row);
-        group.all_gather(q, &mut self.gathered)?;
-        resize(&mut self.q_all, n * all_h * d);
-        for r in 0..ranks {
-            for t in 0..n {
-                let src = &self.gathered[(r * n + t) * row..(r * n + t + 1) * row];
-                self.q_all[(t * all_h + r * h) * d..(t * all_h + (r + 1) * h) * d]
-                    .copy_from_slice(src);
-            }
-        }
-        Ok(())
+/// All-gathers every rank's `[n, h, d]` queries and lays them out as `[n, ranks·h, d]`
+/// in `q_all`.
+fn gather_queries<'a, B: Backend>(
+    dev: &B,
+    group: &dyn Collectives<B>,
+    gathered: &mut Scratch<B>,
+    q_all: &'a mut Scratch<B>,
+    q: &B::Buffer,
+    shape: DcpShape,
+) -> Result<&'a B::Buffer, KernelError> {
+    let (n, h, d) = (shape.tokens, shape.heads, shape.q_dim);
+    let ranks = group.size();
+    let (row, all_row) = (h * d, ranks * h * d);
+    let gathered = gathered.grow(dev, ranks * n * row)?;
+    group.all_gather(
+        dev,
+        dev.view(q, 0..n * row)?,
+        dev.view_mut(gathered, 0..ranks * n * row)?,
+    )?;
+    let q_all = q_all.grow(dev, n * all_row)?;
+    for r in 0..ranks {
+        let src = dev.view(gathered, r * n * row..(r + 1) * n * row)?;
+        let dst = dev.view_mut(q_all, 0..n * all_row)?;
+        let (src, dst) = (
+            (src, Strided::packed(row)),
+            (dst, Strided::new(all_row, r * row)),
+        );
+        dev.copy_strided(src, dst, n, row)?;
+    }
+    Ok(q_all)
+}
+
+/// The local partials of the whole group's heads, `[n, ranks·h, v_dim]` and their LSEs.
+struct Partials<'a, B: Backend> {
+    out: &'a mut B::Buffer,
+    lse: &'a B::Buffer,
+    shape: DcpShape,
+    ranks: usize,
+}
+
+impl<B: Backend> Partials<'_, B> {
+    /// Copies rank `s`'s heads of the partial outputs, `[n, h, v_dim]`, into `dst`.
+    fn heads_of(&self, dev: &B, s: usize, dst: B::ViewMut<'_>) -> Result<(), KernelError> {
+        let DcpShape {
+            tokens: n,
+            heads: h,
+            v_dim: vd,
+            ..
+        } = self.shape;
+        let all_row = self.ranks * h * vd;
+        let src = dev.view(&*self.out, 0..n * all_row)?;
+        let (src, dst) = (
+            (src, Strided::new(all_row, s * h * vd)),
+            (dst, Strided::packed(h * vd)),
+        );
+        dev.copy_strided(src, dst, n, h * vd)
     }
 
     /// One all-to-all: chunk s of the send buffer is `[n, h, vd]` partial outputs of
     /// rank s's heads followed by their `[n, h]` LSEs; each rank merges what it receives.
     fn merge_all_to_all(
-        &mut self,
-        group: &dyn Communicator,
-        n: usize,
-        h: usize,
-        vd: usize,
-        out: &mut [f32],
+        &self,
+        dev: &B,
+        group: &dyn Collectives<B>,
+        (send, recv, lse_mine): (&mut Scratch<B>, &mut Scratch<B>, &mut Scratch<B>),
+        out: &mut B::Buffer,
     ) -> Result<(), KernelError> {
-        let ranks = group.size();
-        let all_h = ranks * h;
+        let DcpShape {
+            tokens: n,
+            heads: h,
+            v_dim: vd,
+            ..
+        } = self.shape;
+        let (ranks, all_h) = (self.ranks, self.ranks * h);
         let (outs, chunk) = (n * h * vd, n * h * (vd + 1));
-        resize(&mut self.send, ranks * chunk);
+        let send = send.grow(dev, ranks * chunk)?;
         for s in 0..ranks {
-            let dst = &mut self.send[s * chunk..(s + 1) * chunk];
-            let (dst_out, dst_lse) = dst.split_at_mut(outs);
-            for t in 0..n {
-                let heads = t * all_h + s * h;
-                dst_out[t * h * vd..(t + 1) * h * vd]
-                    .copy_from_slice(&self.out_all[heads * vd..(heads + h) * vd]);
-                dst_lse[t * h..(t + 1) * h].copy_from_slice(&self.lse_all[heads..heads + h]);
-            }
+            self.heads_of(dev, s, dev.view_mut(send, s * chunk..s * chunk + outs)?)?;
+            let src = (
+                dev.view(self.lse, 0..n * all_h)?,
+                Strided::new(all_h, s * h),
+            );
+            let dst = dev.view_mut(send, s * chunk + outs..(s + 1) * chunk)?;
+            dev.copy_strided(src, (dst, Strided::packed(h)), n, h)?;
         }
-        resize(&mut self.recv, ranks * chunk);
-        group.all_to_all(&self.send, &mut self.recv)?;
-        resize(&mut self.lse_mine, n * h);
-        let recv = &self.recv;
-        merge_rows(
-            ranks,
-            |r| &recv[r * chunk..r * chunk + outs],
-            |r| &recv[r * chunk + outs..(r + 1) * chunk],
+        let recv = recv.grow(dev, ranks * chunk)?;
+        group.all_to_all(
+            dev,
+            dev.view(send, 0..ranks * chunk)?,
+            dev.view_mut(recv, 0..ranks * chunk)?,
+        )?;
+        let lse_mine = lse_mine.grow(dev, n * h)?;
+        let recv = &*recv;
+        let part_out = (0..ranks)
+            .map(|r| dev.view(recv, r * chunk..r * chunk + outs))
+            .collect::<Result<Vec<_>, _>>()?;
+        let part_lse = (0..ranks)
+            .map(|r| dev.view(recv, r * chunk + outs..(r + 1) * chunk))
+            .collect::<Result<Vec<_>, _>>()?;
+        dev.merge_lse(
+            &part_out,
+            &part_lse,
             n * h,
             vd,
-            out,
-            &mut self.lse_mine,
-        );
-        Ok(())
+            dev.view_mut(out, 0..outs)?,
+            dev.view_mut(lse_mine, 0..n * h)?,
+        )
     }
 
     /// The earlier form: all-gather the LSEs, weight each local partial by its share of
     /// the merged LSE, and reduce-scatter over heads.
     fn merge_gather_scatter(
         &mut self,
-        group: &dyn Communicator,
-        n: usize,
-        h: usize,
-        vd: usize,
-        out: &mut [f32],
+        dev: &B,
+        group: &dyn Collectives<B>,
+        (send, recv): (&mut Scratch<B>, &mut Scratch<B>),
+        out: &mut B::Buffer,
     ) -> Result<(), KernelError> {
-        let ranks = group.size();
-        let all_h = ranks * h;
-        resize(&mut self.recv, ranks * n * all_h);
-        group.all_gather(&self.lse_all, &mut self.recv)?;
-        // Weighted partials laid out [rank, token, head, v] so the reduce-scatter hands
-        // each rank its own heads.
-        resize(&mut self.send, ranks * n * h * vd);
-        let stride = n * all_h;
-        for t in 0..n {
-            for j in 0..all_h {
-                let idx = t * all_h + j;
-                let lse = merged_lse((0..ranks).map(|r| self.recv[r * stride + idx]));
-                let weight = shard_weight(self.lse_all[idx], lse);
-                let (r, jj) = (j / h, j % h);
-                let dst = ((r * n + t) * h + jj) * vd;
-                let src = &self.out_all[idx * vd..(idx + 1) * vd];
-                for (o, &x) in self.send[dst..dst + vd].iter_mut().zip(src) {
-                    *o = x * weight;
-                }
-            }
+        let DcpShape {
+            tokens: n,
+            heads: h,
+            v_dim: vd,
+            ..
+        } = self.shape;
+        let ranks = self.ranks;
+        let rows = n * ranks * h;
+        let recv = recv.grow(dev, ranks * rows)?;
+        group.all_gather(
+            dev,
+            dev.view(self.lse, 0..rows)?,
+            dev.view_mut(recv, 0..ranks * rows)?,
+        )?;
+        // Each partial scaled by its shard's share, then laid out [rank, token, head, v]
+        // so the reduce-scatter hands each rank its own heads.
+        dev.scale_by_lse_share(
+            dev.view_mut(self.out, 0..rows * vd)?,
+            dev.view(self.lse, 0..rows)?,
+            dev.view(recv, 0..ranks * rows)?,
+            ranks,
+            vd,
+        )?;
+        let chunk = n * h * vd;
+        let send = send.grow(dev, ranks * chunk)?;
+        for r in 0..ranks {
+            self.heads_of(dev, r, dev.view_mut(send, r * chunk..(r + 1) * chunk)?)?;
         }
-        group.reduce_scatter_sum(&self.send, out)
+        group.reduce_scatter_sum(
+            dev,
+            dev.view(send, 0..ranks * chunk)?,
+            dev.view_mut(out, 0..chunk)?,
+        )
     }
 }
 

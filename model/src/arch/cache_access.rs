@@ -106,22 +106,17 @@ fn pieces(n: usize, turns: usize) -> impl Iterator<Item = Range<usize>> {
 }
 
 /// A long cache read (attention) over `n` tokens, as one [`CacheAccess::long`] in
-/// [`CacheAccess::turns`] pieces: `read(cache, tokens, out, lse)` per piece, `out` and
-/// `lse` cut to the piece's rows (`row` and `heads` values per token).
+/// [`CacheAccess::turns`] pieces: `read(cache, tokens)` per piece of the tokens (the
+/// caller cuts its output buffers to the piece's rows).
 pub(crate) fn read_in_pieces<C, A: CacheAccess<C>, E>(
     cache: &mut A,
     n: usize,
-    (row, heads): (usize, usize),
-    out: &mut [f32],
-    lse: &mut [f32],
-    mut read: impl FnMut(&mut C, Range<usize>, &mut [f32], &mut [f32]) -> Result<(), E>,
+    mut read: impl FnMut(&mut C, Range<usize>) -> Result<(), E>,
 ) -> Result<(), E> {
     let turns = cache.turns();
     cache.long(|cache| {
         for r in pieces(n, turns) {
-            let out = &mut out[r.start * row..r.end * row];
-            let lse = &mut lse[r.start * heads..r.end * heads];
-            cache.with(|c| read(c, r.clone(), out, lse))?;
+            cache.with(|c| read(c, r.clone()))?;
         }
         Ok(())
     })

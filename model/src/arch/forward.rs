@@ -1,20 +1,16 @@
 //! One forward step over a continuous batch of tokens, computed through the rank's
 //! [`Backend`].
 
-use std::sync::Mutex;
-
 use dcpserve_kernels::dcp::DcpShape;
-use dcpserve_kernels::{
-    Backend, CpuBackend, HostViews, PagedAttentionParams, Precision, RopeScalingKind,
-};
+use dcpserve_kernels::{Backend, CpuBackend, PagedAttentionParams, Precision, RopeScalingKind};
 
-use super::cache_access::{lock, read_in_pieces, CacheAccess};
+use super::cache_access::{read_in_pieces, CacheAccess};
 use super::device_weights::DeviceWeights;
 use super::head::head_logits;
 use super::kv_cache::KvCache;
-use super::rank_io::{ForwardOutput, RankComms};
+use super::rank_io::{add_reduced, ForwardOutput, RankComms};
 use super::weights::{DecoderWeights, HeadLayout, TpShard, WeightPrecision};
-use super::workspace::{whole, Widths, Workspace};
+use super::workspace::{whole, DenseBuffers, DenseWorkspace, Widths, WorkspacePool};
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
@@ -79,7 +75,7 @@ pub struct DecoderModel<B: Backend = CpuBackend> {
     pub heads: HeadLayout,
     backend: B,
     rope: B::Rope,
-    workspaces: Mutex<Vec<Workspace<B>>>,
+    workspaces: WorkspacePool<B, DenseBuffers<B>>,
 }
 
 fn rope_kind(s: &Option<RopeScaling>) -> RopeScalingKind {
@@ -136,7 +132,7 @@ impl<B: Backend> DecoderModel<B> {
             heads,
             backend,
             rope,
-            workspaces: Mutex::new(Vec::new()),
+            workspaces: WorkspacePool::new(),
         })
     }
 
@@ -181,21 +177,12 @@ impl<B: Backend> DecoderModel<B> {
     /// engine's max batched tokens), so no step allocates activations; call it once per
     /// forward that may run at the same time.
     pub fn reserve_workspace(&self, max_tokens: usize) -> Result<(), ModelError> {
-        let ws = Workspace::new(&self.backend, self.widths(), max_tokens)?;
-        lock(&self.workspaces).push(ws);
-        Ok(())
-    }
-
-    /// A free workspace, or a new one (grown by the step itself).
-    fn take_workspace(&self) -> Result<Workspace<B>, ModelError> {
-        match lock(&self.workspaces).pop() {
-            Some(ws) => Ok(ws),
-            None => Workspace::new(&self.backend, self.widths(), 0),
-        }
+        self.workspaces
+            .reserve(&self.backend, self.widths(), max_tokens)
     }
 }
 
-impl<B: HostViews> DecoderModel<B> {
+impl<B: Backend> DecoderModel<B> {
     /// Runs one step on a model served by a single rank.
     pub fn forward(
         &self,
@@ -210,7 +197,7 @@ impl<B: HostViews> DecoderModel<B> {
     /// every rank). Every rank of the group must call it with the same plan.
     pub fn forward_rank(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         cache: &mut KvCache<B>,
     ) -> Result<ForwardOutput<B>, ModelError> {
@@ -221,21 +208,21 @@ impl<B: HostViews> DecoderModel<B> {
     /// shared with the rank's other micro-batch thread).
     pub fn forward_rank_with(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         cache: impl CacheAccess<KvCache<B>>,
     ) -> Result<ForwardOutput<B>, ModelError> {
-        let mut ws = self.take_workspace()?;
-        let out = self.step(&mut ws, comms, input, cache);
-        lock(&self.workspaces).push(ws);
-        out
+        let widths = self.widths();
+        self.workspaces.run(&self.backend, widths, |ws| {
+            self.step(ws, comms, input, cache)
+        })
     }
 
     /// The step itself, in workspace `ws`.
     fn step(
         &self,
-        ws: &mut Workspace<B>,
-        comms: &RankComms,
+        ws: &mut DenseWorkspace<B>,
+        comms: &RankComms<B>,
         input: &BatchInput,
         mut cache: impl CacheAccess<KvCache<B>>,
     ) -> Result<ForwardOutput<B>, ModelError> {
@@ -259,7 +246,7 @@ impl<B: HostViews> DecoderModel<B> {
         dev.embedding(
             &w.embed_tokens,
             input.tokens,
-            dev.view_mut(&mut ws.x, 0..nh)?,
+            dev.view_mut(&mut ws.t.x, 0..nh)?,
         )?;
 
         let scale = 1.0 / (hd as f32).sqrt();
@@ -267,56 +254,53 @@ impl<B: HostViews> DecoderModel<B> {
         let exact = Precision::Exact;
 
         for (li, lw) in w.layers.iter().enumerate() {
-            let x = dev.view(&ws.x, 0..nh)?;
-            let normed = dev.view_mut(&mut ws.normed, 0..nh)?;
+            let x = dev.view(&ws.t.x, 0..nh)?;
+            let normed = dev.view_mut(&mut ws.t.normed, 0..nh)?;
             dev.rms_norm(x, whole(dev, &lw.input_norm)?, eps, normed)?;
-            let normed = dev.view(&ws.normed, 0..nh)?;
+            let normed = dev.view(&ws.t.normed, 0..nh)?;
             dev.matmul(
                 normed,
                 n,
                 &lw.q_proj,
-                dev.view_mut(&mut ws.q, 0..nqd)?,
+                dev.view_mut(&mut ws.t.q, 0..nqd)?,
                 exact,
             )?;
             dev.matmul(
                 normed,
                 n,
                 &lw.k_proj,
-                dev.view_mut(&mut ws.k, 0..nkvd)?,
+                dev.view_mut(&mut ws.t.k, 0..nkvd)?,
                 exact,
             )?;
             dev.matmul(
                 normed,
                 n,
                 &lw.v_proj,
-                dev.view_mut(&mut ws.v, 0..nkvd)?,
+                dev.view_mut(&mut ws.t.v, 0..nkvd)?,
                 exact,
             )?;
             if let (Some(qb), Some(kb), Some(vb)) = (&lw.q_bias, &lw.k_bias, &lw.v_bias) {
-                dev.add_bias(dev.view_mut(&mut ws.q, 0..nqd)?, whole(dev, qb)?)?;
-                dev.add_bias(dev.view_mut(&mut ws.k, 0..nkvd)?, whole(dev, kb)?)?;
-                dev.add_bias(dev.view_mut(&mut ws.v, 0..nkvd)?, whole(dev, vb)?)?;
+                dev.add_bias(dev.view_mut(&mut ws.t.q, 0..nqd)?, whole(dev, qb)?)?;
+                dev.add_bias(dev.view_mut(&mut ws.t.k, 0..nkvd)?, whole(dev, kb)?)?;
+                dev.add_bias(dev.view_mut(&mut ws.t.v, 0..nkvd)?, whole(dev, vb)?)?;
             }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 // Qwen3's q/k norm: RMSNorm of every head vector.
-                dev.rms_norm_inplace(dev.view_mut(&mut ws.q, 0..nqd)?, whole(dev, qn)?, eps)?;
-                dev.rms_norm_inplace(dev.view_mut(&mut ws.k, 0..nkvd)?, whole(dev, kn)?, eps)?;
+                dev.rms_norm_inplace(dev.view_mut(&mut ws.t.q, 0..nqd)?, whole(dev, qn)?, eps)?;
+                dev.rms_norm_inplace(dev.view_mut(&mut ws.t.k, 0..nkvd)?, whole(dev, kn)?, eps)?;
             }
             let interleaved = cfg.rope_interleaved;
-            let q = dev.view_mut(&mut ws.q, 0..nqd)?;
+            let q = dev.view_mut(&mut ws.t.q, 0..nqd)?;
             dev.rope(&self.rope, q, input.positions, hd, 0, interleaved)?;
-            let k = dev.view_mut(&mut ws.k, 0..nkvd)?;
+            let k = dev.view_mut(&mut ws.t.k, 0..nkvd)?;
             dev.rope(&self.rope, k, input.positions, hd, 0, interleaved)?;
-            let (k, v) = (dev.view(&ws.k, 0..nkvd)?, dev.view(&ws.v, 0..nkvd)?);
+            let (k, v) = (dev.view(&ws.t.k, 0..nkvd)?, dev.view(&ws.t.v, 0..nkvd)?);
             cache.with(|c| {
                 let (kc, vc) = c.layer_mut(dev, li)?;
                 dev.write_kv(kc, vc, nkv, hd, input.slots, k, v)?;
                 Ok::<(), ModelError>(())
             })?;
 
-            // The DCP step and the collectives work on host slices (see `HostViews`).
-            let q = B::host(dev.view(&ws.q, 0..nqd)?);
-            let attn = B::host_mut(dev.view_mut(&mut ws.attn, 0..nqd)?);
             let shape = DcpShape {
                 tokens: n,
                 heads: nq,
@@ -325,13 +309,14 @@ impl<B: HostViews> DecoderModel<B> {
             };
             // The cache is only touched inside `with`, never across a collective.
             ws.dcp.run(
+                dev,
                 comms.dcp.as_ref(),
-                q,
+                &ws.t.q,
                 shape,
-                attn,
+                &mut ws.t.attn,
                 |q_all, heads, out, lse| {
                     let row = heads * hd;
-                    read_in_pieces(&mut cache, n, (row, heads), out, lse, |c, r, o, l| {
+                    read_in_pieces(&mut cache, n, |c, r| {
                         let (kc, vc) = c.layer(dev, li)?;
                         let p = PagedAttentionParams {
                             n_q_heads: heads,
@@ -343,60 +328,61 @@ impl<B: HostViews> DecoderModel<B> {
                             token_kv_len: &input.kv_lens[r.clone()],
                             block_tables: input.block_tables,
                         };
-                        let q = B::of_host(&q_all[r.start * row..r.end * row]);
-                        let (o, l) = (B::of_host_mut(o), B::of_host_mut(l));
+                        let q = dev.view(q_all, r.start * row..r.end * row)?;
+                        let o = dev.view_mut(out, r.start * row..r.end * row)?;
+                        let l = dev.view_mut(lse, r.start * heads..r.end * heads)?;
                         dev.paged_attention(q, &p, kc, vc, o, l)?;
                         Ok::<(), ModelError>(())
                     })
                 },
             )?;
-            let attn = dev.view(&ws.attn, 0..nqd)?;
+            let attn = dev.view(&ws.t.attn, 0..nqd)?;
             add_projected(
                 dev,
                 comms,
                 (attn, n),
                 &lw.o_proj,
                 nh,
-                &mut ws.proj,
-                &mut ws.x,
+                &mut ws.t.proj,
+                &mut ws.t.x,
             )?;
 
-            let x = dev.view(&ws.x, 0..nh)?;
-            let normed = dev.view_mut(&mut ws.normed, 0..nh)?;
+            let x = dev.view(&ws.t.x, 0..nh)?;
+            let normed = dev.view_mut(&mut ws.t.normed, 0..nh)?;
             dev.rms_norm(x, whole(dev, &lw.post_attention_norm)?, eps, normed)?;
-            let normed = dev.view(&ws.normed, 0..nh)?;
+            let normed = dev.view(&ws.t.normed, 0..nh)?;
             dev.matmul(
                 normed,
                 n,
                 &lw.gate_proj,
-                dev.view_mut(&mut ws.gate, 0..ni)?,
+                dev.view_mut(&mut ws.t.gate, 0..ni)?,
                 exact,
             )?;
             dev.matmul(
                 normed,
                 n,
                 &lw.up_proj,
-                dev.view_mut(&mut ws.up, 0..ni)?,
+                dev.view_mut(&mut ws.t.up, 0..ni)?,
                 exact,
             )?;
-            let (gate, up) = (dev.view(&ws.gate, 0..ni)?, dev.view(&ws.up, 0..ni)?);
-            dev.silu_mul(gate, up, dev.view_mut(&mut ws.act, 0..ni)?)?;
-            let act = dev.view(&ws.act, 0..ni)?;
+            let (gate, up) = (dev.view(&ws.t.gate, 0..ni)?, dev.view(&ws.t.up, 0..ni)?);
+            dev.silu_mul(gate, up, dev.view_mut(&mut ws.t.act, 0..ni)?)?;
+            let act = dev.view(&ws.t.act, 0..ni)?;
             add_projected(
                 dev,
                 comms,
                 (act, n),
                 &lw.down_proj,
                 nh,
-                &mut ws.proj,
-                &mut ws.x,
+                &mut ws.t.proj,
+                &mut ws.t.x,
             )?;
         }
 
         head_logits(
             dev,
             comms,
-            &ws.x,
+            &ws.t.x,
             (n, h),
             input.logits_for,
             (&w.norm, eps),
@@ -410,9 +396,9 @@ impl<B: HostViews> DecoderModel<B> {
 /// The residual update of a row-parallel layer (attention's `o_proj`, the MLP's
 /// `down_proj`): `x += all_reduce(input · weight)` for the `n` tokens of `input`, whose
 /// products fill the first `nh` values of `proj` and `x`.
-fn add_projected<B: HostViews>(
+fn add_projected<B: Backend>(
     dev: &B,
-    comms: &RankComms,
+    comms: &RankComms<B>,
     (input, n): (B::View<'_>, usize),
     weight: &B::Matrix,
     nh: usize,
@@ -426,9 +412,5 @@ fn add_projected<B: HostViews>(
         dev.view_mut(proj, 0..nh)?,
         Precision::Exact,
     )?;
-    comms
-        .world
-        .all_reduce_sum(B::host_mut(dev.view_mut(proj, 0..nh)?))?;
-    dev.add(dev.view_mut(x, 0..nh)?, dev.view(proj, 0..nh)?)?;
-    Ok(())
+    add_reduced(dev, comms, nh, proj, x)
 }

@@ -1,7 +1,7 @@
 //! The last step of every decoder (dense and MLA): pick the tokens whose logits are
 //! wanted, final norm, output head, and the vocabulary gathered across ranks.
 
-use dcpserve_kernels::{Backend, Communicator, HostViews, Precision};
+use dcpserve_kernels::{Backend, Collectives, Precision, Strided};
 
 use super::rank_io::{ForwardOutput, RankComms};
 use super::weights::split_range;
@@ -48,9 +48,9 @@ pub(crate) fn pick_normed<B: Backend>(
 /// tokens `rows` of `x` (`[n, h]`, the buffer's prefix); the logits are gathered over the
 /// vocabulary across ranks.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn head_logits<B: HostViews>(
+pub(crate) fn head_logits<B: Backend>(
     dev: &B,
-    comms: &RankComms,
+    comms: &RankComms<B>,
     x: &B::Buffer,
     (n, h): (usize, usize),
     rows: &[usize],
@@ -75,7 +75,7 @@ pub(crate) fn head_logits<B: HostViews>(
     let logits = if comms.world.size() == 1 {
         local
     } else {
-        let local = B::host(dev.view(&local, 0..m * slice)?);
+        let local = dev.view(&local, 0..m * slice)?;
         gather_vocab(dev, comms.world.as_ref(), local, m, vocab)?
     };
     Ok(ForwardOutput {
@@ -85,28 +85,30 @@ pub(crate) fn head_logits<B: HostViews>(
 }
 
 /// Reassembles `[m, vocab]` logits from every rank's `[m, vocab slice]`.
-fn gather_vocab<B: HostViews>(
+fn gather_vocab<B: Backend>(
     dev: &B,
-    world: &dyn Communicator,
-    local: &[f32],
+    world: &dyn Collectives<B>,
+    local: B::View<'_>,
     m: usize,
     vocab: usize,
 ) -> Result<B::Buffer, ModelError> {
     let tp = world.size();
     let parts: Vec<std::ops::Range<usize>> = (0..tp).map(|r| split_range(vocab, tp, r)).collect();
     let counts: Vec<usize> = parts.iter().map(|p| p.len() * m).collect();
-    let mut gathered = dev.zeros(m * vocab)?;
-    let mut logits = dev.zeros(m * vocab)?;
-    let gathered = B::host_mut(dev.view_mut(&mut gathered, 0..m * vocab)?);
-    world.all_gather_varying(local, &counts, gathered)?;
-    let out = B::host_mut(dev.view_mut(&mut logits, 0..m * vocab)?);
+    let mut gathered = dev.alloc(m * vocab)?;
+    let mut logits = dev.alloc(m * vocab)?;
+    let all = dev.view_mut(&mut gathered, 0..m * vocab)?;
+    world.all_gather_varying(dev, local, &counts, all)?;
+    // Rank r's part is `[m, its slice]`: its rows go to columns `parts[r]` of `[m, vocab]`.
     let mut at = 0;
     for p in &parts {
         let w = p.len();
-        for row in 0..m {
-            out[row * vocab + p.start..row * vocab + p.end]
-                .copy_from_slice(&gathered[at + row * w..at + (row + 1) * w]);
-        }
+        let src = (dev.view(&gathered, at..at + w * m)?, Strided::packed(w));
+        let dst = (
+            dev.view_mut(&mut logits, 0..m * vocab)?,
+            Strided::new(vocab, p.start),
+        );
+        dev.copy_strided(src, dst, m, w)?;
         at += w * m;
     }
     Ok(logits)

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use dcpserve_kernels::dcp::MergeExchange;
-use dcpserve_kernels::{Backend, Communicator, CpuBackend, InProcessComm};
+use dcpserve_kernels::{Backend, Collectives, CpuBackend, SoloCollectives};
 
 /// Logits of the requested tokens, row-major `[logits_for.len(), vocab]`, in a buffer of
 /// the backend (on the CPU a `Vec<f32>`).
@@ -14,24 +14,54 @@ pub struct ForwardOutput<B: Backend = CpuBackend> {
     pub vocab_size: usize,
 }
 
-/// The communicators one rank computes with: its tensor-parallel group (all ranks of
-/// the model) and its decode-context-parallel group (a contiguous block of `dcp` ranks),
-/// and how the DCP group exchanges attention partials.
-#[derive(Clone)]
-pub struct RankComms {
-    pub world: Arc<dyn Communicator>,
-    pub dcp: Arc<dyn Communicator>,
+/// The collectives one rank computes with, over its backend's buffers: its
+/// tensor-parallel group (all ranks of the model) and its decode-context-parallel group
+/// (a contiguous block of `dcp` ranks), and how the DCP group exchanges attention
+/// partials. CPU ranks reach a host communicator through
+/// [`HostCollectives`](dcpserve_kernels::HostCollectives); a CUDA rank passes its NCCL
+/// communicator here.
+pub struct RankComms<B: Backend = CpuBackend> {
+    pub world: Arc<dyn Collectives<B>>,
+    pub dcp: Arc<dyn Collectives<B>>,
     pub dcp_merge: MergeExchange,
 }
 
-impl RankComms {
-    /// The communicators of a model served by one rank (every collective is a no-op).
-    pub fn single() -> Self {
-        let world: Arc<dyn Communicator> = Arc::new(InProcessComm::group(1).remove(0));
+impl<B: Backend> Clone for RankComms<B> {
+    fn clone(&self) -> Self {
         Self {
-            dcp: world.clone(),
-            world,
+            world: self.world.clone(),
+            dcp: self.dcp.clone(),
+            dcp_merge: self.dcp_merge,
+        }
+    }
+}
+
+impl<B: Backend> RankComms<B> {
+    /// The collectives of a model served by one rank (every collective is a copy or
+    /// nothing).
+    pub fn single() -> Self {
+        let solo: Arc<dyn Collectives<B>> = Arc::new(SoloCollectives);
+        Self {
+            dcp: solo.clone(),
+            world: solo,
             dcp_merge: MergeExchange::default(),
         }
     }
+}
+
+/// `x += all_reduce(proj)` over the first `nh` values: a row-parallel layer's partial
+/// output (attention's `o_proj`, the MLP's `down_proj`, the MoE sum) summed over the
+/// tensor-parallel group into the residual stream.
+pub(crate) fn add_reduced<B: Backend>(
+    dev: &B,
+    comms: &RankComms<B>,
+    nh: usize,
+    proj: &mut B::Buffer,
+    x: &mut B::Buffer,
+) -> Result<(), crate::error::ModelError> {
+    comms
+        .world
+        .all_reduce_sum(dev, dev.view_mut(proj, 0..nh)?)?;
+    dev.add(dev.view_mut(x, 0..nh)?, dev.view(proj, 0..nh)?)?;
+    Ok(())
 }

@@ -4,7 +4,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use dcpserve_kernels::{Backend, CpuBackend, HostViews};
+use dcpserve_kernels::{Backend, CpuBackend};
 
 use super::cache_access::{lock, SharedCache, TurnPoints};
 
@@ -175,11 +175,11 @@ impl<B: Backend> RankModel<B> {
     }
 }
 
-impl<B: HostViews> RankModel<B> {
+impl<B: Backend> RankModel<B> {
     /// One step on this rank (see [`DecoderModel::forward_rank`]).
     pub fn forward_rank(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         cache: &mut RankCache<B>,
     ) -> Result<ForwardOutput<B>, ModelError> {
@@ -197,7 +197,7 @@ impl<B: HostViews> RankModel<B> {
     /// hold disjoint sequences.
     pub fn forward_rank_shared(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         cache: &RankCache<B>,
         turns: Option<&dyn TurnPoints>,
@@ -218,7 +218,7 @@ impl<B: HostViews> RankModel<B> {
     /// tokens `hidden_for` (MLA models; see [`MlaModel::forward_rank_hidden`]).
     pub fn forward_rank_hidden(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         cache: &RankCache<B>,
         hidden_for: &[usize],
@@ -237,7 +237,7 @@ impl<B: HostViews> RankModel<B> {
     /// One MTP step (see [`MlaModel::forward_mtp`]).
     pub fn forward_mtp(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         prev_hidden: B::View<'_>,
         cache: &RankCache<B>,

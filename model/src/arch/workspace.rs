@@ -1,9 +1,14 @@
-//! The per-rank scratch of the dense forward: every activation buffer of a step,
-//! allocated once through the backend for the largest step seen so far and reused.
+//! The per-rank scratch of a forward pass: every activation buffer of a step, allocated
+//! once through the backend for the largest step seen so far and reused. One
+//! [`Workspace`] shape serves every model kind; what differs is the set of per-token
+//! buffers ([`TokenBuffers`]: [`DenseBuffers`] here, the MLA model's in `mla/`).
+
+use std::sync::Mutex;
 
 use dcpserve_kernels::dcp::DcpAttention;
 use dcpserve_kernels::{Backend, MergeExchange};
 
+use super::cache_access::lock;
 use crate::error::ModelError;
 
 /// Grows `buf` to at least `len` elements (contents are not kept).
@@ -38,66 +43,37 @@ impl<B: Backend> HeadBuffers<B> {
     }
 }
 
-/// Widths per token of a dense decoder's activations on one rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Widths {
-    /// Hidden size.
-    pub hidden: usize,
-    /// This rank's query heads × head dim.
-    pub q: usize,
-    /// This rank's KV heads × head dim.
-    pub kv: usize,
-    /// This rank's MLP intermediate slice.
-    pub inter: usize,
+/// A model kind's per-token activation buffers: allocated for a number of tokens and
+/// replaced, larger, when a step has more.
+pub trait TokenBuffers<B: Backend>: Sized + Send {
+    /// The widths per token the buffers are sized from.
+    type Widths: Copy + Send;
+    /// Buffers for steps of up to `tokens` tokens.
+    fn alloc(dev: &B, widths: Self::Widths, tokens: usize) -> Result<Self, ModelError>;
 }
 
 /// One forward's buffers on the backend, sized for `tokens` tokens; a step with more
-/// tokens grows them (once), a smaller one uses their prefix.
-pub struct Workspace<B: Backend> {
-    widths: Widths,
+/// tokens grows them (once), a smaller one uses their prefix. The output head's buffers
+/// and the DCP step's exchange buffers grow on their own and survive that.
+pub struct Workspace<B: Backend, T: TokenBuffers<B>> {
+    widths: T::Widths,
     tokens: usize,
-    pub(crate) x: B::Buffer,
-    pub(crate) normed: B::Buffer,
-    pub(crate) q: B::Buffer,
-    pub(crate) k: B::Buffer,
-    pub(crate) v: B::Buffer,
-    pub(crate) attn: B::Buffer,
-    pub(crate) proj: B::Buffer,
-    pub(crate) gate: B::Buffer,
-    pub(crate) up: B::Buffer,
-    pub(crate) act: B::Buffer,
+    /// The per-token activation buffers.
+    pub(crate) t: T,
     pub(crate) head: HeadBuffers<B>,
-    /// The DCP attention step's exchange buffers (host memory, like the communicators).
-    pub(crate) dcp: DcpAttention,
-    exchange: MergeExchange,
+    /// The DCP attention step, with its exchange buffers on the backend.
+    pub(crate) dcp: DcpAttention<B>,
 }
 
-impl<B: Backend> Workspace<B> {
+impl<B: Backend, T: TokenBuffers<B>> Workspace<B, T> {
     /// Buffers for steps of up to `tokens` tokens.
-    pub(crate) fn new(dev: &B, widths: Widths, tokens: usize) -> Result<Self, ModelError> {
-        let Widths {
-            hidden: h,
-            q,
-            kv,
-            inter,
-        } = widths;
-        let n = tokens;
+    pub(crate) fn new(dev: &B, widths: T::Widths, tokens: usize) -> Result<Self, ModelError> {
         Ok(Self {
             widths,
             tokens,
-            x: dev.alloc(n * h)?,
-            normed: dev.alloc(n * h)?,
-            q: dev.alloc(n * q)?,
-            k: dev.alloc(n * kv)?,
-            v: dev.alloc(n * kv)?,
-            attn: dev.alloc(n * q)?,
-            proj: dev.alloc(n * h)?,
-            gate: dev.alloc(n * inter)?,
-            up: dev.alloc(n * inter)?,
-            act: dev.alloc(n * inter)?,
+            t: T::alloc(dev, widths, tokens)?,
             head: HeadBuffers::new(dev)?,
             dcp: DcpAttention::new(MergeExchange::default()),
-            exchange: MergeExchange::default(),
         })
     }
 
@@ -114,19 +90,116 @@ impl<B: Backend> Workspace<B> {
         exchange: MergeExchange,
     ) -> Result<(), ModelError> {
         if tokens > self.tokens {
-            let head = std::mem::replace(&mut self.head, HeadBuffers::new(dev)?);
-            let dcp = std::mem::take(&mut self.dcp);
-            *self = Self {
-                head,
-                dcp,
-                exchange: self.exchange,
-                ..Self::new(dev, self.widths, tokens)?
-            };
+            self.t = T::alloc(dev, self.widths, tokens)?;
+            self.tokens = tokens;
         }
-        if exchange != self.exchange {
+        if exchange != self.dcp.exchange() {
             self.dcp = DcpAttention::new(exchange);
-            self.exchange = exchange;
         }
         Ok(())
     }
 }
+
+/// The workspaces of one model: one per forward that may run at the same time (the
+/// rank's micro-batches), taken for a step and given back after it.
+pub(crate) struct WorkspacePool<B: Backend, T: TokenBuffers<B>> {
+    free: Mutex<Vec<Workspace<B, T>>>,
+}
+
+impl<B: Backend, T: TokenBuffers<B>> WorkspacePool<B, T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Drops every free workspace (their sizes no longer fit the model).
+    pub(crate) fn clear(&self) {
+        lock(&self.free).clear();
+    }
+
+    /// Allocates a workspace for steps of up to `max_tokens` tokens now.
+    pub(crate) fn reserve(
+        &self,
+        dev: &B,
+        widths: T::Widths,
+        max_tokens: usize,
+    ) -> Result<(), ModelError> {
+        let ws = Workspace::new(dev, widths, max_tokens)?;
+        lock(&self.free).push(ws);
+        Ok(())
+    }
+
+    /// Runs `f` in a free workspace (or a new one, grown by the step itself), then
+    /// returns the workspace to the pool.
+    pub(crate) fn run<R>(
+        &self,
+        dev: &B,
+        widths: T::Widths,
+        f: impl FnOnce(&mut Workspace<B, T>) -> Result<R, ModelError>,
+    ) -> Result<R, ModelError> {
+        let taken = lock(&self.free).pop();
+        let mut ws = match taken {
+            Some(ws) => ws,
+            None => Workspace::new(dev, widths, 0)?,
+        };
+        let out = f(&mut ws);
+        lock(&self.free).push(ws);
+        out
+    }
+}
+
+/// Widths per token of a dense decoder's activations on one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Widths {
+    /// Hidden size.
+    pub hidden: usize,
+    /// This rank's query heads × head dim.
+    pub q: usize,
+    /// This rank's KV heads × head dim.
+    pub kv: usize,
+    /// This rank's MLP intermediate slice.
+    pub inter: usize,
+}
+
+/// A dense decoder step's per-token buffers.
+pub struct DenseBuffers<B: Backend> {
+    pub(crate) x: B::Buffer,
+    pub(crate) normed: B::Buffer,
+    pub(crate) q: B::Buffer,
+    pub(crate) k: B::Buffer,
+    pub(crate) v: B::Buffer,
+    pub(crate) attn: B::Buffer,
+    pub(crate) proj: B::Buffer,
+    pub(crate) gate: B::Buffer,
+    pub(crate) up: B::Buffer,
+    pub(crate) act: B::Buffer,
+}
+
+impl<B: Backend> TokenBuffers<B> for DenseBuffers<B> {
+    type Widths = Widths;
+
+    fn alloc(dev: &B, widths: Widths, n: usize) -> Result<Self, ModelError> {
+        let Widths {
+            hidden: h,
+            q,
+            kv,
+            inter,
+        } = widths;
+        Ok(Self {
+            x: dev.alloc(n * h)?,
+            normed: dev.alloc(n * h)?,
+            q: dev.alloc(n * q)?,
+            k: dev.alloc(n * kv)?,
+            v: dev.alloc(n * kv)?,
+            attn: dev.alloc(n * q)?,
+            proj: dev.alloc(n * h)?,
+            gate: dev.alloc(n * inter)?,
+            up: dev.alloc(n * inter)?,
+            act: dev.alloc(n * inter)?,
+        })
+    }
+}
+
+/// A dense decoder's workspace.
+pub type DenseWorkspace<B> = Workspace<B, DenseBuffers<B>>;

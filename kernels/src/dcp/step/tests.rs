@@ -1,5 +1,16 @@
+use std::sync::Arc;
+
 use super::*;
-use crate::comm::InProcessComm;
+use crate::comm::{HostCollectives, InProcessComm};
+use crate::dcp::merge::merged_lse;
+use crate::CpuBackend;
+
+fn host_groups(ranks: usize) -> Vec<HostCollectives> {
+    InProcessComm::group(ranks)
+        .into_iter()
+        .map(|c| HostCollectives::new(Arc::new(c)))
+        .collect()
+}
 
 /// Deterministic pseudo-random values in [-1, 1).
 fn values(seed: usize, len: usize) -> Vec<f32> {
@@ -28,7 +39,7 @@ fn attend_naive(
             .chunks_exact(d)
             .map(|k| k.iter().zip(qv).map(|(a, b)| a * b).sum())
             .collect();
-        let l = super::super::merge::merged_lse(scores.iter().copied());
+        let l = merged_lse(scores.iter().copied());
         lse[row] = l;
         let o = &mut out[row * d..(row + 1) * d];
         o.fill(0.0);
@@ -82,12 +93,13 @@ fn both_exchanges_equal_attention_over_the_whole_cache() {
             MergeExchange::AllToAll,
             MergeExchange::AllGatherReduceScatter,
         ] {
-            let comms = InProcessComm::group(ranks);
+            let groups = host_groups(ranks);
+            let dev = CpuBackend::new(1);
             std::thread::scope(|s| {
-                for c in &comms {
-                    let (keys, vals, want) = (&keys, &vals, &want);
-                    let (start, len) = (starts[c.rank()], lens[c.rank()]);
-                    let q = q_of(c.rank());
+                for (rank, c) in groups.iter().enumerate() {
+                    let (keys, vals, want, dev) = (&keys, &vals, &want, &dev);
+                    let (start, len) = (starts[rank], lens[rank]);
+                    let q = q_of(rank);
                     s.spawn(move || {
                         let mut step = DcpAttention::new(exchange);
                         let shape = DcpShape {
@@ -98,17 +110,18 @@ fn both_exchanges_equal_attention_over_the_whole_cache() {
                         };
                         for _layer in 0..3 {
                             let mut out = vec![f32::NAN; n * h * d];
-                            step.run(c, &q, shape, &mut out, |qa, heads, o, l| {
+                            step.run(dev, c, &q, shape, &mut out, |qa, heads, o, l| {
                                 assert_eq!(heads, all_h);
                                 let (k, v) = (
                                     &keys[start * d..(start + len) * d],
                                     &vals[start * d..(start + len) * d],
                                 );
-                                attend_naive(qa, heads, d, k, v, o, l);
+                                let (qa, o) = (&qa[..n * heads * d], &mut o[..n * heads * d]);
+                                attend_naive(qa, heads, d, k, v, o, &mut l[..n * heads]);
                                 Ok::<(), KernelError>(())
                             })
                             .unwrap();
-                            let r = c.rank();
+                            let r = rank;
                             for t in 0..n {
                                 let mine = &out[t * h * d..(t + 1) * h * d];
                                 let whole =
@@ -130,8 +143,9 @@ fn both_exchanges_equal_attention_over_the_whole_cache() {
 
 #[test]
 fn wrong_buffer_lengths_are_refused() {
-    let comms = InProcessComm::group(1);
-    let mut step = DcpAttention::default();
+    let groups = host_groups(1);
+    let dev = CpuBackend::new(1);
+    let mut step = DcpAttention::new(MergeExchange::default());
     let shape = DcpShape {
         tokens: 2,
         heads: 1,
@@ -139,8 +153,13 @@ fn wrong_buffer_lengths_are_refused() {
         v_dim: 4,
     };
     let mut out = vec![0.0; 8];
-    let r = step.run(&comms[0], &[0.0; 7], shape, &mut out, |_, _, _, _| {
-        Ok::<(), KernelError>(())
-    });
+    let r = step.run(
+        &dev,
+        &groups[0],
+        &vec![0.0; 7],
+        shape,
+        &mut out,
+        |_, _, _, _| Ok::<(), KernelError>(()),
+    );
     assert!(r.is_err());
 }

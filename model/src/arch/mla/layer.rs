@@ -3,7 +3,7 @@
 //! ending in the tensor-parallel all-reduce of its partial output.
 
 use dcpserve_kernels::dcp::DcpShape;
-use dcpserve_kernels::{HostViews, LatentAttentionParams, Precision, Strided};
+use dcpserve_kernels::{Backend, LatentAttentionParams, Precision, Strided};
 
 use super::cache::LatentCache;
 use super::device_weights::{DeviceFeedForward, DeviceMlaLayer};
@@ -12,7 +12,7 @@ use super::moe::{mlp_forward, moe_forward};
 use super::workspace::MlaWorkspace;
 use crate::arch::cache_access::{read_in_pieces, CacheAccess};
 use crate::arch::forward::BatchInput;
-use crate::arch::rank_io::RankComms;
+use crate::arch::rank_io::{add_reduced, RankComms};
 use crate::arch::workspace::whole;
 use crate::error::ModelError;
 
@@ -20,12 +20,12 @@ use crate::error::ModelError;
 /// the configured `rms_norm_eps`.
 const LORA_NORM_EPS: f32 = 1e-6;
 
-impl<B: HostViews> MlaModel<B> {
-    /// One decoder layer `lw` on the residual stream `ws.x` (its first `n` rows), its
+impl<B: Backend> MlaModel<B> {
+    /// One decoder layer `lw` on the residual stream `ws.t.x` (its first `n` rows), its
     /// latents in cache layer `li`.
     pub(super) fn layer(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         cache: &mut impl CacheAccess<LatentCache<B>>,
         (li, lw): (usize, &DeviceMlaLayer<B>),
@@ -35,37 +35,39 @@ impl<B: HostViews> MlaModel<B> {
         let (n, h) = (input.tokens.len(), self.config.hidden_size);
         let nh = n * h;
         self.attention(comms, input, cache, (li, lw), ws)?;
-        add_reduced(dev, comms, nh, &mut ws.proj, &mut ws.x)?;
+        add_reduced(dev, comms, nh, &mut ws.t.proj, &mut ws.t.x)?;
 
-        let x = dev.view(&ws.x, 0..nh)?;
-        let normed = dev.view_mut(&mut ws.normed, 0..nh)?;
+        let x = dev.view(&ws.t.x, 0..nh)?;
+        let normed = dev.view_mut(&mut ws.t.normed, 0..nh)?;
         let eps = self.config.rms_norm_eps;
         dev.rms_norm(x, whole(dev, &lw.post_attention_norm)?, eps, normed)?;
         match &lw.ffn {
             DeviceFeedForward::Dense(Some(m)) => {
-                let normed = dev.view(&ws.normed, 0..nh)?;
-                let out = dev.view_mut(&mut ws.proj, 0..nh)?;
-                mlp_forward(dev, m, (normed, n), &mut ws.mlp, out)?
+                let normed = dev.view(&ws.t.normed, 0..nh)?;
+                let out = dev.view_mut(&mut ws.t.proj, 0..nh)?;
+                mlp_forward(dev, m, (normed, n), &mut ws.t.mlp, out)?
             }
-            DeviceFeedForward::Dense(None) => dev.fill(dev.view_mut(&mut ws.proj, 0..nh)?, 0.0)?,
+            DeviceFeedForward::Dense(None) => {
+                dev.fill(dev.view_mut(&mut ws.t.proj, 0..nh)?, 0.0)?
+            }
             DeviceFeedForward::Moe(m) => moe_forward(
                 dev,
                 &self.moe,
                 m,
-                (&ws.normed, n, h),
-                &mut ws.mlp,
-                &mut ws.moe,
-                &mut ws.proj,
+                (&ws.t.normed, n, h),
+                &mut ws.t.mlp,
+                &mut ws.t.moe,
+                &mut ws.t.proj,
             )?,
         }
-        add_reduced(dev, comms, nh, &mut ws.proj, &mut ws.x)
+        add_reduced(dev, comms, nh, &mut ws.t.proj, &mut ws.t.x)
     }
 
     /// Layer `layer`'s attention (latents in cache layer `li`): leaves this rank's partial
-    /// `o_proj` output in `ws.proj`.
+    /// `o_proj` output in `ws.t.proj`.
     fn attention(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         cache: &mut impl CacheAccess<LatentCache<B>>,
         (li, layer): (usize, &DeviceMlaLayer<B>),
@@ -81,63 +83,66 @@ impl<B: HostViews> MlaModel<B> {
         let (nh, nq, nd) = (n * self.config.hidden_size, n * hl * qk, n * d);
         let exact = Precision::Exact;
 
-        let x = dev.view(&ws.x, 0..nh)?;
-        let normed = dev.view_mut(&mut ws.normed, 0..nh)?;
+        let x = dev.view(&ws.t.x, 0..nh)?;
+        let normed = dev.view_mut(&mut ws.t.normed, 0..nh)?;
         dev.rms_norm(
             x,
             whole(dev, &layer.input_norm)?,
             self.config.rms_norm_eps,
             normed,
         )?;
-        let normed = dev.view(&ws.normed, 0..nh)?;
-        let q = dev.view_mut(&mut ws.q, 0..nq)?;
+        let normed = dev.view(&ws.t.normed, 0..nh)?;
+        let q = dev.view_mut(&mut ws.t.q, 0..nq)?;
         match &lw.q_a {
             Some((q_a, norm)) => {
                 let nqa = n * dev.matrix_shape(q_a).0;
-                dev.matmul(normed, n, q_a, dev.view_mut(&mut ws.qa, 0..nqa)?, exact)?;
-                let qa = dev.view_mut(&mut ws.qa, 0..nqa)?;
+                dev.matmul(normed, n, q_a, dev.view_mut(&mut ws.t.qa, 0..nqa)?, exact)?;
+                let qa = dev.view_mut(&mut ws.t.qa, 0..nqa)?;
                 dev.rms_norm_inplace(qa, whole(dev, norm)?, LORA_NORM_EPS)?;
-                dev.matmul(dev.view(&ws.qa, 0..nqa)?, n, &lw.q, q, exact)?;
+                dev.matmul(dev.view(&ws.t.qa, 0..nqa)?, n, &lw.q, q, exact)?;
             }
             None => dev.matmul(normed, n, &lw.q, q, exact)?,
         }
         // The latent row of each new token: [normalized c_kv, roped k_pe].
-        dev.matmul(normed, n, &lw.kv_a, dev.view_mut(&mut ws.kv, 0..nd)?, exact)?;
+        dev.matmul(
+            normed,
+            n,
+            &lw.kv_a,
+            dev.view_mut(&mut ws.t.kv, 0..nd)?,
+            exact,
+        )?;
         for t in 0..n {
-            let c_kv = dev.view_mut(&mut ws.kv, t * d..t * d + r)?;
+            let c_kv = dev.view_mut(&mut ws.t.kv, t * d..t * d + r)?;
             dev.rms_norm_inplace(c_kv, whole(dev, &lw.kv_a_norm)?, LORA_NORM_EPS)?;
         }
         let interleaved = m.rope_interleave;
-        let kv = dev.view_mut(&mut ws.kv, 0..nd)?;
+        let kv = dev.view_mut(&mut ws.t.kv, 0..nd)?;
         dev.rope(&self.rope, kv, input.positions, d, r, interleaved)?;
-        let q = dev.view_mut(&mut ws.q, 0..nq)?;
+        let q = dev.view_mut(&mut ws.t.q, 0..nq)?;
         dev.rope(&self.rope, q, input.positions, qk, dn, interleaved)?;
         let block_size = cache.with(|c| {
-            c.write(dev, li, input.slots, dev.view(&ws.kv, 0..nd)?)?;
+            c.write(dev, li, input.slots, dev.view(&ws.t.kv, 0..nd)?)?;
             Ok::<_, ModelError>(c.block_size)
         })?;
 
         // Absorb W_UK: q_lat = W_UKᵀ·q_nope per head; the rope part is used as is.
         let nqa = n * hl * d;
         for (hh, w_uk_t) in lw.w_uk_t.iter().enumerate() {
-            let q = dev.view(&ws.q, 0..nq)?;
+            let q = dev.view(&ws.t.q, 0..nq)?;
             let nope = (q, Strided::new(hl * qk, hh * qk));
-            let head_in = dev.view_mut(&mut ws.head_in, 0..n * dn)?;
+            let head_in = dev.view_mut(&mut ws.t.head_in, 0..n * dn)?;
             dev.copy_strided(nope, (head_in, Strided::packed(dn)), n, dn)?;
-            let head_in = dev.view(&ws.head_in, 0..n * dn)?;
-            let head_out = dev.view_mut(&mut ws.head_out, 0..n * r)?;
+            let head_in = dev.view(&ws.t.head_in, 0..n * dn)?;
+            let head_out = dev.view_mut(&mut ws.t.head_out, 0..n * r)?;
             dev.matmul(head_in, n, w_uk_t, head_out, exact)?;
-            let latent = (dev.view(&ws.head_out, 0..n * r)?, Strided::packed(r));
-            let q_abs = dev.view_mut(&mut ws.q_abs, 0..nqa)?;
+            let latent = (dev.view(&ws.t.head_out, 0..n * r)?, Strided::packed(r));
+            let q_abs = dev.view_mut(&mut ws.t.q_abs, 0..nqa)?;
             dev.copy_strided(latent, (q_abs, Strided::new(hl * d, hh * d)), n, r)?;
             let pe = (q, Strided::new(hl * qk, hh * qk + dn));
-            let q_abs = dev.view_mut(&mut ws.q_abs, 0..nqa)?;
+            let q_abs = dev.view_mut(&mut ws.t.q_abs, 0..nqa)?;
             dev.copy_strided(pe, (q_abs, Strided::new(hl * d, hh * d + r)), n, d - r)?;
         }
 
-        // The DCP step and the collectives work on host slices (see `HostViews`).
-        let q_abs = B::host(dev.view(&ws.q_abs, 0..nqa)?);
-        let lat_out = B::host_mut(dev.view_mut(&mut ws.lat_out, 0..n * hl * r)?);
         let shape = DcpShape {
             tokens: n,
             heads: hl,
@@ -146,13 +151,14 @@ impl<B: HostViews> MlaModel<B> {
         };
         // The cache is only touched inside `with`, never across a collective.
         ws.dcp.run(
+            dev,
             comms.dcp.as_ref(),
-            q_abs,
+            &ws.t.q_abs,
             shape,
-            lat_out,
+            &mut ws.t.lat_out,
             |q_all, heads, out, lse| {
-                let row = heads * d;
-                read_in_pieces(cache, n, (heads * r, heads), out, lse, |c, rg, o, l| {
+                let (row, out_row) = (heads * d, heads * r);
+                read_in_pieces(cache, n, |c, rg| {
                     let p = LatentAttentionParams {
                         n_heads: heads,
                         dim: d,
@@ -163,8 +169,9 @@ impl<B: HostViews> MlaModel<B> {
                         token_kv_len: &input.kv_lens[rg.clone()],
                         block_tables: input.block_tables,
                     };
-                    let q = B::of_host(&q_all[rg.start * row..rg.end * row]);
-                    let (o, l) = (B::of_host_mut(o), B::of_host_mut(l));
+                    let q = dev.view(q_all, rg.start * row..rg.end * row)?;
+                    let o = dev.view_mut(out, rg.start * out_row..rg.end * out_row)?;
+                    let l = dev.view_mut(lse, rg.start * heads..rg.end * heads)?;
                     dev.latent_attention(q, &p, c.layer(dev, li)?, o, l)?;
                     Ok::<(), ModelError>(())
                 })
@@ -175,42 +182,26 @@ impl<B: HostViews> MlaModel<B> {
         let (nlat, nattn) = (n * hl * r, n * hl * dv);
         for (hh, w_uv) in lw.w_uv.iter().enumerate() {
             let lat = (
-                dev.view(&ws.lat_out, 0..nlat)?,
+                dev.view(&ws.t.lat_out, 0..nlat)?,
                 Strided::new(hl * r, hh * r),
             );
-            let head_in = dev.view_mut(&mut ws.head_in, 0..n * r)?;
+            let head_in = dev.view_mut(&mut ws.t.head_in, 0..n * r)?;
             dev.copy_strided(lat, (head_in, Strided::packed(r)), n, r)?;
-            let head_in = dev.view(&ws.head_in, 0..n * r)?;
-            let head_out = dev.view_mut(&mut ws.head_out, 0..n * dv)?;
+            let head_in = dev.view(&ws.t.head_in, 0..n * r)?;
+            let head_out = dev.view_mut(&mut ws.t.head_out, 0..n * dv)?;
             dev.matmul(head_in, n, w_uv, head_out, exact)?;
-            let v = (dev.view(&ws.head_out, 0..n * dv)?, Strided::packed(dv));
-            let attn = dev.view_mut(&mut ws.attn, 0..nattn)?;
+            let v = (dev.view(&ws.t.head_out, 0..n * dv)?, Strided::packed(dv));
+            let attn = dev.view_mut(&mut ws.t.attn, 0..nattn)?;
             dev.copy_strided(v, (attn, Strided::new(hl * dv, hh * dv)), n, dv)?;
         }
-        let attn = dev.view(&ws.attn, 0..nattn)?;
+        let attn = dev.view(&ws.t.attn, 0..nattn)?;
         dev.matmul(
             attn,
             n,
             &lw.o_proj,
-            dev.view_mut(&mut ws.proj, 0..nh)?,
+            dev.view_mut(&mut ws.t.proj, 0..nh)?,
             exact,
         )?;
         Ok(())
     }
-}
-
-/// `x += all_reduce(proj)` over the first `nh` values: a layer's partial output summed
-/// over the tensor-parallel group into the residual stream.
-fn add_reduced<B: HostViews>(
-    dev: &B,
-    comms: &RankComms,
-    nh: usize,
-    proj: &mut B::Buffer,
-    x: &mut B::Buffer,
-) -> Result<(), ModelError> {
-    comms
-        .world
-        .all_reduce_sum(B::host_mut(dev.view_mut(proj, 0..nh)?))?;
-    dev.add(dev.view_mut(x, 0..nh)?, dev.view(proj, 0..nh)?)?;
-    Ok(())
 }

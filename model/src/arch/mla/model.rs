@@ -2,20 +2,19 @@
 //! the forward entry points (the layers themselves are in `layer`, the MTP step in
 //! `mtp_forward`).
 
-use std::sync::Mutex;
-
-use dcpserve_kernels::{Backend, CpuBackend, HostViews};
+use dcpserve_kernels::{Backend, CpuBackend};
 
 use super::cache::LatentCache;
 use super::device_weights::{DeviceFeedForward, DeviceMlaLayer, DeviceMlaWeights, DeviceMtp};
 use super::rope::{rope_scaling, softmax_scale};
 use super::weights::MlaWeights;
-use super::workspace::{MlaWidths, MlaWorkspace};
-use crate::arch::cache_access::{lock, CacheAccess};
+use super::workspace::{MlaBuffers, MlaWidths, MlaWorkspace};
+use crate::arch::cache_access::CacheAccess;
 use crate::arch::forward::BatchInput;
 use crate::arch::head::{head_logits, pick_normed};
 use crate::arch::rank_io::{ForwardOutput, RankComms};
 use crate::arch::weights::{TpShard, WeightPrecision};
+use crate::arch::workspace::WorkspacePool;
 use crate::config::{MlaConfig, ModelConfig, MoeConfig};
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
@@ -36,7 +35,7 @@ pub struct MlaModel<B: Backend = CpuBackend> {
     /// The multi-token-prediction layer, when loaded ([`MlaModel::load_mtp`]).
     pub mtp: Option<DeviceMtp<B>>,
     pub(super) backend: B,
-    workspaces: Mutex<Vec<MlaWorkspace<B>>>,
+    workspaces: WorkspacePool<B, MlaBuffers<B>>,
 }
 
 impl<B: Backend> MlaModel<B> {
@@ -74,7 +73,7 @@ impl<B: Backend> MlaModel<B> {
             config,
             mtp: None,
             backend,
-            workspaces: Mutex::new(Vec::new()),
+            workspaces: WorkspacePool::new(),
         })
     }
 
@@ -87,7 +86,7 @@ impl<B: Backend> MlaModel<B> {
     /// they were sized without it.
     pub(super) fn set_mtp(&mut self, mtp: DeviceMtp<B>) {
         self.mtp = Some(mtp);
-        lock(&self.workspaces).clear();
+        self.workspaces.clear();
     }
 
     /// Latent-cache layers: the decoder layers, plus the MTP layer when loaded (it attends
@@ -158,9 +157,8 @@ impl<B: Backend> MlaModel<B> {
     /// engine's max batched tokens), so no step allocates activations; call it once per
     /// forward that may run at the same time, after [`MlaModel::load_mtp`].
     pub fn reserve_workspace(&self, max_tokens: usize) -> Result<(), ModelError> {
-        let ws = MlaWorkspace::new(&self.backend, self.widths(), max_tokens)?;
-        lock(&self.workspaces).push(ws);
-        Ok(())
+        self.workspaces
+            .reserve(&self.backend, self.widths(), max_tokens)
     }
 
     /// Runs `f` in a free workspace (or a new one, grown by the step itself), then
@@ -169,14 +167,7 @@ impl<B: Backend> MlaModel<B> {
         &self,
         f: impl FnOnce(&mut MlaWorkspace<B>) -> Result<R, ModelError>,
     ) -> Result<R, ModelError> {
-        let taken = lock(&self.workspaces).pop();
-        let mut ws = match taken {
-            Some(ws) => ws,
-            None => MlaWorkspace::new(&self.backend, self.widths(), 0)?,
-        };
-        let out = f(&mut ws);
-        lock(&self.workspaces).push(ws);
-        out
+        self.workspaces.run(&self.backend, self.widths(), f)
     }
 
     pub(super) fn check_cache(&self, cache: &LatentCache<B>) -> Result<(), ModelError> {
@@ -189,13 +180,13 @@ impl<B: Backend> MlaModel<B> {
     }
 }
 
-impl<B: HostViews> MlaModel<B> {
+impl<B: Backend> MlaModel<B> {
     /// Runs all layers for the batch on this rank, storing its latent shard in `cache`,
     /// and returns the logits of `input.logits_for` (complete on every rank). Every rank
     /// of the group must call it with the same plan.
     pub fn forward_rank(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         cache: &mut LatentCache<B>,
     ) -> Result<ForwardOutput<B>, ModelError> {
@@ -207,7 +198,7 @@ impl<B: HostViews> MlaModel<B> {
     /// `hidden_for` — what the MTP layer takes as its previous hidden states.
     pub fn forward_rank_hidden(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         cache: &mut LatentCache<B>,
         hidden_for: &[usize],
@@ -219,7 +210,7 @@ impl<B: HostViews> MlaModel<B> {
     /// or shared with the rank's other micro-batch thread).
     pub fn forward_rank_with(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         mut cache: impl CacheAccess<LatentCache<B>>,
         hidden_for: &[usize],
@@ -236,13 +227,13 @@ impl<B: HostViews> MlaModel<B> {
             dev.embedding(
                 &w.embed_tokens,
                 input.tokens,
-                dev.view_mut(&mut ws.x, 0..n * h)?,
+                dev.view_mut(&mut ws.t.x, 0..n * h)?,
             )?;
             for (li, lw) in w.layers.iter().enumerate() {
                 self.layer(comms, input, &mut cache, (li, lw), ws)?;
             }
             let out = self.logits(comms, ws, n, input.logits_for, (&w.norm, w.output_head()))?;
-            pick_normed(dev, &ws.x, n, h, hidden_for, &w.norm, eps, &mut ws.head)?;
+            pick_normed(dev, &ws.t.x, n, h, hidden_for, &w.norm, eps, &mut ws.head)?;
             let hidden = copy_out(dev, &ws.head.normed, hidden_for.len() * h)?;
             Ok((out, hidden))
         })
@@ -253,7 +244,7 @@ impl<B: HostViews> MlaModel<B> {
     /// vocabulary.
     pub(super) fn logits(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         ws: &mut MlaWorkspace<B>,
         n: usize,
         logits_for: &[usize],
@@ -263,7 +254,7 @@ impl<B: HostViews> MlaModel<B> {
         head_logits(
             &self.backend,
             comms,
-            &ws.x,
+            &ws.t.x,
             (n, cfg.hidden_size),
             logits_for,
             (norm, cfg.rms_norm_eps),

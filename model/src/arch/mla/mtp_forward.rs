@@ -4,7 +4,7 @@
 //! Kept apart from `mtp` so that the layer's data does not depend on the model that holds
 //! it: `model` names the layer's device form, and this file names both.
 
-use dcpserve_kernels::{Backend, HostViews, Precision, Strided};
+use dcpserve_kernels::{Backend, Precision, Strided};
 
 use super::cache::LatentCache;
 use super::device_weights::DeviceMtp;
@@ -33,7 +33,7 @@ impl<B: Backend> MlaModel<B> {
     }
 }
 
-impl<B: HostViews> MlaModel<B> {
+impl<B: Backend> MlaModel<B> {
     /// Runs the MTP layer over a batch: `input.tokens[j]` is the token *after* position
     /// `input.positions[j]` and `prev_hidden` (`[n, hidden]`) that position's previous
     /// hidden state (the main model's final-normed one, or the MTP output of the position
@@ -43,7 +43,7 @@ impl<B: HostViews> MlaModel<B> {
     /// rank of the group must call it with the same plan.
     pub fn forward_mtp(
         &self,
-        comms: &RankComms,
+        comms: &RankComms<B>,
         input: &BatchInput,
         prev_hidden: B::View<'_>,
         mut cache: impl CacheAccess<LatentCache<B>>,
@@ -71,7 +71,7 @@ impl<B: HostViews> MlaModel<B> {
             .unwrap_or(&self.weights.embed_tokens);
         self.in_workspace(|ws| {
             ws.prepare(dev, n, comms.dcp_merge)?;
-            let b = &mut ws.mtp;
+            let b = &mut ws.t.mtp;
             b.prepare(dev, n, h)?;
             dev.embedding(embed, input.tokens, dev.view_mut(&mut b.embedded, 0..nh)?)?;
             for (t, &pos) in input.positions.iter().enumerate() {
@@ -96,13 +96,13 @@ impl<B: HostViews> MlaModel<B> {
                 dev.copy_strided(src, (cat, Strided::new(2 * h, half)), n, h)?;
             }
             let cat = dev.view(&b.cat, 0..2 * nh)?;
-            let x = dev.view_mut(&mut ws.x, 0..nh)?;
+            let x = dev.view_mut(&mut ws.t.x, 0..nh)?;
             dev.matmul(cat, n, &mtp.eh_proj, x, Precision::Exact)?;
             let li = cfg.num_hidden_layers;
             self.layer(comms, input, &mut cache, (li, &mtp.layer), ws)?;
             let head = mtp.head.as_ref().unwrap_or(self.weights.output_head());
             let out = self.logits(comms, ws, n, input.logits_for, (&mtp.head_norm, head))?;
-            Ok((out, copy_out(dev, &ws.x, nh)?))
+            Ok((out, copy_out(dev, &ws.t.x, nh)?))
         })
     }
 }

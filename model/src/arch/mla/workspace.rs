@@ -2,15 +2,14 @@
 //! dense MLP or mixture of experts, MTP input), allocated once through the backend for
 //! the largest step seen so far and reused across layers and steps.
 
-use dcpserve_kernels::dcp::DcpAttention;
-use dcpserve_kernels::{Backend, MergeExchange};
+use dcpserve_kernels::Backend;
 
-use crate::arch::workspace::{grow, HeadBuffers};
+use crate::arch::workspace::{grow, TokenBuffers, Workspace};
 use crate::error::ModelError;
 
 /// Widths per token of an MLA model's activations on one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct MlaWidths {
+pub struct MlaWidths {
     /// Hidden size.
     pub hidden: usize,
     /// `q_lora_rank` (0 without low-rank queries).
@@ -37,7 +36,7 @@ pub(crate) struct MlaWidths {
 
 /// The MoE's buffers: router logits, the rows routed to one expert and its output, and
 /// the host-side lists of which tokens an expert serves.
-pub(crate) struct MoeBuffers<B: Backend> {
+pub struct MoeBuffers<B: Backend> {
     pub logits: B::Buffer,
     pub rows: B::Buffer,
     pub out: B::Buffer,
@@ -48,7 +47,7 @@ pub(crate) struct MoeBuffers<B: Backend> {
 }
 
 /// One SiLU-gated MLP's intermediate buffers.
-pub(crate) struct MlpBuffers<B: Backend> {
+pub struct MlpBuffers<B: Backend> {
     pub gate: B::Buffer,
     pub up: B::Buffer,
     pub act: B::Buffer,
@@ -56,7 +55,7 @@ pub(crate) struct MlpBuffers<B: Backend> {
 
 /// The MTP layer's input buffers, grown on the first MTP step (only ranks running one
 /// need them).
-pub(crate) struct MtpBuffers<B: Backend> {
+pub struct MtpBuffers<B: Backend> {
     pub embedded: B::Buffer,
     pub enormed: B::Buffer,
     pub hnormed: B::Buffer,
@@ -82,11 +81,8 @@ impl<B: Backend> MtpBuffers<B> {
     }
 }
 
-/// One MLA forward's buffers on the backend, sized for `tokens` tokens; a step with more
-/// tokens grows them (once), a smaller one uses their prefix.
-pub struct MlaWorkspace<B: Backend> {
-    widths: MlaWidths,
-    tokens: usize,
+/// An MLA step's per-token buffers.
+pub struct MlaBuffers<B: Backend> {
     /// The residual stream `[n, hidden]`.
     pub(crate) x: B::Buffer,
     pub(crate) normed: B::Buffer,
@@ -103,19 +99,13 @@ pub struct MlaWorkspace<B: Backend> {
     pub(crate) mlp: MlpBuffers<B>,
     pub(crate) moe: MoeBuffers<B>,
     pub(crate) mtp: MtpBuffers<B>,
-    pub(crate) head: HeadBuffers<B>,
-    /// The DCP attention step's exchange buffers (host memory, like the communicators).
-    pub(crate) dcp: DcpAttention,
-    exchange: MergeExchange,
 }
 
-impl<B: Backend> MlaWorkspace<B> {
-    /// Buffers for steps of up to `tokens` tokens.
-    pub(crate) fn new(dev: &B, w: MlaWidths, tokens: usize) -> Result<Self, ModelError> {
-        let n = tokens;
+impl<B: Backend> TokenBuffers<B> for MlaBuffers<B> {
+    type Widths = MlaWidths;
+
+    fn alloc(dev: &B, w: MlaWidths, n: usize) -> Result<Self, ModelError> {
         Ok(Self {
-            widths: w,
-            tokens,
             x: dev.alloc(n * w.hidden)?,
             normed: dev.alloc(n * w.hidden)?,
             qa: dev.alloc(n * w.q_lora)?,
@@ -140,41 +130,11 @@ impl<B: Backend> MlaWorkspace<B> {
                 picked: Vec::with_capacity(n),
                 weights: Vec::with_capacity(n),
             },
+            // Grown by the first MTP step (only ranks running one need them).
             mtp: MtpBuffers::new(dev)?,
-            head: HeadBuffers::new(dev)?,
-            dcp: DcpAttention::new(MergeExchange::default()),
-            exchange: MergeExchange::default(),
         })
     }
-
-    /// Tokens a step may have without the buffers growing.
-    pub fn capacity_tokens(&self) -> usize {
-        self.tokens
-    }
-
-    /// Makes room for a step of `tokens` tokens whose DCP partials travel by `exchange`.
-    pub(crate) fn prepare(
-        &mut self,
-        dev: &B,
-        tokens: usize,
-        exchange: MergeExchange,
-    ) -> Result<(), ModelError> {
-        if tokens > self.tokens {
-            let head = std::mem::replace(&mut self.head, HeadBuffers::new(dev)?);
-            let mtp = std::mem::replace(&mut self.mtp, MtpBuffers::new(dev)?);
-            let dcp = std::mem::take(&mut self.dcp);
-            *self = Self {
-                head,
-                mtp,
-                dcp,
-                exchange: self.exchange,
-                ..Self::new(dev, self.widths, tokens)?
-            };
-        }
-        if exchange != self.exchange {
-            self.dcp = DcpAttention::new(exchange);
-            self.exchange = exchange;
-        }
-        Ok(())
-    }
 }
+
+/// An MLA model's workspace.
+pub type MlaWorkspace<B> = Workspace<B, MlaBuffers<B>>;
