@@ -20,6 +20,9 @@ Outputs (all deterministic: fixed seeds, single-threaded torch):
                                MoE (8 experts, grouped top-k, dense first layer), float32 weights
   fixtures/tiny-deepseek-noq/  DeepseekV3ForCausalLM: plain q_proj, no rope scaling, 4 experts, bf16
       each also: model.gguf (deepseek2, by llama.cpp's convert_hf_to_gguf.py) + model.gguf.json
+  fixtures/tiny-deepseek-fused/  DeepseekV3ForCausalLM in transformers 5's native format: fused experts
+                               (mlp.experts.gate_up_proj / down_proj), rope_parameters (YaRN) only,
+                               "architectures": null; bf16 weights
   fixtures/tiny_tokenizer_cases.json   encodings + a chat rendering with the shared tiny tokenizer
   fixtures/smollm2/      references for the default GGUF model (models/SmolLM2-135M-Instruct.Q4_1.gguf):
             tokenizer_cases.json, logits.json, chat.json, meta.json

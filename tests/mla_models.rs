@@ -28,6 +28,13 @@ fn tiny_deepseek_noq_matches_transformers() {
     check_logprobs(MODEL_NOQ);
 }
 
+/// Saved in transformers 5's native format: fused experts, `rope_parameters` (YaRN) only,
+/// `"architectures": null`; bf16 weights.
+#[test]
+fn tiny_deepseek_fused_matches_transformers() {
+    check_logprobs("tiny-deepseek-fused");
+}
+
 // ---------------------------------------------------------------------------------------
 // Layouts against the single-rank engine
 // ---------------------------------------------------------------------------------------

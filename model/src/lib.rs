@@ -12,6 +12,7 @@ pub mod gguf_config;
 pub mod gguf_tokenizer;
 pub mod grammar;
 pub mod hf_config;
+mod hf_rope;
 mod json_file;
 pub mod safetensors_source;
 pub mod source;

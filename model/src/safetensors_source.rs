@@ -1,5 +1,8 @@
 //! Weights of a Hugging Face folder: `model.safetensors`, or shards listed in
-//! `model.safetensors.index.json`, each memory-mapped.
+//! `model.safetensors.index.json`, each memory-mapped. Experts stored fused (transformers 5)
+//! are served under per-expert names ([`fused_experts`]).
+
+mod fused_experts;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
@@ -107,7 +110,7 @@ impl SafetensorsSource {
             files.insert(file.to_string());
         }
         let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
-        let source = Self::open_files(&paths)?;
+        let mut source = Self::map_files(&paths)?;
         for (name, file) in map {
             let found = source
                 .entries
@@ -120,11 +123,19 @@ impl SafetensorsSource {
                 });
             }
         }
+        fused_experts::split_fused_experts(&source.shards, &mut source.entries)?;
         Ok(source)
     }
 
     /// Opens the given safetensors files as one set of tensors.
     pub fn open_files(paths: &[PathBuf]) -> Result<Self, ModelError> {
+        let mut source = Self::map_files(paths)?;
+        fused_experts::split_fused_experts(&source.shards, &mut source.entries)?;
+        Ok(source)
+    }
+
+    /// Maps the files and indexes their tensors under their stored names.
+    fn map_files(paths: &[PathBuf]) -> Result<Self, ModelError> {
         let mut shards = Vec::new();
         let mut entries: HashMap<String, Entry> = HashMap::new();
         for path in paths {

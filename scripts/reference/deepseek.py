@@ -44,10 +44,38 @@ DEEPSEEK_SPECS = {
 }
 
 
+# Saved in transformers 5's native format: `save_pretrained(..., save_original_format=False)`
+# keeps the routed experts fused (`mlp.experts.gate_up_proj` [experts, 2·moe_inter, hidden],
+# gate rows first, and `mlp.experts.down_proj` [experts, hidden, moe_inter]); config.json is
+# left as transformers writes it (`rope_parameters` only, no `rope_theta` / `rope_scaling` /
+# `torch_dtype`), except `"architectures": null`, so the model must be found from `model_type`
+# (transformers itself does so when it reloads the folder for the reference).
+NATIVE_SPECS = {
+    "tiny-deepseek-fused": dict(
+        seed=2004,
+        storage=torch.bfloat16,
+        q_lora_rank=16,
+        n_routed_experts=8,
+        norm_topk_prob=True,
+        rope_interleave=True,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 50000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 1024,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
+}
+
+
 def make_deepseek_config(name: str):
     from transformers import DeepseekV3Config
 
-    spec = DEEPSEEK_SPECS[name]
+    spec = {**DEEPSEEK_SPECS, **NATIVE_SPECS}[name]
     return DeepseekV3Config(
         vocab_size=TINY_VOCAB,
         hidden_size=64,
@@ -93,21 +121,41 @@ def patch_config(path, storage, arch: str) -> None:
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+def null_architectures(path) -> None:
+    """Only `architectures` changes (to null); the rest stays as transformers wrote it."""
+    cfg = json.loads(path.read_text())
+    cfg["architectures"] = None
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
 @torch.no_grad()
 def build_deepseek(name: str, tok_json: str) -> None:
     """Like build_tiny, for the MLA/MoE models. The router's e_score_correction_bias is a
     buffer (init_weights only touches parameters), so it is randomized here too: with zeros
     the grouped top-k would not show whether the bias is applied."""
-    spec = DEEPSEEK_SPECS[name]
+    native = name in NATIVE_SPECS
+    spec = {**DEEPSEEK_SPECS, **NATIVE_SPECS}[name]
     storage = spec["storage"]
     model, out_dir = fresh_fixture_model(name, spec["seed"], lambda: make_deepseek_config(name))
     g = torch.Generator().manual_seed(spec["seed"] + 1)
     for bname, b in model.named_buffers():
         if bname.endswith("e_score_correction_bias"):
             b.copy_(0.3 * torch.randn(b.shape, generator=g))
-    arch = save_fixture(model, out_dir, storage, tok_json, lambda path, arch: patch_config(path, storage, arch))
+    if native:
+        arch = save_fixture(
+            model, out_dir, storage, tok_json, lambda path, arch: null_architectures(path), original_format=False
+        )
+    else:
+        arch = save_fixture(model, out_dir, storage, tok_json, lambda path, arch: patch_config(path, storage, arch))
     del model
-    model, keys, tensor_list = reload_fixture(out_dir, storage, check_weights=False)
+    # The native layout names every stored tensor as the model does, so each can be checked.
+    model, keys, tensor_list = reload_fixture(out_dir, storage, check_weights=native)
+    if native:
+        cfg = json.loads((out_dir / "config.json").read_text())
+        assert cfg["architectures"] is None and "rope_parameters" in cfg, cfg
+        assert not {"rope_theta", "rope_scaling", "torch_dtype"} & set(cfg), cfg
+        fused = [k for k in keys if k.endswith("mlp.experts.gate_up_proj")]
+        assert fused and not any(".experts.0." in k for k in keys), keys
     prompts, _, min_margin = reference_prompts(model, spec["seed"] + 7)
     dump_json(
         out_dir / "reference.json",
@@ -131,5 +179,5 @@ def build_deepseek_all() -> None:
     """The tiny DeepSeek models reuse the tiny tokenizer already in fixtures/tiny-llama,
     so the existing fixtures stay byte-identical."""
     tok_json = (FIXTURES / "tiny-llama" / "tokenizer.json").read_text()
-    for name in DEEPSEEK_SPECS:
+    for name in [*DEEPSEEK_SPECS, *NATIVE_SPECS]:
         build_deepseek(name, tok_json)

@@ -210,16 +210,18 @@ def fresh_fixture_model(name: str, seed: int, make_config_fn):
     return model, out_dir
 
 
-def save_fixture(model, out_dir: Path, storage, tok_json: str, patch_config) -> str:
+def save_fixture(model, out_dir: Path, storage, tok_json: str, patch_config, original_format: bool = True) -> str:
     """Writes `model` in `storage` dtype with its generation config and the tiny tokenizer;
-    `patch_config(config_path, arch)` then adjusts config.json. Returns the architecture."""
+    `patch_config(config_path, arch)` then adjusts config.json. Returns the architecture.
+    `original_format=False` keeps transformers 5's own weight layout (e.g. fused MoE experts)
+    instead of converting back to the checkpoint layout it was loaded from."""
     from transformers import GenerationConfig
 
     model = model.to(storage)
     model.generation_config = GenerationConfig(
         bos_token_id=0, eos_token_id=[2, 0], pad_token_id=0, do_sample=False
     )
-    model.save_pretrained(out_dir, safe_serialization=True)
+    model.save_pretrained(out_dir, safe_serialization=True, save_original_format=original_format)
     arch = type(model).__name__
     patch_config(out_dir / "config.json", arch)
     (out_dir / "tokenizer.json").write_text(tok_json)

@@ -17,20 +17,14 @@ fn is_v2(obj: &Map<String, Value>) -> bool {
     named_v2 || obj.get("model_type").and_then(Value::as_str) == Some("deepseek_v2")
 }
 
-/// YaRN from `rope_scaling` (older configs) or `rope_parameters` (transformers 5).
-fn yarn(path: &Path, obj: &Map<String, Value>) -> Result<Option<YarnScaling>, ModelError> {
-    let params = obj
-        .get("rope_scaling")
-        .filter(|v| v.is_object())
-        .or_else(|| obj.get("rope_parameters").filter(|v| v.is_object()));
-    let Some(p) = params.and_then(Value::as_object) else {
-        return Ok(None);
-    };
-    let k = ConfigKeys { path, obj: p };
-    let ty = k
-        .str_opt("rope_type")
-        .or(k.str_opt("type"))
-        .unwrap_or("default");
+/// YaRN from one `rope_scaling` / `rope_parameters` object (`ty` is its scaling type);
+/// `max_position_embeddings` gives the factor when the object has none.
+fn yarn(
+    k: &ConfigKeys,
+    ty: &str,
+    max_position_embeddings: Option<usize>,
+) -> Result<Option<YarnScaling>, ModelError> {
+    let path = k.path;
     match ty {
         "default" => Ok(None),
         "yarn" => {
@@ -39,7 +33,12 @@ fn yarn(path: &Path, obj: &Map<String, Value>) -> Result<Option<YarnScaling>, Mo
                 Some(f) => f,
                 // transformers: the ratio of the context lengths when no factor is given.
                 None => {
-                    let max_pos = ConfigKeys { path, obj }.usize("max_position_embeddings")?;
+                    let max_pos = max_position_embeddings.ok_or_else(|| {
+                        ModelError::config(
+                            path,
+                            "yarn without factor needs max_position_embeddings",
+                        )
+                    })?;
                     max_pos as f32 / original.max(1) as f32
                 }
             };
@@ -99,7 +98,11 @@ pub fn mla_moe_from_json(
         v_head_dim: k.usize("v_head_dim")?,
         // V2 rotates complex pairs (2i, 2i+1), V3 does when `rope_interleave` (its default).
         rope_interleave: v2 || k.bool_or("rope_interleave", true)?,
-        yarn: yarn(path, obj)?,
+        // YaRN from `rope_scaling` (older configs) or `rope_parameters` (transformers 5).
+        yarn: {
+            let max_pos = k.usize_opt("max_position_embeddings")?;
+            crate::hf_rope::rope_scaling(path, obj, |keys, ty| yarn(keys, ty, max_pos))?.flatten()
+        },
     };
     let topk_method = k.str_opt("topk_method");
     let (scoring, group_limited, correction_bias, norm_topk_prob) = if v2 {
@@ -358,6 +361,34 @@ mod tests {
         assert_eq!(moe.scoring, MoeScoring::Softmax);
         assert!(!moe.group_limited && !moe.correction_bias && !moe.norm_topk_prob);
         assert_eq!(c.mla.as_ref().unwrap().q_lora_rank, None);
+    }
+
+    /// Kimi K2's config as transformers 5 writes it: `rope_parameters` instead of
+    /// `rope_theta` + `rope_scaling`, and no class named (`"architectures": null`).
+    #[test]
+    fn parses_kimi_k2_in_transformers5_form() {
+        let classic = kimi_k2_json();
+        let mut native = classic.clone();
+        let o = native.as_object_mut().unwrap();
+        let mut params = o.remove("rope_scaling").unwrap();
+        params["rope_theta"] = o.remove("rope_theta").unwrap();
+        params["rope_type"] = params["type"].clone();
+        params.as_object_mut().unwrap().remove("type");
+        o.insert("rope_parameters".into(), params);
+        o.insert("architectures".into(), serde_json::Value::Null);
+        let path = Path::new("config.json");
+        assert_eq!(
+            config_from_json(path, &native).unwrap(),
+            config_from_json(path, &classic).unwrap()
+        );
+        // A DeepSeek-V2 class with a V3 model_type is a contradiction, not a guess.
+        let mut v2 = classic;
+        v2["architectures"] = serde_json::json!(["DeepseekV2ForCausalLM"]);
+        let e = config_from_json(path, &v2).unwrap_err().to_string();
+        assert!(
+            e.contains("DeepseekV2ForCausalLM") && e.contains("kimi_k2"),
+            "{e}"
+        );
     }
 
     #[test]
