@@ -76,6 +76,13 @@ impl EngineBuilder {
         self
     }
 
+    /// How the KV cache stores values (default `auto`: float32 under `DType::Float32`,
+    /// bfloat16 otherwise; see [`EngineConfig::kv_cache_dtype`]).
+    pub fn kv_cache_dtype(mut self, dtype: dcpserve_kernels::KvCacheDType) -> Self {
+        self.config.kv_cache_dtype = Some(dtype);
+        self
+    }
+
     /// Tokens per KV block (per rank).
     pub fn block_size(mut self, tokens: usize) -> Self {
         self.config.block_size = tokens;

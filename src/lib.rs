@@ -25,10 +25,10 @@ pub use dcpserve_actors::{
     FinishReason, PromptError, SamplingParams, TokenOutput, ValidPrompt, ValidRequest,
 };
 pub use dcpserve_config::{
-    default_model_path, DType, EngineConfig, ModeledLinkConfig, ParallelConfig, SpeculativeConfig,
-    SpeculativeMethod, DEFAULT_MODEL_FILE,
+    default_model_path, parse_kv_cache_dtype, DType, EngineConfig, ModeledLinkConfig,
+    ParallelConfig, SpeculativeConfig, SpeculativeMethod, DEFAULT_MODEL_FILE,
 };
-pub use dcpserve_kernels::CpuMatmul;
+pub use dcpserve_kernels::{CpuMatmul, KvCacheDType};
 pub use dcpserve_model::ChatMessage;
 pub use engine::{Completion, Engine, GenerationEvent, GenerationStream, Prompt};
 pub use error::{Error, Result};

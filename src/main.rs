@@ -80,6 +80,10 @@ struct BenchDcpArgs {
     /// Measurements to run (all by default).
     #[arg(long = "section", value_enum)]
     sections: Vec<bench::dcp_bench::DcpBenchSection>,
+    /// How the KV cache stores values: auto (= float32: the synthetic model computes in
+    /// float32), float32, bfloat16, fp8 (= fp8_e4m3), fp8_e5m2.
+    #[arg(long, default_value = "auto")]
+    kv_cache_dtype: String,
 }
 
 #[derive(Args)]
@@ -126,6 +130,10 @@ struct EngineArgs {
     /// f32), or auto (f32 unless DCPSERVE_CPU_MATMUL=int8; int8 costs accuracy).
     #[arg(long, default_value = "auto")]
     cpu_matmul: String,
+    /// How the KV cache stores values (vLLM's names): auto (float32 under
+    /// --dtype float32, else bfloat16), float32, bfloat16, fp8 (= fp8_e4m3), fp8_e5m2.
+    #[arg(long, default_value = "auto")]
+    kv_cache_dtype: String,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -189,6 +197,7 @@ impl EngineArgs {
         let cfg = EngineConfig {
             dtype: self.dtype.parse::<DType>()?,
             cpu_matmul: self.cpu_matmul.parse::<dcpserve::CpuMatmul>()?,
+            kv_cache_dtype: dcpserve::parse_kv_cache_dtype(&self.kv_cache_dtype)?,
             block_size: self.block_size,
             kv_cache_memory_bytes: self.kv_cache_memory_bytes,
             max_model_len: self.max_model_len,
@@ -255,6 +264,8 @@ fn main() -> Result<()> {
             Command::Plan(a) => dcpserve_tools::planner::run(a),
             Command::BenchDcp(a) => {
                 let spec = bench::dcp_bench::DcpBenchSpec {
+                    kv_cache_dtype: dcpserve::parse_kv_cache_dtype(&a.kv_cache_dtype)?
+                        .unwrap_or(dcpserve::KvCacheDType::F32),
                     tp: a.tp,
                     query_heads: a.query_heads,
                     context: a.context,

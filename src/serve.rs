@@ -73,6 +73,10 @@ pub struct ServeArgs {
     /// auto, float32 or bfloat16.
     #[arg(long)]
     pub dtype: Option<String>,
+    /// How the KV cache stores values (vLLM's names): auto (float32 under
+    /// --dtype float32, else bfloat16), float32, bfloat16, fp8 (= fp8_e4m3), fp8_e5m2.
+    #[arg(long)]
+    pub kv_cache_dtype: Option<String>,
     /// Quantized weights on the CPU: auto (= f32 unless DCPSERVE_CPU_MATMUL=int8), int8
     /// (int8 activations, VNNI/AVX2 integer dot products) or f32 (weights decoded).
     #[arg(long)]
@@ -150,6 +154,7 @@ impl ServeArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             block_size: self.block_size,
             dtype: self.dtype.clone(),
+            kv_cache_dtype: self.kv_cache_dtype.clone(),
             cpu_matmul: self.cpu_matmul.clone(),
             enable_prefix_caching: if self.no_enable_prefix_caching {
                 Some(false)

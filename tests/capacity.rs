@@ -66,3 +66,37 @@ async fn dcp_multiplies_kv_capacity_at_equal_memory_per_rank() {
     assert_eq!(totals[1], 2 * totals[0]);
     assert_eq!(totals[2], 4 * totals[0]);
 }
+
+/// At equal `--kv-cache-memory-bytes`, a bfloat16 cache holds 2× and an FP8 cache 4×
+/// the float32 cache's tokens (dense and MLA models, with and without DCP).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn narrow_kv_caches_hold_two_and_four_times_the_tokens() {
+    // Budgets of whole f32 blocks: tiny-llama at tp=1 costs 256 bytes per f32 token,
+    // tiny-deepseek (3 layers × 40 latent values) 480.
+    for (model, tp, dcp, bytes) in [
+        ("tiny-llama", 1, 1, 256 * 16 * 24u64),
+        ("tiny-llama", 4, 2, 128 * 16 * 10),
+        ("tiny-deepseek", 2, 2, 480 * 16 * 12),
+    ] {
+        let mut tokens = Vec::new();
+        for dt in dcpserve::KvCacheDType::ALL {
+            let cfg = EngineConfig {
+                parallel: layout(tp, dcp),
+                kv_cache_memory_bytes: Some(bytes),
+                kv_cache_dtype: Some(dt),
+                block_size: 16,
+                ..f32_config()
+            };
+            let engine = Engine::from_path(fixture(model), cfg).await.unwrap();
+            let (per_rank, total) = engine.kv_capacity();
+            assert_eq!(total, per_rank * dcp, "{model} {dt}");
+            tokens.push(total);
+        }
+        let f32_tokens = tokens[0];
+        assert_eq!(
+            tokens,
+            [f32_tokens, 2 * f32_tokens, 4 * f32_tokens, 4 * f32_tokens],
+            "{model} tp={tp} dcp={dcp}: f32, bf16, fp8_e4m3, fp8_e5m2"
+        );
+    }
+}

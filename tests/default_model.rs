@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use dcpserve::{ChatMessage, DType, Engine, EngineConfig, Prompt};
-use dcpserve_kernels::{log_softmax, CpuBackend, CpuMatmul};
+use dcpserve_kernels::{log_softmax, CpuBackend, CpuMatmul, KvCacheDType};
 use dcpserve_model::arch::{BatchInput, DecoderModel, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
@@ -14,10 +14,19 @@ const TOL: f32 = 5e-3;
 
 /// Log-probabilities of every position of `ids` (one prefill), one row per position.
 fn prompt_logprobs(model: &DecoderModel<CpuBackend>, ids: &[u32]) -> Vec<Vec<f32>> {
+    prompt_logprobs_in(model, ids, KvCacheDType::F32)
+}
+
+/// [`prompt_logprobs`] with a KV cache of `dtype`.
+fn prompt_logprobs_in(
+    model: &DecoderModel<CpuBackend>,
+    ids: &[u32],
+    dtype: KvCacheDType,
+) -> Vec<Vec<f32>> {
     let n = ids.len();
     let block = 16;
     let mut cache = model
-        .new_kv_cache(n.div_ceil(block), block)
+        .new_kv_cache(n.div_ceil(block), block, dtype)
         .expect("KV cache");
     let table: Vec<u32> = (0..n.div_ceil(block) as u32).rev().collect();
     let positions: Vec<usize> = (0..n).collect();
@@ -95,6 +104,50 @@ fn logits_match_transformers() {
             worst <= TOL,
             "{}: max |Δ logprob| = {worst}",
             prompt["name"]
+        );
+    }
+}
+
+/// The f32 model with a bfloat16 / FP8 KV cache against the same float32 reference
+/// (per-tensor scale 1.0 for FP8, vLLM's default without calibrated scales).
+/// Measured on 2026-12-01 over the reference prompts (139 positions): bf16 moves
+/// logprobs by up to 0.104 and changes no top-1 token; E4M3 by up to 3.24 with 11
+/// top-1 changes; E5M2 by up to 4.53 with 17. FP8 deviates ~31× as much as bf16 here,
+/// more than the 16× of the mantissa widths: some of this model's K/V values are below
+/// E4M3's smallest normal (2⁻⁶) at scale 1.0. The bounds are those measurements with
+/// 1.5× room: bf16 must keep every top-1 token; the FP8 bounds catch a broken cache
+/// (garbage disagrees almost everywhere), not a slightly worse one.
+#[test]
+fn logits_with_a_compressed_kv_cache_stay_near_transformers() {
+    let files = ModelFiles::open(default_model()).expect("open default model");
+    let model = DecoderModel::load(
+        CpuBackend::new(2),
+        files.config.clone(),
+        files.tensors.as_ref(),
+        WeightPrecision::F32,
+    )
+    .expect("load weights");
+    let reference = read_json(fixture("smollm2/logits.json"));
+    for (dt, tol, max_flips) in [
+        (KvCacheDType::BF16, 0.16, 0),
+        (KvCacheDType::Fp8E4M3, 4.9, 16),
+        (KvCacheDType::Fp8E5M2, 6.8, 25),
+    ] {
+        let mut overall = 0.0f32;
+        let mut flips = 0;
+        for prompt in reference["prompts"].as_array().unwrap() {
+            let lps = prompt_logprobs_in(&model, &ids(&prompt["ids"]), dt);
+            let (worst, top1_differs) = distance_to_reference(prompt, &lps);
+            overall = overall.max(worst);
+            flips += top1_differs.len();
+        }
+        eprintln!(
+            "MEASURED default model, {dt} KV cache vs transformers: max |Δ logprob| {overall:.3e}, top-1 differs at {flips} positions"
+        );
+        assert!(overall <= tol, "{dt}: max |Δ logprob| = {overall} > {tol}");
+        assert!(
+            flips <= max_flips,
+            "{dt}: top-1 differs at {flips} positions"
         );
     }
 }

@@ -100,7 +100,8 @@ async fn each_dcp_rank_stores_its_share_of_the_latent_tokens() {
             .expect("engine");
         let (per_rank, total) = engine.kv_capacity();
         assert_eq!(total, per_rank * dcp, "{what}");
-        let line = format!("KV cache: {per_rank} tokens per rank, {total} tokens total");
+        // The f32 config keeps a float32 cache (`auto` under `--dtype float32`).
+        let line = format!("KV cache (float32): {per_rank} tokens per rank, {total} tokens total");
         assert!(
             count_in_logs(&line) >= 1,
             "{what}: no startup line {line:?}"

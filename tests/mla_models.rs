@@ -174,7 +174,7 @@ async fn mla_dcp_shards_the_latent_cache() {
     assert_eq!(per_token, 3 * 40 * 4);
     for tp in [1, 2, 4] {
         assert_eq!(
-            kv_bytes_per_token(c, tp),
+            kv_bytes_per_token(c, tp, dcpserve_kernels::KvCacheDType::F32),
             per_token,
             "replicated latent, tp={tp}"
         );

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dcpserve_actors::placement::Placement;
 use dcpserve_actors::plan::{LocalBatch, StepBatch};
-use dcpserve_kernels::{log_softmax, CpuBackend, HostCollectives, InProcessComm};
+use dcpserve_kernels::{log_softmax, CpuBackend, HostCollectives, InProcessComm, KvCacheDType};
 use dcpserve_model::arch::mla::{LatentCache, MlaModel, MtpLayer};
 use dcpserve_model::arch::{BatchInput, RankComms, RankModel, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
@@ -161,7 +161,9 @@ fn mtp_layer_matches_the_torch_reference() {
         let positions = ids_usize(&prompt["mtp_positions"]);
         for chunk in [n, 7] {
             let paging = paging(n + 1);
-            let mut cache = model.new_kv_cache(paging.0.len() * 2, BLOCK).unwrap();
+            let mut cache = model
+                .new_kv_cache(paging.0.len() * 2, BLOCK, KvCacheDType::F32)
+                .unwrap();
             let (main_lp, hidden) = main_pass(&model, &mut cache, &ids, &paging, chunk);
             let worst_main = positions
                 .iter()
@@ -197,7 +199,9 @@ fn mtp_layer_matches_the_torch_reference() {
                 .max_by(|&a, &b| lp[c - 1][a].total_cmp(&lp[c - 1][b]))
                 .unwrap();
             assert_eq!(argmax as u32, d1, "{name}: first draft");
-            let mut fresh = model.new_kv_cache(paging.0.len() * 2, BLOCK).unwrap();
+            let mut fresh = model
+                .new_kv_cache(paging.0.len() * 2, BLOCK, KvCacheDType::F32)
+                .unwrap();
             let _ = mtp_pass(
                 &model,
                 &mut fresh,
@@ -278,7 +282,9 @@ fn rank_pass(
     };
     let n_blocks = ids.len().div_ceil(block * dcp) as u32;
     let table: Vec<u32> = (0..n_blocks).map(|b| (n_blocks - 1 - b) * 2 + 1).collect();
-    let mut cache = model.new_kv_cache(2 * n_blocks as usize, block).unwrap();
+    let mut cache = model
+        .new_kv_cache(2 * n_blocks as usize, block, KvCacheDType::F32)
+        .unwrap();
     let h = model.config.hidden_size;
     let plan = |tokens: &[u32], start: usize| StepBatch {
         step_id: 0,

@@ -26,6 +26,18 @@ fn planned(
     kv_bytes: u64,
     workload: Workload,
 ) -> LayoutEstimate {
+    planned_in(model, tp, dcp, kv_bytes, workload, KvDtype::F32)
+}
+
+/// [`planned`] with a KV cache of `kv_dtype`.
+fn planned_in(
+    model: &str,
+    tp: usize,
+    dcp: usize,
+    kv_bytes: u64,
+    workload: Workload,
+    kv_dtype: KvDtype,
+) -> LayoutEstimate {
     let cfg = load_model_config(&fixture(model)).unwrap();
     let hw = Hardware::new(
         HardwarePreset::Cpu,
@@ -38,7 +50,7 @@ fn planned(
     let opts = PlanOptions {
         weight_dtype: WeightDtype::F32,
         attention_dtype: WeightDtype::F32,
-        kv_dtype: KvDtype::F32,
+        kv_dtype,
         block_size: 16,
         interleave: 1,
         max_num_seqs: 256,
@@ -54,9 +66,15 @@ fn planned(
 }
 
 async fn engine(model: &str, tp: usize, dcp: usize, kv_bytes: u64) -> Engine {
+    engine_in(model, tp, dcp, kv_bytes, KvDtype::F32).await
+}
+
+/// [`engine`] with its KV cache stored as the planner's `kv_dtype` names it.
+async fn engine_in(model: &str, tp: usize, dcp: usize, kv_bytes: u64, kv_dtype: KvDtype) -> Engine {
     let cfg = EngineConfig {
         parallel: layout(tp, dcp),
         kv_cache_memory_bytes: Some(kv_bytes),
+        kv_cache_dtype: Some(kv_dtype.storage()),
         block_size: 16,
         ..f32_config()
     };
@@ -73,18 +91,21 @@ async fn planned_capacity_equals_the_engines_allocation() {
         ("tiny-deepseek", 2, 2, 500_001),
         ("tiny-deepseek", 4, 4, 99_999),
     ] {
-        let plan = planned(model, tp, dcp, bytes, Workload::fixed(100, 10));
-        let engine = engine(model, tp, dcp, bytes).await;
-        assert_eq!(
-            (plan.capacity.tokens_per_rank, plan.capacity.tokens_total),
-            engine.kv_capacity(),
-            "{model} tp={tp} dcp={dcp}"
-        );
-        let stats = engine.stats().await.unwrap();
-        assert_eq!(
-            plan.capacity.num_blocks, stats.total_blocks,
-            "{model} blocks"
-        );
+        // Every KV format the engine stores (fp8 = E4M3; E5M2 has the same width).
+        for kv in [KvDtype::F32, KvDtype::Bf16, KvDtype::Fp8, KvDtype::Fp8E5M2] {
+            let plan = planned_in(model, tp, dcp, bytes, Workload::fixed(100, 10), kv);
+            let engine = engine_in(model, tp, dcp, bytes, kv).await;
+            assert_eq!(
+                (plan.capacity.tokens_per_rank, plan.capacity.tokens_total),
+                engine.kv_capacity(),
+                "{model} tp={tp} dcp={dcp} {kv:?}"
+            );
+            let stats = engine.stats().await.unwrap();
+            assert_eq!(
+                plan.capacity.num_blocks, stats.total_blocks,
+                "{model} {kv:?} blocks"
+            );
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use dcpserve_kernels::{CpuBackend, CpuMatmul};
+use dcpserve_kernels::{CpuBackend, CpuMatmul, KvCacheDType};
 use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, TurnPoints, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -63,6 +63,8 @@ pub struct RankArgs {
     pub cpu_matmul: CpuMatmul,
     pub placement: Placement,
     pub num_blocks: usize,
+    /// How the rank's KV cache stores values.
+    pub kv_cache_dtype: KvCacheDType,
     /// The most tokens one step (one micro-batch) computes: each compute thread's
     /// workspace is reserved for it when the rank starts (larger steps grow it).
     pub max_step_tokens: usize,
@@ -218,7 +220,11 @@ fn compute_thread(
             return;
         }
     };
-    let cache = match model.new_kv_cache(args.num_blocks, args.placement.block_size) {
+    let cache = match model.new_kv_cache_typed(
+        args.num_blocks,
+        args.placement.block_size,
+        args.kv_cache_dtype,
+    ) {
         Ok(c) => c,
         Err(e) => {
             let _ = ready.send(Err(format!("rank {}: KV cache: {e}", args.rank)));

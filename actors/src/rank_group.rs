@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use dcpserve_config::MergeExchange;
 use dcpserve_kernels::dcp::Layout;
-use dcpserve_kernels::{CpuMatmul, LinkModel};
+use dcpserve_kernels::{CpuMatmul, KvCacheDType, LinkModel};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
@@ -30,6 +30,8 @@ pub struct RankGroupSpec {
     pub layout: Layout,
     /// KV blocks per rank.
     pub num_blocks: usize,
+    /// How the ranks' KV caches store values.
+    pub kv_cache_dtype: KvCacheDType,
     /// The most tokens one step computes (the ranks reserve their workspaces for it).
     pub max_step_tokens: usize,
     pub threads_per_rank: usize,
@@ -87,6 +89,7 @@ impl RankGroup {
                 cpu_matmul: spec.cpu_matmul,
                 placement: layout.placement(rank),
                 num_blocks: spec.num_blocks,
+                kv_cache_dtype: spec.kv_cache_dtype,
                 max_step_tokens: spec.max_step_tokens,
                 threads: spec.threads_per_rank,
                 reports: StepSink::new(reports.clone(), spec.serialize_reports),

@@ -129,6 +129,7 @@ async fn draft_proposer(
                 parallel.decode_context_parallel_size,
                 e.block_size,
                 kv_budget_per_rank,
+                e.kv_cache_dtype(),
             );
             let spec = DraftModelSpec {
                 parallel,
@@ -136,6 +137,7 @@ async fn draft_proposer(
                 cpu_matmul: e.cpu_matmul,
                 block_size: e.block_size,
                 num_blocks: cap.num_blocks,
+                kv_cache_dtype: e.kv_cache_dtype(),
                 max_step_tokens: e.max_num_batched_tokens,
                 threads_per_rank: (threads / parallel.tensor_parallel_size).max(1),
                 seed: e.seed,
@@ -214,12 +216,14 @@ impl Actor for ModelSupervisor {
             check_mtp(&args)?;
             kv_cfg.num_hidden_layers += 1;
         }
+        let kv_dtype = e.kv_cache_dtype();
         let cap = kv_capacity(
             &kv_cfg,
             tp,
             e.parallel.decode_context_parallel_size,
             e.block_size,
             budget,
+            kv_dtype,
         );
         let capacity_total = cap.num_blocks * layout.virtual_block_size();
         let max_model_len = match e.max_model_len {
@@ -246,7 +250,7 @@ impl Actor for ModelSupervisor {
         );
         tracing::info!(
             model = %args.name,
-            "KV cache: {tokens_per_rank} tokens per rank, {} tokens total ({} blocks of {} tokens, {} bytes per token per rank)",
+            "KV cache ({kv_dtype}): {tokens_per_rank} tokens per rank, {} tokens total ({} blocks of {} tokens, {} bytes per token per rank)",
             cap.tokens_total,
             num_blocks,
             e.block_size,
@@ -319,6 +323,7 @@ impl Actor for ModelSupervisor {
                 cpu_matmul: args.engine.cpu_matmul,
                 layout,
                 num_blocks: sched_cfg.num_blocks,
+                kv_cache_dtype: kv_dtype,
                 max_step_tokens: sched_cfg.max_num_batched_tokens,
                 threads_per_rank: (threads / tp).max(1),
                 link: args.engine.modeled_link.map(|l| LinkModel {

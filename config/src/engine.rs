@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use dcpserve_kernels::dcp::MergeExchange;
-use dcpserve_kernels::CpuMatmul;
+use dcpserve_kernels::{CpuMatmul, KvCacheDType};
 
 use crate::parallel::{ConfigError, ParallelConfig};
 use crate::speculative::SpeculativeConfig;
@@ -46,6 +46,9 @@ pub struct EngineConfig {
     /// f32 (`f32`), or `auto` (f32 unless `DCPSERVE_CPU_MATMUL=int8`: int8 costs
     /// accuracy on small models, see `dcpserve_kernels::CpuMatmul`).
     pub cpu_matmul: CpuMatmul,
+    /// How the KV cache stores values (`--kv-cache-dtype`); `None` is `auto`, which
+    /// follows the compute dtype as vLLM's does: see [`EngineConfig::kv_cache_dtype`].
+    pub kv_cache_dtype: Option<KvCacheDType>,
     /// Tokens per KV block on one rank (B); a virtual block holds B × dcp tokens.
     pub block_size: usize,
     /// KV-cache bytes per rank; `None` derives it from free memory.
@@ -94,6 +97,7 @@ impl Default for EngineConfig {
             parallel: ParallelConfig::default(),
             dtype: DType::Auto,
             cpu_matmul: CpuMatmul::Auto,
+            kv_cache_dtype: None,
             block_size: 16,
             kv_cache_memory_bytes: None,
             max_model_len: None,
@@ -112,7 +116,53 @@ impl Default for EngineConfig {
     }
 }
 
+/// Parses `--kv-cache-dtype`: vLLM's `auto` (`None`), `float32`, `bfloat16`, `fp8`
+/// (= `fp8_e4m3`) or `fp8_e5m2`.
+///
+/// ```
+/// use dcpserve_config::parse_kv_cache_dtype;
+/// use dcpserve_kernels::KvCacheDType;
+/// assert_eq!(parse_kv_cache_dtype("auto").unwrap(), None);
+/// assert_eq!(parse_kv_cache_dtype("fp8").unwrap(), Some(KvCacheDType::Fp8E4M3));
+/// assert!(parse_kv_cache_dtype("int4").is_err());
+/// ```
+pub fn parse_kv_cache_dtype(s: &str) -> Result<Option<KvCacheDType>, ConfigError> {
+    match s {
+        "auto" => Ok(None),
+        other => other
+            .parse::<KvCacheDType>()
+            .map(Some)
+            .map_err(|_| ConfigError(format!(
+                "Unknown kv_cache_dtype `{other}`: expected one of auto, float32, bfloat16, fp8, fp8_e4m3, fp8_e5m2."
+            ))),
+    }
+}
+
 impl EngineConfig {
+    /// The KV-cache element type the engine allocates. An explicit
+    /// [`kv_cache_dtype`](EngineConfig::kv_cache_dtype) wins; `auto` (`None`) follows
+    /// the compute dtype as vLLM's `auto` does: a model run in float32
+    /// (`--dtype float32`, the reference precision every transformers comparison uses)
+    /// keeps a float32 cache, and everything else — bf16 checkpoints and quantized
+    /// (GGUF) models under `--dtype auto`, or `--dtype bfloat16` — gets bfloat16.
+    ///
+    /// ```
+    /// use dcpserve_config::{DType, EngineConfig};
+    /// use dcpserve_kernels::KvCacheDType;
+    /// let mut c = EngineConfig::default();
+    /// assert_eq!(c.kv_cache_dtype(), KvCacheDType::BF16);
+    /// c.dtype = DType::Float32;
+    /// assert_eq!(c.kv_cache_dtype(), KvCacheDType::F32);
+    /// c.kv_cache_dtype = Some(KvCacheDType::Fp8E4M3);
+    /// assert_eq!(c.kv_cache_dtype(), KvCacheDType::Fp8E4M3);
+    /// ```
+    pub fn kv_cache_dtype(&self) -> KvCacheDType {
+        self.kv_cache_dtype.unwrap_or(match self.dtype {
+            DType::Float32 => KvCacheDType::F32,
+            DType::Auto | DType::Bfloat16 => KvCacheDType::BF16,
+        })
+    }
+
     /// Checks the settings that do not depend on the model.
     pub fn validate_limits(&self) -> Result<(), ConfigError> {
         if self.block_size == 0 {

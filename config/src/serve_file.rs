@@ -77,6 +77,9 @@ pub struct ModelEntry {
     pub max_num_batched_tokens: Option<usize>,
     pub block_size: Option<usize>,
     pub dtype: Option<String>,
+    /// `auto`, `float32`, `bfloat16`, `fp8` (= `fp8_e4m3`) or `fp8_e5m2`, as vLLM's
+    /// `--kv-cache-dtype` (see `EngineConfig::kv_cache_dtype`).
+    pub kv_cache_dtype: Option<String>,
     /// `auto`, `f32` or `int8` (see `EngineConfig::cpu_matmul`).
     pub cpu_matmul: Option<String>,
     pub enable_prefix_caching: Option<bool>,
@@ -124,6 +127,10 @@ impl ModelEntry {
             dtype: match &self.dtype {
                 Some(s) => s.parse::<DType>()?,
                 None => DType::Auto,
+            },
+            kv_cache_dtype: match &self.kv_cache_dtype {
+                Some(s) => crate::engine::parse_kv_cache_dtype(s)?,
+                None => None,
             },
             cpu_matmul: match &self.cpu_matmul {
                 Some(s) => s
@@ -257,6 +264,7 @@ mod tests {
             tensor_parallel_size = 2
             decode_context_parallel_size = 2
             dtype = "float32"
+            kv_cache_dtype = "fp8"
             [models.sampling]
             temperature = 0.5
             max_tokens = 12
@@ -271,6 +279,9 @@ mod tests {
         let e = cfg.models[0].engine_config().unwrap();
         assert_eq!(e.parallel.tensor_parallel_size, 2);
         assert_eq!(e.dtype, DType::Float32);
+        assert_eq!(e.kv_cache_dtype(), dcpserve_kernels::KvCacheDType::Fp8E4M3);
+        let b = cfg.models[1].engine_config().unwrap();
+        assert_eq!(b.kv_cache_dtype, None, "auto when left out");
         assert_eq!(cfg.models[0].sampling.max_tokens, Some(12));
     }
 
@@ -286,5 +297,7 @@ mod tests {
         assert!(e.0.contains("bogus"), "{e}");
         let e = ServeConfig::from_toml("[[models]]\ndtype='int3'").unwrap_err();
         assert!(e.0.contains("int3"), "{e}");
+        let e = ServeConfig::from_toml("[[models]]\nkv_cache_dtype='int4'").unwrap_err();
+        assert!(e.0.contains("int4"), "{e}");
     }
 }

@@ -17,6 +17,7 @@ pub mod cpu;
 pub mod dcp;
 pub mod dtype;
 pub mod error;
+pub mod kv_dtype;
 pub mod link_model;
 pub mod overlap;
 pub mod sampling_params;
@@ -27,17 +28,21 @@ pub use cpu::{
     weights,
 };
 
-pub use attention::{paged_attention, write_kv, AttentionBatch};
+pub use attention::{
+    paged_attention, paged_attention_typed, write_kv, write_kv_typed, AttentionBatch,
+};
 pub use backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams, Strided};
 pub use comm::{
     Collectives, Communicator, Elems, ElemsMut, HostCollectives, InProcessComm, SoloCollectives,
 };
 pub use cpu::int8_matmul::{matmul_int8, CpuMatmul, Int8Isa};
+pub use cpu::kv_store::{KvMut, KvRef, KvStore};
 pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
 pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};
 pub use dtype::DType;
 pub use error::KernelError;
-pub use latent_attention::{latent_attention, LatentBatch};
+pub use kv_dtype::KvCacheDType;
+pub use latent_attention::{latent_attention, latent_attention_typed, LatentBatch};
 pub use link_model::{LinkModel, ModeledLink};
 pub use matmul::{matmul, matmul_fast, matmul_with_precision, Precision};
 pub use moe_routing::{route_experts, RouterParams, RouterScoring, Routing};

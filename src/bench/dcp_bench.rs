@@ -16,7 +16,8 @@ use futures::StreamExt;
 
 use dcpserve_kernels::dcp::{DcpAttention, DcpShape};
 use dcpserve_kernels::{
-    Communicator, CpuBackend, HostCollectives, InProcessComm, KernelError, LinkModel, ModeledLink,
+    Communicator, CpuBackend, HostCollectives, InProcessComm, KernelError, KvCacheDType, LinkModel,
+    ModeledLink,
 };
 
 use dcpserve::{
@@ -43,6 +44,9 @@ pub struct DcpBenchSpec {
     pub link: ModeledLinkConfig,
     /// Which measurements to run.
     pub sections: Vec<DcpBenchSection>,
+    /// How the KV cache stores values (`--kv-cache-dtype`; the synthetic model computes
+    /// in float32, so `auto` is float32).
+    pub kv_cache_dtype: KvCacheDType,
 }
 
 /// The measurements of `bench-dcp`.
@@ -88,8 +92,15 @@ fn params(max_tokens: usize) -> SamplingParams {
     p
 }
 
-fn engine_config(tp: usize, dcp: usize, kv_bytes: u64, threads: usize) -> EngineConfig {
+fn engine_config(
+    tp: usize,
+    dcp: usize,
+    kv_bytes: u64,
+    threads: usize,
+    kv: KvCacheDType,
+) -> EngineConfig {
     EngineConfig {
+        kv_cache_dtype: Some(kv),
         parallel: ParallelConfig {
             tensor_parallel_size: tp,
             decode_context_parallel_size: dcp,
@@ -157,7 +168,8 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
     let dir = std::env::temp_dir().join(format!("dcpserve-bench-dcp-{}", std::process::id()));
     let mspec = model_spec(spec.context.max(spec.capacity_context), spec.query_heads);
     write_synthetic_llama(&dir, &mspec)?;
-    let per_token = 2 * mspec.layers * mspec.head_dim * 4; // one KV head per rank, f32 K+V
+    // One KV head per rank, K and V.
+    let per_token = 2 * mspec.layers * mspec.head_dim * spec.kv_cache_dtype.bytes();
     let mut report = String::new();
     let tp = spec.tp;
 
@@ -166,14 +178,18 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
         let room = ((spec.context + spec.decode_tokens + 64) * per_token) as u64;
         let mut times = Vec::new();
         for dcp in [1, tp] {
-            let engine =
-                Engine::from_path(&dir, engine_config(tp, dcp, room, spec.threads)).await?;
+            let engine = Engine::from_path(
+                &dir,
+                engine_config(tp, dcp, room, spec.threads, spec.kv_cache_dtype),
+            )
+            .await?;
             step_ms(&engine, 256, 4).await?; // warm-up
             times.push(step_ms(&engine, spec.context, spec.decode_tokens).await?);
         }
         report.push_str(&format!(
-        "decode step, one {}-token sequence: tp={tp} dcp=1 {:.2} ms, tp={tp} dcp={tp} {:.2} ms, ratio {:.2}\n",
+        "decode step, one {}-token sequence, {} KV cache: tp={tp} dcp=1 {:.2} ms, tp={tp} dcp={tp} {:.2} ms, ratio {:.2}\n",
         spec.context,
+        spec.kv_cache_dtype,
         times[0],
         times[1],
         times[1] / times[0]
@@ -183,8 +199,11 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
         // 2. Capacity with the same KV memory per rank.
         let budget = (4 * (spec.capacity_context + 32) * per_token) as u64;
         for dcp in [1, tp] {
-            let engine =
-                Engine::from_path(&dir, engine_config(tp, dcp, budget, spec.threads)).await?;
+            let engine = Engine::from_path(
+                &dir,
+                engine_config(tp, dcp, budget, spec.threads, spec.kv_cache_dtype),
+            )
+            .await?;
             let (per_rank, total) = engine.kv_capacity();
             let running =
                 max_running(&engine, spec.capacity_context, spec.capacity_sequences).await?;
@@ -231,7 +250,7 @@ async fn overlap_report(
     for (name, modeled) in links {
         let mut step = Vec::new();
         for overlap in [false, true] {
-            let mut cfg = engine_config(tp, tp, batch_budget, spec.threads);
+            let mut cfg = engine_config(tp, tp, batch_budget, spec.threads, spec.kv_cache_dtype);
             cfg.overlap_micro_batches = overlap;
             cfg.modeled_link = modeled;
             let engine = Engine::from_path(dir, cfg).await?;
@@ -297,7 +316,7 @@ async fn merge_report(
     for (name, modeled) in links {
         let mut engines = Vec::new();
         for exchange in exchanges {
-            let mut cfg = engine_config(tp, tp, batch_budget, spec.threads);
+            let mut cfg = engine_config(tp, tp, batch_budget, spec.threads, spec.kv_cache_dtype);
             cfg.modeled_link = modeled;
             cfg.dcp_merge_exchange = exchange;
             engines.push(Engine::from_path(dir, cfg).await?);

@@ -123,6 +123,11 @@ pub async fn run(
 }
 
 pub fn assert_same(base: &Run, got: &Run, what: &str) {
+    assert_same_within(base, got, what, TOL);
+}
+
+/// [`assert_same`] with log-probabilities within `tol`.
+pub fn assert_same_within(base: &Run, got: &Run, what: &str, tol: f32) {
     assert_eq!(
         base.len(),
         got.len(),
@@ -140,7 +145,7 @@ pub fn assert_same(base: &Run, got: &Run, what: &str) {
         assert_eq!(ids_a, ids_b, "{what}: prompt {p} greedy tokens differ");
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             let d = (x.logprob.unwrap() - y.logprob.unwrap()).abs();
-            assert!(d <= TOL, "{what}: prompt {p} token {i}: |Δ logprob| = {d}");
+            assert!(d <= tol, "{what}: prompt {p} token {i}: |Δ logprob| = {d}");
             assert_eq!(
                 x.top_logprobs.len(),
                 y.top_logprobs.len(),
@@ -149,7 +154,7 @@ pub fn assert_same(base: &Run, got: &Run, what: &str) {
             for ((tx, lx), (ty, ly)) in x.top_logprobs.iter().zip(&y.top_logprobs) {
                 if tx == ty {
                     assert!(
-                        (lx - ly).abs() <= TOL,
+                        (lx - ly).abs() <= tol,
                         "{what}: prompt {p} token {i} top {tx}"
                     );
                 }

@@ -1,17 +1,24 @@
 //! Single-rank logits against the fixtures' Hugging Face references.
 
-use dcpserve_kernels::{log_softmax, CpuBackend};
+use dcpserve_kernels::{log_softmax, CpuBackend, KvCacheDType};
 use dcpserve_model::arch::{BatchInput, RankModel, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
 use super::{fixture, floats, ids, read_json};
 
-/// Runs `ids` in chunks of `chunk` tokens over a paged latent cache with a shuffled block
-/// table and returns log-probs at every position.
-pub fn logprobs_chunked(model: &RankModel, ids: &[u32], chunk: usize) -> Vec<Vec<f32>> {
+/// Runs `ids` in chunks of `chunk` tokens over a paged KV cache of `dtype` with a
+/// shuffled block table and returns log-probs at every position.
+pub fn logprobs_chunked(
+    model: &RankModel,
+    ids: &[u32],
+    chunk: usize,
+    dtype: KvCacheDType,
+) -> Vec<Vec<f32>> {
     let block = 4;
     let n_blocks = ids.len().div_ceil(block) + 1;
-    let mut cache = model.new_kv_cache(n_blocks * 2, block).expect("KV cache");
+    let mut cache = model
+        .new_kv_cache_typed(n_blocks * 2, block, dtype)
+        .expect("KV cache");
     let table: Vec<u32> = (0..n_blocks as u32)
         .map(|b| (b * 7 + 3) % (n_blocks as u32 * 2))
         .collect();
@@ -57,6 +64,17 @@ pub fn check_logprobs(name: &str) {
 /// [`check_logprobs`] for the weights at `model` (e.g. a GGUF copy of fixture `name`);
 /// returns the largest |Δ logprob| seen.
 pub fn check_logprobs_of(name: &str, model: &std::path::Path) -> f32 {
+    check_logprobs_with(name, model, KvCacheDType::F32, 1e-3)
+}
+
+/// [`check_logprobs_of`] with a KV cache of `dtype`, within `tol`; returns the largest
+/// |Δ logprob| seen.
+pub fn check_logprobs_with(
+    name: &str,
+    model: &std::path::Path,
+    dtype: KvCacheDType,
+    tol: f32,
+) -> f32 {
     let reference = read_json(fixture(name).join("reference.json"));
     let files = ModelFiles::open(model).unwrap_or_else(|e| panic!("{name}: {e}"));
     let model = RankModel::load(
@@ -76,7 +94,7 @@ pub fn check_logprobs_of(name: &str, model: &std::path::Path) -> f32 {
             .map(|p| p.as_u64().unwrap() as usize)
             .collect();
         for chunk in [ids.len(), 5] {
-            let ours = logprobs_chunked(&model, &ids, chunk);
+            let ours = logprobs_chunked(&model, &ids, chunk, dtype);
             let mut worst = 0.0f32;
             for (row, &pos) in prompt["logprobs"]
                 .as_array()
@@ -89,12 +107,12 @@ pub fn check_logprobs_of(name: &str, model: &std::path::Path) -> f32 {
                 }
             }
             eprintln!(
-                "{name} {} chunk {chunk}: max |Δ logprob| {worst:.2e}",
+                "{name} {} chunk {chunk} ({dtype} KV cache): max |Δ logprob| {worst:.2e}",
                 prompt["name"]
             );
             assert!(
-                worst <= 1e-3,
-                "{name}, prompt {} (len {}), chunk {chunk}: max |Δ logprob| = {worst}",
+                worst <= tol,
+                "{name}, prompt {} (len {}), chunk {chunk}, {dtype} KV cache: max |Δ logprob| = {worst} > {tol}",
                 prompt["name"],
                 ids.len()
             );

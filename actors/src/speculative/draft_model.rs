@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use dcpserve_config::{MergeExchange, ParallelConfig};
 use dcpserve_kernels::spec_sampling::{target_probs, TargetProbs};
-use dcpserve_kernels::{sample, CpuMatmul, Rng, SamplingParams};
+use dcpserve_kernels::{sample, CpuMatmul, KvCacheDType, Rng, SamplingParams};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use futures::future::BoxFuture;
@@ -31,6 +31,8 @@ pub struct DraftModelSpec {
     pub block_size: usize,
     /// KV blocks per draft rank.
     pub num_blocks: usize,
+    /// How the draft ranks' KV caches store values (the target's type).
+    pub kv_cache_dtype: KvCacheDType,
     /// The most tokens one draft step computes (the ranks reserve their workspaces for it).
     pub max_step_tokens: usize,
     /// Compute threads per draft rank.
@@ -90,6 +92,7 @@ impl DraftModelProposer {
             cpu_matmul: spec.cpu_matmul,
             layout,
             num_blocks: spec.num_blocks,
+            kv_cache_dtype: spec.kv_cache_dtype,
             max_step_tokens: spec.max_step_tokens,
             threads_per_rank: spec.threads_per_rank,
             link: None,

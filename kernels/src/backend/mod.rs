@@ -25,6 +25,7 @@ use std::ops::Range;
 
 use crate::dtype::DType;
 use crate::error::KernelError;
+use crate::kv_dtype::KvCacheDType;
 use crate::matmul::Precision;
 use crate::moe_routing::{RouterParams, Routing};
 use crate::ops::RopeScalingKind;
@@ -104,7 +105,8 @@ pub struct LatentAttentionParams<'a> {
 /// A compute device: its memory types and the ops of a transformer forward pass.
 ///
 /// Every op validates its arguments and returns [`KernelError`] on a mismatch rather
-/// than panicking. Buffers hold f32 elements (activations, KV caches, norms' weights);
+/// than panicking. Buffers hold f32 elements (activations, norms' weights); KV caches
+/// live in [`Backend::KvBuffer`]s of a chosen [`KvCacheDType`];
 /// weights in any [`DType`] live in [`Backend::Matrix`]. A buffer is addressed through
 /// views ([`Backend::view`], [`Backend::view_mut`]) so ops can work on part of one.
 ///
@@ -136,6 +138,17 @@ pub trait Backend: Send + Sync {
     type Matrix: Send + Sync;
     /// RoPE cos/sin tables in device memory.
     type Rope: Send + Sync;
+    /// An owned KV-cache buffer, its elements stored in a [`KvCacheDType`] (f32, bf16 or
+    /// FP8 with a per-tensor scale); ops convert on store and on read.
+    type KvBuffer: Send + Sync;
+    /// A read-only window of a KV-cache buffer.
+    type KvView<'a>: Copy
+    where
+        Self: 'a;
+    /// A writable window of a KV-cache buffer.
+    type KvViewMut<'a>
+    where
+        Self: 'a;
 
     /// Short name for logs and test names (`"cpu"`, `"cuda"`).
     fn name(&self) -> &'static str;
@@ -167,6 +180,24 @@ pub trait Backend: Send + Sync {
         buf: &'a mut Self::Buffer,
         range: Range<usize>,
     ) -> Result<Self::ViewMut<'a>, KernelError>;
+    /// A KV-cache buffer of `len` zero elements of `dtype`.
+    fn kv_zeros(&self, dtype: KvCacheDType, len: usize) -> Result<Self::KvBuffer, KernelError>;
+    /// Elements in a KV-cache buffer.
+    fn kv_len(&self, buf: &Self::KvBuffer) -> usize;
+    /// Elements `range` of a KV-cache buffer, read-only.
+    fn kv_view<'a>(
+        &self,
+        buf: &'a Self::KvBuffer,
+        range: Range<usize>,
+    ) -> Result<Self::KvView<'a>, KernelError>;
+    /// Elements `range` of a KV-cache buffer, writable.
+    fn kv_view_mut<'a>(
+        &self,
+        buf: &'a mut Self::KvBuffer,
+        range: Range<usize>,
+    ) -> Result<Self::KvViewMut<'a>, KernelError>;
+    /// Copies a KV-cache view into `host`, converted to f32 (tests and diagnostics).
+    fn kv_download(&self, src: Self::KvView<'_>, host: &mut [f32]) -> Result<(), KernelError>;
     /// Places a host weight matrix on the device, keeping its [`DType`].
     fn upload_matrix(&self, w: &WeightMatrix) -> Result<Self::Matrix, KernelError>;
     /// `(rows, cols, dtype)` of a device matrix.
@@ -278,13 +309,13 @@ pub trait Backend: Send + Sync {
     // --- attention ----------------------------------------------------------------
 
     /// Stores K/V rows of new tokens into paged caches
-    /// (`[num_blocks, block_size, n_kv_heads, head_dim]`); slot `usize::MAX` skips a
-    /// token (one another DCP rank stores).
+    /// (`[num_blocks, block_size, n_kv_heads, head_dim]`), converted to the caches'
+    /// element type; slot `usize::MAX` skips a token (one another DCP rank stores).
     #[allow(clippy::too_many_arguments)]
     fn write_kv(
         &self,
-        k_cache: Self::ViewMut<'_>,
-        v_cache: Self::ViewMut<'_>,
+        k_cache: Self::KvViewMut<'_>,
+        v_cache: Self::KvViewMut<'_>,
         n_kv_heads: usize,
         head_dim: usize,
         slots: &[usize],
@@ -293,10 +324,11 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), KernelError>;
     /// Stores `width`-wide rows into a paged cache of such rows (MLA's latent cache,
     /// `[num_blocks, block_size, width]`): row `t` of `rows` goes to slot `slots[t]`;
-    /// `usize::MAX` skips a token (one another DCP rank stores). Returns the rows stored.
+    /// `usize::MAX` skips a token (one another DCP rank stores). Rows are converted to
+    /// the cache's element type. Returns the rows stored.
     fn write_rows(
         &self,
-        cache: Self::ViewMut<'_>,
+        cache: Self::KvViewMut<'_>,
         width: usize,
         slots: &[usize],
         rows: Self::View<'_>,
@@ -304,12 +336,13 @@ pub trait Backend: Send + Sync {
     /// Paged GQA attention of `q` (`[n_tokens, n_q_heads, head_dim]`): the output
     /// `[n_tokens, n_q_heads, head_dim]` and its log-sum-exp `[n_tokens, n_q_heads]`
     /// (`-inf` and zeros for tokens without keys), so partials over KV shards merge.
+    /// The caches are read in their element type (no dequantized copy of them).
     fn paged_attention(
         &self,
         q: Self::View<'_>,
         p: &PagedAttentionParams<'_>,
-        k_cache: Self::View<'_>,
-        v_cache: Self::View<'_>,
+        k_cache: Self::KvView<'_>,
+        v_cache: Self::KvView<'_>,
         out: Self::ViewMut<'_>,
         lse: Self::ViewMut<'_>,
     ) -> Result<(), KernelError>;
@@ -319,7 +352,7 @@ pub trait Backend: Send + Sync {
         &self,
         q: Self::View<'_>,
         p: &LatentAttentionParams<'_>,
-        cache: Self::View<'_>,
+        cache: Self::KvView<'_>,
         out: Self::ViewMut<'_>,
         lse: Self::ViewMut<'_>,
     ) -> Result<(), KernelError>;

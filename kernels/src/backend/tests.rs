@@ -32,6 +32,32 @@ fn all_mut<'a, B: Backend>(dev: &B, buf: &'a mut B::Buffer) -> B::ViewMut<'a> {
     dev.view_mut(buf, 0..n).unwrap()
 }
 
+fn kv_all<'a, B: Backend>(dev: &B, buf: &'a B::KvBuffer) -> B::KvView<'a> {
+    dev.kv_view(buf, 0..dev.kv_len(buf)).unwrap()
+}
+
+fn kv_all_mut<'a, B: Backend>(dev: &B, buf: &'a mut B::KvBuffer) -> B::KvViewMut<'a> {
+    let n = dev.kv_len(buf);
+    dev.kv_view_mut(buf, 0..n).unwrap()
+}
+
+/// The f32 values a KV buffer holds.
+fn kv_host<B: Backend>(dev: &B, buf: &B::KvBuffer) -> Vec<f32> {
+    let mut h = vec![0.0; dev.kv_len(buf)];
+    dev.kv_download(kv_all(dev, buf), &mut h).unwrap();
+    h
+}
+
+/// A KV buffer of `dt` holding `rows` (`width`-wide), stored through `write_rows`.
+fn kv_upload<B: Backend>(dev: &B, dt: KvCacheDType, rows: &[f32], width: usize) -> B::KvBuffer {
+    let mut buf = dev.kv_zeros(dt, rows.len()).unwrap();
+    let slots: Vec<usize> = (0..rows.len() / width).collect();
+    let src = dev.upload(rows).unwrap();
+    dev.write_rows(kv_all_mut(dev, &mut buf), width, &slots, all(dev, &src))
+        .unwrap();
+    buf
+}
+
 fn host<B: Backend>(dev: &B, buf: &B::Buffer) -> Vec<f32> {
     let mut h = vec![0.0; dev.len(buf)];
     dev.download(all(dev, buf), &mut h).unwrap();
@@ -321,15 +347,24 @@ fn block_tables(lens: &[usize], bs: usize, seed: u64) -> (Vec<Vec<u32>>, usize) 
 }
 
 /// GQA paged attention after `write_kv` (with a skipped slot), decode tokens long
-/// enough to split the keys across threads, and a token without keys.
+/// enough to split the keys across threads, and a token without keys; with caches of
+/// every [`KvCacheDType`], against the reference on the values the cache holds (as
+/// tight as f32: the kernels convert elements exactly), and the stored values within
+/// the type's rounding of what was written.
 fn paged_attention_matches_reference<B: Backend>(dev: &B) {
+    for dt in KvCacheDType::ALL {
+        paged_attention_with_cache::<B>(dev, dt);
+    }
+}
+
+fn paged_attention_with_cache<B: Backend>(dev: &B, dt: KvCacheDType) {
     let (nq, nkv, hd, bs) = (4, 2, 16, 4);
     let lens = [600usize, 45];
     let (tables, n_blocks) = block_tables(&lens, bs, 7);
     let row = nkv * hd;
     let mut rng = Lcg(8);
-    let mut kc = dev.zeros(n_blocks * bs * row).unwrap();
-    let mut vc = dev.zeros(n_blocks * bs * row).unwrap();
+    let mut kc = dev.kv_zeros(dt, n_blocks * bs * row).unwrap();
+    let mut vc = dev.kv_zeros(dt, n_blocks * bs * row).unwrap();
     let mut keys = Vec::new(); // per sequence, host copies of the K/V rows
     for (s, &len) in lens.iter().enumerate() {
         let (k, v) = (rng.vec((len + 1) * row), rng.vec((len + 1) * row));
@@ -338,11 +373,40 @@ fn paged_attention_matches_reference<B: Backend>(dev: &B) {
             .collect();
         slots.push(usize::MAX); // a token another rank stores
         let (kb, vb) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap());
-        let (kv, vv) = (all_mut(dev, &mut kc), all_mut(dev, &mut vc));
+        let (kv, vv) = (kv_all_mut(dev, &mut kc), kv_all_mut(dev, &mut vc));
         dev.write_kv(kv, vv, nkv, hd, &slots, all(dev, &kb), all(dev, &vb))
             .unwrap();
-        keys.push((k, v));
+        keys.push((k, v, slots));
     }
+    // What the caches hold, per sequence in token order; within rounding of the input
+    // (half a unit in the last place, or half the smallest subnormal step of FP8).
+    let (kh, vh) = (kv_host(dev, &kc), kv_host(dev, &vc));
+    let floor = match dt {
+        KvCacheDType::Fp8E4M3 => 2f32.powi(-10),
+        KvCacheDType::Fp8E5M2 => 2f32.powi(-17),
+        _ => 0.0,
+    };
+    let keys: Vec<(Vec<f32>, Vec<f32>)> = keys
+        .into_iter()
+        .map(|(k, v, slots)| {
+            let held = |cache: &[f32], written: &[f32]| -> Vec<f32> {
+                let mut out = Vec::new();
+                for (t, &slot) in slots.iter().enumerate().filter(|(_, &s)| s != usize::MAX) {
+                    for i in 0..row {
+                        let (x, y) = (written[t * row + i], cache[slot * row + i]);
+                        let err = (x - y).abs();
+                        assert!(
+                            err <= dt.relative_precision() * x.abs() + floor,
+                            "{dt}: stored {y} for {x}"
+                        );
+                        out.push(y);
+                    }
+                }
+                out
+            };
+            (held(&kh, &k), held(&vh, &v))
+        })
+        .collect();
     let token_seq = [0u32, 0, 1, 1];
     let token_kv_len = [599u32, 600, 45, 0];
     let q = rng.vec(token_seq.len() * nq * hd);
@@ -361,8 +425,15 @@ fn paged_attention_matches_reference<B: Backend>(dev: &B) {
     let mut out = dev.zeros(q.len()).unwrap();
     let mut lse = dev.zeros(token_seq.len() * nq).unwrap();
     let (ov, lv) = (all_mut(dev, &mut out), all_mut(dev, &mut lse));
-    dev.paged_attention(all(dev, &qb), &p, all(dev, &kc), all(dev, &vc), ov, lv)
-        .unwrap();
+    dev.paged_attention(
+        all(dev, &qb),
+        &p,
+        kv_all(dev, &kc),
+        kv_all(dev, &vc),
+        ov,
+        lv,
+    )
+    .unwrap();
     let (mut want_out, mut want_lse) = (Vec::new(), Vec::new());
     for (t, (&s, &len)) in token_seq.iter().zip(&token_kv_len).enumerate() {
         let (k, v) = &keys[s as usize];
@@ -384,18 +455,35 @@ fn paged_attention_matches_reference<B: Backend>(dev: &B) {
             want_lse.push(l);
         }
     }
-    assert_close("paged out", &host(dev, &out), &want_out, 1e-4);
-    assert_close("paged lse", &host(dev, &lse), &want_lse, 1e-5);
+    assert_close(
+        &format!("{dt} paged out"),
+        &host(dev, &out),
+        &want_out,
+        1e-4,
+    );
+    assert_close(
+        &format!("{dt} paged lse"),
+        &host(dev, &lse),
+        &want_lse,
+        1e-5,
+    );
 }
 
-/// MLA latent attention (values are the key rows' prefix), with split keys.
+/// MLA latent attention (values are the key rows' prefix), with split keys, on latent
+/// caches of every [`KvCacheDType`] against the reference on the values they hold.
 fn latent_attention_matches_reference<B: Backend>(dev: &B) {
+    for dt in KvCacheDType::ALL {
+        latent_attention_with_cache::<B>(dev, dt);
+    }
+}
+
+fn latent_attention_with_cache<B: Backend>(dev: &B, dt: KvCacheDType) {
     let (h, d, vd, bs) = (3, 12, 8, 4);
     let lens = [600usize, 30];
     let (tables, n_blocks) = block_tables(&lens, bs, 9);
     let mut rng = Lcg(10);
-    let cache_host = rng.vec(n_blocks * bs * d);
-    let cache = dev.upload(&cache_host).unwrap();
+    let cache = kv_upload(dev, dt, &rng.vec(n_blocks * bs * d), d);
+    let cache_host = kv_host(dev, &cache);
     let token_seq = [0u32, 1, 1];
     let token_kv_len = [600u32, 30, 0];
     let q = rng.vec(token_seq.len() * h * d);
@@ -414,7 +502,7 @@ fn latent_attention_matches_reference<B: Backend>(dev: &B) {
     let mut out = dev.zeros(token_seq.len() * h * vd).unwrap();
     let mut lse = dev.zeros(token_seq.len() * h).unwrap();
     let (ov, lv) = (all_mut(dev, &mut out), all_mut(dev, &mut lse));
-    dev.latent_attention(all(dev, &qb), &p, all(dev, &cache), ov, lv)
+    dev.latent_attention(all(dev, &qb), &p, kv_all(dev, &cache), ov, lv)
         .unwrap();
     let (mut want_out, mut want_lse) = (Vec::new(), Vec::new());
     for (t, (&s, &len)) in token_seq.iter().zip(&token_kv_len).enumerate() {
@@ -436,8 +524,18 @@ fn latent_attention_matches_reference<B: Backend>(dev: &B) {
             want_lse.push(l);
         }
     }
-    assert_close("latent out", &host(dev, &out), &want_out, 1e-4);
-    assert_close("latent lse", &host(dev, &lse), &want_lse, 1e-5);
+    assert_close(
+        &format!("{dt} latent out"),
+        &host(dev, &out),
+        &want_out,
+        1e-4,
+    );
+    assert_close(
+        &format!("{dt} latent lse"),
+        &host(dev, &lse),
+        &want_lse,
+        1e-5,
+    );
 }
 
 /// Attention over three KV shards (one empty), merged by LSE, equals attention over
@@ -447,7 +545,7 @@ fn merge_lse_of_shards<B: Backend>(dev: &B) {
     let n_keys = 300;
     let (tables, n_blocks) = block_tables(&[n_keys], bs, 11);
     let mut rng = Lcg(12);
-    let cache = dev.upload(&rng.vec(n_blocks * bs * d)).unwrap();
+    let cache = kv_upload(dev, KvCacheDType::F32, &rng.vec(n_blocks * bs * d), d);
     let qb = dev.upload(&rng.vec(h * d)).unwrap();
     let attend = |table: &[u32], len: u32| {
         let bt = [table];
@@ -463,7 +561,7 @@ fn merge_lse_of_shards<B: Backend>(dev: &B) {
         };
         let (mut out, mut lse) = (dev.zeros(h * d).unwrap(), dev.zeros(h).unwrap());
         let (ov, lv) = (all_mut(dev, &mut out), all_mut(dev, &mut lse));
-        dev.latent_attention(all(dev, &qb), &p, all(dev, &cache), ov, lv)
+        dev.latent_attention(all(dev, &qb), &p, kv_all(dev, &cache), ov, lv)
             .unwrap();
         (out, lse)
     };
@@ -714,18 +812,34 @@ fn row_movement<B: Backend>(dev: &B) {
     );
     assert!(bad.is_err());
 
-    let mut cache = dev.zeros(4 * width).unwrap();
-    let slots = [3, usize::MAX, 0];
-    let stored = dev
-        .write_rows(all_mut(dev, &mut cache), width, &slots, all(dev, &packed))
-        .unwrap();
-    assert_eq!(stored, 2);
-    assert_eq!(
-        host(dev, &cache),
-        [18.0, 19.0, 0.0, 0.0, 0.0, 0.0, 4.0, 5.0]
-    );
+    // Stored rounded to nearest even: 19 = 1.1875·16 is 20 in E4M3 (3 mantissa bits);
+    // in E5M2 (2 bits) 18 is a tie between 16 and 20 (to even: 16) and 19 is 20.
+    for dt in KvCacheDType::ALL {
+        let (a, b) = match dt {
+            KvCacheDType::Fp8E4M3 => (18.0, 20.0),
+            KvCacheDType::Fp8E5M2 => (16.0, 20.0),
+            _ => (18.0, 19.0),
+        };
+        let mut cache = dev.kv_zeros(dt, 4 * width).unwrap();
+        let slots = [3, usize::MAX, 0];
+        let stored = dev
+            .write_rows(
+                kv_all_mut(dev, &mut cache),
+                width,
+                &slots,
+                all(dev, &packed),
+            )
+            .unwrap();
+        assert_eq!(stored, 2);
+        assert_eq!(
+            kv_host(dev, &cache),
+            [a, b, 0.0, 0.0, 0.0, 0.0, 4.0, 5.0],
+            "{dt}"
+        );
+    }
+    let mut cache = dev.kv_zeros(KvCacheDType::F32, 4 * width).unwrap();
     let bad = dev.write_rows(
-        all_mut(dev, &mut cache),
+        kv_all_mut(dev, &mut cache),
         width,
         &[4, 0, 0],
         all(dev, &packed),

@@ -10,6 +10,7 @@
 //! split of the KV range. Each K/V row is then streamed from memory once per tile and
 //! reused from L1 for every query row of the tile (see `avx512`).
 
+use crate::cpu::kv_store::{KvMut, KvRef};
 use crate::dcp::merge::merge_rows;
 // The attention tests check the merge of split partials through it.
 #[cfg(test)]
@@ -42,6 +43,28 @@ pub fn write_kv(
     k: &[f32],
     v: &[f32],
 ) -> Result<(), KernelError> {
+    write_kv_typed(
+        k_cache.into(),
+        v_cache.into(),
+        n_kv_heads,
+        head_dim,
+        slots,
+        k,
+        v,
+    )
+}
+
+/// [`write_kv`] into caches of any [`KvCacheDType`](crate::KvCacheDType): rows are
+/// converted as they are stored.
+pub fn write_kv_typed(
+    mut k_cache: KvMut<'_>,
+    mut v_cache: KvMut<'_>,
+    n_kv_heads: usize,
+    head_dim: usize,
+    slots: &[usize],
+    k: &[f32],
+    v: &[f32],
+) -> Result<(), KernelError> {
     let row = n_kv_heads * head_dim;
     check_len("write_kv k", slots.len() * row, k.len())?;
     check_len("write_kv v", slots.len() * row, v.len())?;
@@ -61,8 +84,8 @@ pub fn write_kv(
                 limit: n_slots,
             });
         }
-        k_cache[s * row..(s + 1) * row].copy_from_slice(&k[t * row..(t + 1) * row]);
-        v_cache[s * row..(s + 1) * row].copy_from_slice(&v[t * row..(t + 1) * row]);
+        k_cache.encode(s * row, &k[t * row..(t + 1) * row]);
+        v_cache.encode(s * row, &v[t * row..(t + 1) * row]);
     }
     Ok(())
 }
@@ -143,6 +166,20 @@ pub fn paged_attention(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> Result<(), KernelError> {
+    paged_attention_typed(pool, b, k_cache.into(), v_cache.into(), out, lse)
+}
+
+/// [`paged_attention`] against caches of any [`KvCacheDType`](crate::KvCacheDType).
+/// A narrow cache is read in place: each chunk of keys is converted to f32 into a
+/// per-thread scratch of a few rows just before use, never the whole cache.
+pub fn paged_attention_typed(
+    pool: &ThreadPool,
+    b: &AttentionBatch,
+    k_cache: KvRef<'_>,
+    v_cache: KvRef<'_>,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<(), KernelError> {
     paged_attention_impl(
         pool,
         b,
@@ -154,12 +191,12 @@ pub fn paged_attention(
     )
 }
 
-/// [`paged_attention`] with an explicit kernel choice (`simd` = AVX-512).
+/// [`paged_attention_typed`] with an explicit kernel choice (`simd` = AVX-512).
 pub(crate) fn paged_attention_impl(
     pool: &ThreadPool,
     b: &AttentionBatch,
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvRef<'_>,
+    v_cache: KvRef<'_>,
     out: &mut [f32],
     lse: &mut [f32],
     simd: bool,
@@ -271,8 +308,8 @@ pub(crate) fn paged_attention_impl(
 
 fn validate(
     b: &AttentionBatch,
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvRef<'_>,
+    v_cache: KvRef<'_>,
     out: &[f32],
     lse: &[f32],
 ) -> Result<(), KernelError> {
@@ -289,6 +326,13 @@ fn validate(
     check_len("attention out", n_tokens * nq * hd, out.len())?;
     check_len("attention lse", n_tokens * nq, lse.len())?;
     check_len("attention v_cache", k_cache.len(), v_cache.len())?;
+    if k_cache.dtype() != v_cache.dtype() {
+        return Err(KernelError::Shape(format!(
+            "K cache is {}, V cache {}: both must have one element type",
+            k_cache.dtype(),
+            v_cache.dtype()
+        )));
+    }
     let row = nkv * hd;
     let n_blocks = if row == 0 {
         0
@@ -335,8 +379,8 @@ fn validate(
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_item(
     b: &AttentionBatch,
-    kc: &[f32],
-    vc: &[f32],
+    kc: KvRef<'_>,
+    vc: KvRef<'_>,
     t0: usize,
     nt: usize,
     g: usize,
@@ -355,6 +399,12 @@ unsafe fn attend_item(
         let mut s = s.borrow_mut();
         #[cfg(target_arch = "x86_64")]
         if simd {
+            // f32 caches are read in place; narrower ones through the tile's decoder.
+            let (kp, vp) = match (kc.as_f32(), vc.as_f32()) {
+                (Some(k), Some(v)) => (k.as_ptr().add(g * hd), v.as_ptr().add(g * hd)),
+                _ => (std::ptr::null(), std::ptr::null()),
+            };
+            let packed = kc.as_f32().is_none().then_some((kc, vc, g * hd));
             let tile = avx512::Tile {
                 q: b.q.as_ptr().add((t0 * nq + g * r) * hd),
                 q_tok_stride: nq * hd,
@@ -363,8 +413,9 @@ unsafe fn attend_item(
                 kv_len: &b.token_kv_len[t0..t0 + nt],
                 hd,
                 scale: b.scale,
-                kc: kc.as_ptr().add(g * hd),
-                vc: vc.as_ptr().add(g * hd),
+                kc: kp,
+                vc: vp,
+                packed,
                 slot_stride: nkv * hd,
                 bt,
                 bs: b.block_size,
@@ -378,7 +429,7 @@ unsafe fn attend_item(
             return;
         }
         let _ = (simd, groups);
-        let need = r * (CH + 2);
+        let need = r * (CH + 2) + 2 * CH * hd;
         if s.len() < need {
             s.resize(need, 0.0);
         }
@@ -393,8 +444,9 @@ unsafe fn attend_item(
                 r,
                 hd,
                 scale: b.scale,
-                kc: &kc[g * hd..],
-                vc: &vc[g * hd..],
+                kc,
+                vc,
+                head_off: g * hd,
                 nkv,
                 bt,
                 bs: b.block_size,
@@ -406,14 +458,17 @@ unsafe fn attend_item(
     });
 }
 
+/// One KV head's query rows of one token (`nq == r`) against keys `start..end`.
 struct Item<'a> {
     q: &'a [f32],
     nq: usize,
     r: usize,
     hd: usize,
     scale: f32,
-    kc: &'a [f32],
-    vc: &'a [f32],
+    kc: KvRef<'a>,
+    vc: KvRef<'a>,
+    /// Offset of the KV head within a slot row.
+    head_off: usize,
     nkv: usize,
     bt: &'a [u32],
     bs: usize,
@@ -492,8 +547,10 @@ impl Math for Scalar {
 fn attend_body<M: Math>(it: &Item, out: &mut [f32], lse: &mut [f32], scratch: &mut [f32]) {
     let (nq, hd) = (it.nq, it.hd);
     let (scores, rest) = scratch.split_at_mut(nq * CH);
-    let (m, l) = rest.split_at_mut(nq);
-    let l = &mut l[..nq];
+    let (m, rest) = rest.split_at_mut(nq);
+    let (l, rest) = rest.split_at_mut(nq);
+    // Decoded K and V rows of the chunk (narrow caches only).
+    let (kbuf, vbuf) = rest[..2 * CH * hd].split_at_mut(CH * hd);
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
     out.fill(0.0);
@@ -504,12 +561,21 @@ fn attend_body<M: Math>(it: &Item, out: &mut [f32], lse: &mut [f32], scratch: &m
         for (jj, off) in offs[..c].iter_mut().enumerate() {
             let j = j0 + jj;
             let slot = it.bt[j / it.bs] as usize * it.bs + j % it.bs;
-            *off = slot * it.nkv * hd;
+            *off = slot * it.nkv * hd + it.head_off;
         }
+        let (kc, vc): (&[f32], &[f32]) = match (it.kc.as_f32(), it.vc.as_f32()) {
+            (Some(k), Some(v)) => (k, v),
+            _ => {
+                for (jj, off) in offs[..c].iter_mut().enumerate() {
+                    it.kc.decode(*off, &mut kbuf[jj * hd..(jj + 1) * hd]);
+                    it.vc.decode(*off, &mut vbuf[jj * hd..(jj + 1) * hd]);
+                    *off = jj * hd;
+                }
+                (kbuf, vbuf)
+            }
+        };
+        debug_assert_eq!(nq, it.r, "an item is one KV head's query rows");
         for h in 0..nq {
-            // GQA: query head h reads KV head h / r, at offset g*hd inside each slot row.
-            let g = h / it.r;
-            let (kc, vc) = (&it.kc[g * hd..], &it.vc[g * hd..]);
             let qh = &it.q[h * hd..(h + 1) * hd];
             let s = &mut scores[h * CH..h * CH + c];
             let mut mx = m[h];

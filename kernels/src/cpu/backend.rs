@@ -3,14 +3,16 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::attention::{paged_attention, write_kv, AttentionBatch};
+use crate::attention::{paged_attention_typed, write_kv_typed, AttentionBatch};
 use crate::backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams, Strided};
 use crate::cpu::int8_matmul::{int8_supported, matmul_int8, CpuMatmul, Int8Isa};
+use crate::cpu::kv_store::{KvMut, KvRef, KvStore};
 use crate::cpu::rows::{copy_strided, gather_rows, scatter_add_rows, write_rows};
 use crate::dcp::merge::{merge_partials, scale_by_lse_share};
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
-use crate::latent_attention::{latent_attention, LatentBatch};
+use crate::kv_dtype::KvCacheDType;
+use crate::latent_attention::{latent_attention_typed, LatentBatch};
 use crate::matmul::{matmul_with_precision, Precision};
 use crate::moe_routing::{route_experts, RouterParams, Routing};
 use crate::ops::{
@@ -94,6 +96,9 @@ impl Backend for CpuBackend {
     type ViewMut<'a> = &'a mut [f32];
     type Matrix = WeightMatrix;
     type Rope = RopeTable;
+    type KvBuffer = KvStore;
+    type KvView<'a> = KvRef<'a>;
+    type KvViewMut<'a> = KvMut<'a>;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -281,22 +286,48 @@ impl Backend for CpuBackend {
         table.gather_rows(ids, out)
     }
 
+    fn kv_zeros(&self, dtype: KvCacheDType, len: usize) -> Result<KvStore, KernelError> {
+        Ok(KvStore::zeros(dtype, len))
+    }
+
+    fn kv_len(&self, buf: &KvStore) -> usize {
+        buf.len()
+    }
+
+    fn kv_view<'a>(&self, buf: &'a KvStore, range: Range<usize>) -> Result<KvRef<'a>, KernelError> {
+        buf.checked_view(range)
+    }
+
+    fn kv_view_mut<'a>(
+        &self,
+        buf: &'a mut KvStore,
+        range: Range<usize>,
+    ) -> Result<KvMut<'a>, KernelError> {
+        buf.checked_view_mut(range)
+    }
+
+    fn kv_download(&self, src: KvRef<'_>, host: &mut [f32]) -> Result<(), KernelError> {
+        check_len("kv_download host", src.len(), host.len())?;
+        src.decode(0, host);
+        Ok(())
+    }
+
     fn write_kv(
         &self,
-        k_cache: &mut [f32],
-        v_cache: &mut [f32],
+        k_cache: KvMut<'_>,
+        v_cache: KvMut<'_>,
         n_kv_heads: usize,
         head_dim: usize,
         slots: &[usize],
         k: &[f32],
         v: &[f32],
     ) -> Result<(), KernelError> {
-        write_kv(k_cache, v_cache, n_kv_heads, head_dim, slots, k, v)
+        write_kv_typed(k_cache, v_cache, n_kv_heads, head_dim, slots, k, v)
     }
 
     fn write_rows(
         &self,
-        cache: &mut [f32],
+        cache: KvMut<'_>,
         width: usize,
         slots: &[usize],
         rows: &[f32],
@@ -308,8 +339,8 @@ impl Backend for CpuBackend {
         &self,
         q: &[f32],
         p: &PagedAttentionParams<'_>,
-        k_cache: &[f32],
-        v_cache: &[f32],
+        k_cache: KvRef<'_>,
+        v_cache: KvRef<'_>,
         out: &mut [f32],
         lse: &mut [f32],
     ) -> Result<(), KernelError> {
@@ -324,14 +355,14 @@ impl Backend for CpuBackend {
             token_kv_len: p.token_kv_len,
             block_tables: p.block_tables,
         };
-        paged_attention(&self.pool, &batch, k_cache, v_cache, out, lse)
+        paged_attention_typed(&self.pool, &batch, k_cache, v_cache, out, lse)
     }
 
     fn latent_attention(
         &self,
         q: &[f32],
         p: &LatentAttentionParams<'_>,
-        cache: &[f32],
+        cache: KvRef<'_>,
         out: &mut [f32],
         lse: &mut [f32],
     ) -> Result<(), KernelError> {
@@ -346,7 +377,7 @@ impl Backend for CpuBackend {
             token_kv_len: p.token_kv_len,
             block_tables: p.block_tables,
         };
-        latent_attention(&self.pool, &batch, cache, out, lse)
+        latent_attention_typed(&self.pool, &batch, cache, out, lse)
     }
 
     fn merge_lse(

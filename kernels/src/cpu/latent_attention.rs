@@ -3,6 +3,7 @@
 //! the output and the log-sum-exp per (token, head) like [`crate::paged_attention`], so
 //! partial results over KV shards merge exactly (decode context parallelism).
 
+use crate::cpu::kv_store::KvRef;
 use crate::dcp::merge_partials;
 use crate::error::KernelError;
 use crate::pool::ThreadPool;
@@ -64,6 +65,19 @@ pub fn latent_attention(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> Result<(), KernelError> {
+    latent_attention_typed(pool, b, cache.into(), out, lse)
+}
+
+/// [`latent_attention`] against a latent cache of any
+/// [`KvCacheDType`](crate::KvCacheDType): each chunk's rows are converted to f32 just
+/// before use (a few rows per thread), so a narrow cache is read in its narrow form.
+pub fn latent_attention_typed(
+    pool: &ThreadPool,
+    b: &LatentBatch,
+    cache: KvRef<'_>,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<(), KernelError> {
     validate(b, cache, out, lse)?;
     let n = b.token_seq.len();
     let rows = n * b.n_heads;
@@ -116,7 +130,12 @@ pub fn latent_attention(
     merge_partials(&outs, &lses, rows, b.v_dim, out, lse)
 }
 
-fn validate(b: &LatentBatch, cache: &[f32], out: &[f32], lse: &[f32]) -> Result<(), KernelError> {
+fn validate(
+    b: &LatentBatch,
+    cache: KvRef<'_>,
+    out: &[f32],
+    lse: &[f32],
+) -> Result<(), KernelError> {
     let n = b.token_seq.len();
     let bad = |what: String| Err(KernelError::Shape(format!("latent attention: {what}")));
     if b.dim == 0 || b.v_dim > b.dim || b.block_size == 0 {
@@ -175,7 +194,7 @@ fn simd_available() -> bool {
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend(
     b: &LatentBatch,
-    cache: &[f32],
+    cache: KvRef<'_>,
     t: usize,
     start: usize,
     end: usize,
@@ -201,7 +220,7 @@ unsafe fn attend(
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_avx2(
     b: &LatentBatch,
-    cache: &[f32],
+    cache: KvRef<'_>,
     t: usize,
     start: usize,
     end: usize,
@@ -317,7 +336,7 @@ mod avx2 {
 #[inline(always)]
 fn attend_body<M: Math>(
     b: &LatentBatch,
-    cache: &[f32],
+    cache: KvRef<'_>,
     t: usize,
     start: usize,
     end: usize,
@@ -331,6 +350,11 @@ fn attend_body<M: Math>(
     let mut m = vec![f32::NEG_INFINITY; h];
     let mut sum = vec![0.0f32; h];
     let mut scores = vec![0.0f32; h * CH];
+    // The chunk's rows as f32, for caches stored narrower.
+    let mut decoded = match cache.as_f32() {
+        Some(_) => Vec::new(),
+        None => vec![0.0f32; CH * d],
+    };
     let mut offs = [0usize; CH];
     let mut j0 = start;
     while j0 < end {
@@ -339,6 +363,16 @@ fn attend_body<M: Math>(
             let j = j0 + jj;
             *off = (table[j / bs] as usize * bs + j % bs) * d;
         }
+        let cache: &[f32] = match cache.as_f32() {
+            Some(rows) => rows,
+            None => {
+                for (jj, off) in offs.iter_mut().enumerate().take(c) {
+                    cache.decode(*off, &mut decoded[jj * d..(jj + 1) * d]);
+                    *off = jj * d;
+                }
+                &decoded
+            }
+        };
         for jj in 0..c {
             let key = &cache[offs[jj]..offs[jj] + d];
             for hh in 0..h {

@@ -5,6 +5,7 @@
 //! [`write_rows`](crate::Backend::write_rows)).
 
 use crate::backend::Strided;
+use crate::cpu::kv_store::KvMut;
 use crate::error::{check_len, KernelError};
 
 /// Checks that `rows` rows of `width` values at `layout` fit in `len` values.
@@ -108,9 +109,10 @@ pub fn scatter_add_rows(
     Ok(())
 }
 
-/// See [`Backend::write_rows`](crate::Backend::write_rows).
+/// See [`Backend::write_rows`](crate::Backend::write_rows): rows are converted to the
+/// cache's element type as they are stored.
 pub fn write_rows(
-    cache: &mut [f32],
+    mut cache: KvMut<'_>,
     width: usize,
     slots: &[usize],
     rows: &[f32],
@@ -132,7 +134,7 @@ pub fn write_rows(
                 limit: n_slots,
             });
         }
-        cache[s * width..(s + 1) * width].copy_from_slice(row);
+        cache.encode(s * width, row);
         stored += 1;
     }
     Ok(stored)

@@ -142,14 +142,16 @@ impl<B: Backend> DecoderModel<B> {
     }
 
     /// A KV cache shaped for this rank with `num_blocks` blocks of `block_size` tokens,
-    /// in the backend's memory.
+    /// values stored as `dtype`, in the backend's memory.
     pub fn new_kv_cache(
         &self,
         num_blocks: usize,
         block_size: usize,
+        dtype: dcpserve_kernels::KvCacheDType,
     ) -> Result<KvCache<B>, ModelError> {
         KvCache::new(
             &self.backend,
+            dtype,
             self.config.num_hidden_layers,
             num_blocks,
             block_size,

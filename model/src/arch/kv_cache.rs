@@ -1,7 +1,8 @@
 //! The paged KV cache of one rank: per layer, K and V of shape
-//! `[num_blocks, block_size, n_kv_heads, head_dim]`, in buffers of the rank's backend.
+//! `[num_blocks, block_size, n_kv_heads, head_dim]`, in KV buffers of the rank's backend
+//! whose elements are stored in the chosen [`KvCacheDType`].
 
-use dcpserve_kernels::{Backend, CpuBackend};
+use dcpserve_kernels::{Backend, CpuBackend, KvCacheDType};
 
 use crate::error::ModelError;
 
@@ -11,15 +12,18 @@ pub struct KvCache<B: Backend = CpuBackend> {
     pub block_size: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    k: Vec<B::Buffer>,
-    v: Vec<B::Buffer>,
+    /// How each value is stored.
+    pub dtype: KvCacheDType,
+    k: Vec<B::KvBuffer>,
+    v: Vec<B::KvBuffer>,
 }
 
 impl<B: Backend> KvCache<B> {
-    /// Allocates `num_blocks` blocks for `n_layers` layers on `dev` (zeroed, so on the
-    /// CPU untouched pages cost no RAM).
+    /// Allocates `num_blocks` blocks for `n_layers` layers on `dev`, values stored as
+    /// `dtype` (zeroed, so on the CPU untouched pages cost no RAM).
     pub fn new(
         dev: &B,
+        dtype: KvCacheDType,
         n_layers: usize,
         num_blocks: usize,
         block_size: usize,
@@ -30,22 +34,28 @@ impl<B: Backend> KvCache<B> {
         let mut k = Vec::with_capacity(n_layers);
         let mut v = Vec::with_capacity(n_layers);
         for _ in 0..n_layers {
-            k.push(dev.zeros(per_layer)?);
-            v.push(dev.zeros(per_layer)?);
+            k.push(dev.kv_zeros(dtype, per_layer)?);
+            v.push(dev.kv_zeros(dtype, per_layer)?);
         }
         Ok(Self {
             num_blocks,
             block_size,
             n_kv_heads,
             head_dim,
+            dtype,
             k,
             v,
         })
     }
 
-    /// Bytes one token occupies across all layers (K and V, f32).
-    pub fn bytes_per_token(n_layers: usize, n_kv_heads: usize, head_dim: usize) -> usize {
-        2 * n_layers * n_kv_heads * head_dim * std::mem::size_of::<f32>()
+    /// Bytes one token occupies across all layers (K and V, `dtype.bytes()` each value).
+    pub fn bytes_per_token(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        dtype: KvCacheDType,
+    ) -> usize {
+        2 * n_layers * n_kv_heads * head_dim * dtype.bytes()
     }
 
     /// Layers the cache holds.
@@ -67,13 +77,13 @@ impl<B: Backend> KvCache<B> {
         &'a mut self,
         dev: &B,
         layer: usize,
-    ) -> Result<(B::ViewMut<'a>, B::ViewMut<'a>), ModelError> {
+    ) -> Result<(B::KvViewMut<'a>, B::KvViewMut<'a>), ModelError> {
         let (len, layers) = (self.layer_len(), self.k.len());
         let (k, v) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
             (Some(k), Some(v)) => (k, v),
             _ => return Err(no_layer(layer, layers)),
         };
-        Ok((dev.view_mut(k, 0..len)?, dev.view_mut(v, 0..len)?))
+        Ok((dev.kv_view_mut(k, 0..len)?, dev.kv_view_mut(v, 0..len)?))
     }
 
     /// Layer `layer`'s K and V caches.
@@ -81,10 +91,10 @@ impl<B: Backend> KvCache<B> {
         &'a self,
         dev: &B,
         layer: usize,
-    ) -> Result<(B::View<'a>, B::View<'a>), ModelError> {
+    ) -> Result<(B::KvView<'a>, B::KvView<'a>), ModelError> {
         let len = self.layer_len();
         match (self.k.get(layer), self.v.get(layer)) {
-            (Some(k), Some(v)) => Ok((dev.view(k, 0..len)?, dev.view(v, 0..len)?)),
+            (Some(k), Some(v)) => Ok((dev.kv_view(k, 0..len)?, dev.kv_view(v, 0..len)?)),
             _ => Err(no_layer(layer, self.k.len())),
         }
     }

@@ -4,7 +4,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use dcpserve_kernels::{Backend, CpuBackend};
+use dcpserve_kernels::{Backend, CpuBackend, KvCacheDType};
 
 use super::cache_access::{lock, SharedCache, TurnPoints};
 
@@ -53,6 +53,7 @@ impl<B: Backend> RankCache<B> {
                         c.num_layers(),
                         c.n_kv_heads,
                         c.head_dim,
+                        c.dtype,
                     ),
                     capacity_tokens: c.capacity_tokens(),
                 }
@@ -61,7 +62,7 @@ impl<B: Backend> RankCache<B> {
                 let c = lock(c);
                 KvStorage {
                     tokens_written_per_layer: Some(c.tokens_written().to_vec()),
-                    bytes_per_token: latent_bytes_per_token(c.num_layers(), c.latent_dim),
+                    bytes_per_token: latent_bytes_per_token(c.num_layers(), c.latent_dim, c.dtype),
                     capacity_tokens: c.capacity_tokens(),
                 }
             }
@@ -128,18 +129,30 @@ impl<B: Backend> RankModel<B> {
         }
     }
 
-    /// A KV cache of `num_blocks` blocks of `block_size` tokens for this rank.
+    /// A float32 KV cache of `num_blocks` blocks of `block_size` tokens for this rank
+    /// (the reference precision; see [`RankModel::new_kv_cache_typed`]).
     pub fn new_kv_cache(
         &self,
         num_blocks: usize,
         block_size: usize,
     ) -> Result<RankCache<B>, ModelError> {
+        self.new_kv_cache_typed(num_blocks, block_size, KvCacheDType::F32)
+    }
+
+    /// A KV cache of `num_blocks` blocks of `block_size` tokens for this rank, values
+    /// stored as `dtype`.
+    pub fn new_kv_cache_typed(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvCacheDType,
+    ) -> Result<RankCache<B>, ModelError> {
         Ok(match self {
             RankModel::Dense(m) => {
-                RankCache::Dense(Mutex::new(m.new_kv_cache(num_blocks, block_size)?))
+                RankCache::Dense(Mutex::new(m.new_kv_cache(num_blocks, block_size, dtype)?))
             }
             RankModel::Mla(m) => {
-                RankCache::Latent(Mutex::new(m.new_kv_cache(num_blocks, block_size)?))
+                RankCache::Latent(Mutex::new(m.new_kv_cache(num_blocks, block_size, dtype)?))
             }
         })
     }
@@ -271,13 +284,13 @@ fn mismatch() -> ModelError {
     ModelError::Invalid("the KV cache does not match the model's attention".into())
 }
 
-/// KV-cache bytes one token costs on one rank at tensor-parallel size `tp`, in f32: MLA
-/// stores one latent row (`kv_lora_rank + qk_rope_head_dim`) per layer, replicated on
-/// every rank; standard attention stores K and V of the rank's KV heads.
-pub fn kv_bytes_per_token(cfg: &ModelConfig, tp: usize) -> usize {
+/// KV-cache bytes one token costs on one rank at tensor-parallel size `tp`, stored as
+/// `dtype`: MLA stores one latent row (`kv_lora_rank + qk_rope_head_dim`) per layer,
+/// replicated on every rank; standard attention stores K and V of the rank's KV heads.
+pub fn kv_bytes_per_token(cfg: &ModelConfig, tp: usize, dtype: KvCacheDType) -> usize {
     let layers = cfg.num_hidden_layers;
     match &cfg.mla {
-        Some(mla) => latent_bytes_per_token(layers, mla.latent_dim()),
+        Some(mla) => latent_bytes_per_token(layers, mla.latent_dim(), dtype),
         None => {
             let heads = HeadLayout::new(
                 cfg,
@@ -286,7 +299,7 @@ pub fn kv_bytes_per_token(cfg: &ModelConfig, tp: usize) -> usize {
                     size: tp.max(1),
                 },
             );
-            KvCache::<CpuBackend>::bytes_per_token(layers, heads.kv_heads, cfg.head_dim)
+            KvCache::<CpuBackend>::bytes_per_token(layers, heads.kv_heads, cfg.head_dim, dtype)
         }
     }
 }
@@ -306,15 +319,17 @@ pub struct KvCapacity {
 }
 
 /// The engine's KV sizing: `budget_per_rank` bytes on each rank, whole blocks of
-/// `block_size` tokens (at least one), every token stored on exactly one rank of its DCP group.
+/// `block_size` tokens (at least one), every token stored on exactly one rank of its DCP
+/// group, each value stored as `dtype` (so bf16 holds 2× and FP8 4× the float32 tokens).
 pub fn kv_capacity(
     cfg: &ModelConfig,
     tp: usize,
     dcp: usize,
     block_size: usize,
     budget_per_rank: u64,
+    dtype: KvCacheDType,
 ) -> KvCapacity {
-    let per_token = kv_bytes_per_token(cfg, tp).max(1);
+    let per_token = kv_bytes_per_token(cfg, tp, dtype).max(1);
     let block_bytes = (per_token as u64).saturating_mul(block_size.max(1) as u64);
     let num_blocks = usize::try_from(budget_per_rank / block_bytes)
         .unwrap_or(usize::MAX)
@@ -394,10 +409,15 @@ mod tests {
     #[test]
     fn kimi_k2_kv_memory_and_capacity() {
         let cfg = kimi_k2();
-        let per_token = kv_bytes_per_token(&cfg, 8);
+        let per_token = kv_bytes_per_token(&cfg, 8, KvCacheDType::F32);
         // 61 layers × (512 + 64) values × 4 bytes (f32), the same on every TP rank.
         assert_eq!(per_token, 61 * 576 * 4);
-        assert_eq!(per_token, kv_bytes_per_token(&cfg, 1));
+        assert_eq!(per_token, kv_bytes_per_token(&cfg, 1, KvCacheDType::F32));
+        assert_eq!(
+            kv_bytes_per_token(&cfg, 8, KvCacheDType::BF16),
+            61 * 576 * 2
+        );
+        assert_eq!(kv_bytes_per_token(&cfg, 8, KvCacheDType::Fp8E4M3), 61 * 576);
         let budget: u64 = 16 << 30;
         let block = 16;
         println!(
@@ -406,15 +426,23 @@ mod tests {
             61 * 576 * 2
         );
         for (tp, dcp) in [(8, 1), (8, 2), (8, 4), (8, 8)] {
-            let c = kv_capacity(&cfg, tp, dcp, block, budget);
+            let c = kv_capacity(&cfg, tp, dcp, block, budget, KvCacheDType::F32);
             assert_eq!(c.tokens_total, c.tokens_per_rank * dcp);
             println!(
                 "tp={tp} dcp={dcp}, 16 GiB KV per rank: {} tokens per rank, {} tokens total",
                 c.tokens_per_rank, c.tokens_total
             );
         }
-        let without = kv_capacity(&cfg, 8, 1, block, budget);
-        let with = kv_capacity(&cfg, 8, 8, block, budget);
+        let without = kv_capacity(&cfg, 8, 1, block, budget, KvCacheDType::F32);
+        let with = kv_capacity(&cfg, 8, 8, block, budget, KvCacheDType::F32);
         assert_eq!(with.tokens_total, 8 * without.tokens_total);
+        // A narrower cache holds proportionally more (whole blocks: within one block).
+        for (dt, times) in [(KvCacheDType::BF16, 2), (KvCacheDType::Fp8E5M2, 4)] {
+            let c = kv_capacity(&cfg, 8, 1, block, budget, dt);
+            assert!(
+                c.num_blocks.abs_diff(times * without.num_blocks) <= times,
+                "{dt}"
+            );
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Storage formats of weights and of the KV cache, and what one value costs in each.
 
 use clap::ValueEnum;
+use dcpserve_kernels::KvCacheDType;
 
 /// How the weights of linear layers are stored. Sizes include the block scales each
 /// format carries, because those are read on every step too.
@@ -62,26 +63,35 @@ impl WeightDtype {
     }
 }
 
-/// How the KV cache stores one value. dcpserve's CPU ranks store f32 today; the others
-/// are what GPU engines use.
+/// How the KV cache stores one value: the command line's names for the engine's
+/// [`KvCacheDType`] (`--kv-cache-dtype`), which sizes the cache; `fp8` is E4M3 (E5M2
+/// costs the same byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KvDtype {
-    #[value(name = "f32")]
+    #[value(name = "f32", alias = "float32")]
     F32,
-    #[value(name = "bf16", alias = "f16", alias = "auto")]
+    #[value(name = "bf16", alias = "bfloat16", alias = "f16", alias = "auto")]
     Bf16,
     #[value(name = "fp8", alias = "fp8_e4m3")]
     Fp8,
+    #[value(name = "fp8_e5m2")]
+    Fp8E5M2,
 }
 
 impl KvDtype {
+    /// The engine's element type.
+    pub fn storage(self) -> KvCacheDType {
+        match self {
+            KvDtype::F32 => KvCacheDType::F32,
+            KvDtype::Bf16 => KvCacheDType::BF16,
+            KvDtype::Fp8 => KvCacheDType::Fp8E4M3,
+            KvDtype::Fp8E5M2 => KvCacheDType::Fp8E5M2,
+        }
+    }
+
     /// Bytes per stored value.
     pub fn bytes(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::Bf16 => 2,
-            KvDtype::Fp8 => 1,
-        }
+        self.storage().bytes()
     }
 
     /// The name the command line uses.

@@ -6,16 +6,14 @@ use dcpserve_model::ModelConfig;
 use super::dtype::KvDtype;
 
 /// KV bytes one token costs on one rank at tensor-parallel size `tp`, in `dtype`: the
-/// engine's f32 figure ([`kv_bytes_per_token`]) scaled to the format's width.
+/// engine's own figure ([`kv_bytes_per_token`]).
 pub fn kv_bytes_per_token_per_rank(cfg: &ModelConfig, tp: usize, dtype: KvDtype) -> usize {
-    kv_bytes_per_token(cfg, tp) / 4 * dtype.bytes()
+    kv_bytes_per_token(cfg, tp, dtype.storage())
 }
 
-/// How many tokens `budget_per_rank` bytes per rank hold, as the engine sizes its cache
-/// ([`kv_capacity`]: whole blocks of `block_size` tokens, each token on one rank of its
-/// DCP group). With `KvDtype::F32` it is exactly what the engine allocates; a narrower
-/// format fits `4 / bytes` times as many values in the same budget, so the engine's
-/// function runs on the budget scaled by that (exact, as 4 / bytes is 1, 2 or 4).
+/// How many tokens `budget_per_rank` bytes per rank hold, exactly as the engine sizes
+/// its cache of that element type ([`kv_capacity`]: whole blocks of `block_size`
+/// tokens, each token on one rank of its DCP group).
 pub fn kv_capacity_in(
     cfg: &ModelConfig,
     tp: usize,
@@ -24,14 +22,5 @@ pub fn kv_capacity_in(
     budget_per_rank: u64,
     dtype: KvDtype,
 ) -> KvCapacity {
-    let widen = (4 / dtype.bytes()) as u64;
-    let mut cap = kv_capacity(
-        cfg,
-        tp,
-        dcp,
-        block_size,
-        budget_per_rank.saturating_mul(widen),
-    );
-    cap.bytes_per_token_per_rank = kv_bytes_per_token_per_rank(cfg, tp, dtype);
-    cap
+    kv_capacity(cfg, tp, dcp, block_size, budget_per_rank, dtype.storage())
 }

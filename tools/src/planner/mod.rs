@@ -77,8 +77,10 @@ pub struct PlanArgs {
     /// Format of the attention projections (default: --weight-dtype).
     #[arg(long, value_enum)]
     pub attention_dtype: Option<WeightDtype>,
-    /// KV-cache format (default: f32 on cpu, as the engine stores it; bf16 on GPUs).
-    #[arg(long, value_enum)]
+    /// KV-cache format, as the engine's --kv-cache-dtype (f32, bf16, fp8 = fp8_e4m3,
+    /// fp8_e5m2; default: what the engine's `auto` picks: f32 on cpu for f32 weights,
+    /// bf16 otherwise).
+    #[arg(long, value_enum, alias = "kv-cache-dtype")]
     pub kv_dtype: Option<KvDtype>,
     /// Tokens per KV block on one rank.
     #[arg(long, default_value_t = 16)]
@@ -169,9 +171,15 @@ impl PlanArgs {
         Ok(PlanOptions {
             weight_dtype: self.weight_dtype,
             attention_dtype: self.attention_dtype.unwrap_or(self.weight_dtype),
+            // The engine's `--kv-cache-dtype auto` on CPU: float32 for float32 weights,
+            // bfloat16 otherwise.
             kv_dtype: self
                 .kv_dtype
-                .unwrap_or(if gpu { KvDtype::Bf16 } else { KvDtype::F32 }),
+                .unwrap_or(if gpu || self.weight_dtype != WeightDtype::F32 {
+                    KvDtype::Bf16
+                } else {
+                    KvDtype::F32
+                }),
             block_size: self.block_size,
             interleave: self.cp_kv_cache_interleave_size,
             max_num_seqs: self.max_num_seqs,

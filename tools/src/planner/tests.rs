@@ -142,7 +142,7 @@ fn kv_bytes_per_token_scale_from_the_engines_f32() {
     assert_eq!(kv_bytes_per_token_per_rank(&cfg, 1, KvDtype::F32), 256);
     assert_eq!(
         kv_bytes_per_token_per_rank(&cfg, 1, KvDtype::F32),
-        kv_bytes_per_token(&cfg, 1)
+        kv_bytes_per_token(&cfg, 1, dcpserve_kernels::KvCacheDType::F32)
     );
     assert_eq!(kv_bytes_per_token_per_rank(&cfg, 1, KvDtype::Bf16), 128);
     // tp=4 > 2 KV heads: one replicated head per rank.

@@ -13,6 +13,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::cpu::kv_store::KvRef;
+
 /// Keys per chunk (one zmm of scores per query row).
 const KC: usize = 16;
 /// Software prefetch distance (bytes of K, and as much V, ahead of the chunk being
@@ -39,9 +41,13 @@ pub(super) struct Tile<'a> {
     pub kv_len: &'a [u32],
     pub hd: usize,
     pub scale: f32,
-    /// Caches offset to the first KV head; `slot_stride` floats per slot.
+    /// f32 caches offset to the first KV head; `slot_stride` elements per slot
+    /// (null when the caches are narrower, see `packed`).
     pub kc: *const f32,
     pub vc: *const f32,
+    /// Caches in a narrower type, with the offset of the first KV head: each chunk's
+    /// slot rows are decoded into the tile's scratch just before use.
+    pub packed: Option<(KvRef<'a>, KvRef<'a>, usize)>,
     pub slot_stride: usize,
     pub bt: &'a [u32],
     pub bs: usize,
@@ -351,8 +357,15 @@ unsafe fn prefetch(t: &Tile, mut j: usize, e: usize, step: usize) {
         let (blk, w) = (j / t.bs, j % t.bs);
         let n = (t.bs - w).min(e - j);
         let o = (t.bt[blk] as usize * t.bs + w) * t.slot_stride;
-        let bytes = n * t.slot_stride * 4;
-        let (kp, vp) = (t.kc.add(o) as *const i8, t.vc.add(o) as *const i8);
+        let (kp, vp, eb) = match t.packed {
+            Some((k, v, h)) => (
+                k.byte_ptr().add((o + h) * k.dtype().bytes()) as *const i8,
+                v.byte_ptr().add((o + h) * k.dtype().bytes()) as *const i8,
+                k.dtype().bytes(),
+            ),
+            None => (t.kc.add(o) as *const i8, t.vc.add(o) as *const i8, 4),
+        };
+        let bytes = n * t.slot_stride * eb;
         let mut b = 0;
         while b < bytes {
             _mm_prefetch::<_MM_HINT_T0>(kp.add(b));
@@ -381,7 +394,9 @@ pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
     let gr = nt * r;
     let rows = ng * gr;
     let rp = rows.next_multiple_of(16);
-    let need = 2 * rows * hdp + hdp * KC + 2 * rows * KC + 2 * rp + 16;
+    let ss = t.slot_stride;
+    let decoded = if t.packed.is_some() { 2 * KC * ss } else { 0 };
+    let need = 2 * rows * hdp + hdp * KC + 2 * rows * KC + 2 * rp + decoded + 16;
     if scratch.len() < need {
         scratch.resize(need, 0.0);
     }
@@ -394,6 +409,9 @@ pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
     let lv = p.add(rows * KC);
     let m = lv.add(rows * KC);
     let alpha = m.add(rp);
+    // Decoded K and V slot rows of the current chunk (narrow caches).
+    let dk = alpha.add(rp);
+    let dv = dk.add(KC * ss);
     let tail = if hd % 16 == 0 { 0xFFFF } else { mask(hd % 16) };
     // (token, head within the tile's heads) of scratch row i.
     let who = |i: usize| {
@@ -422,7 +440,7 @@ pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
         .unwrap_or(0)
         .min(t.end);
     // Prefetch distance in keys: about PF_BYTES of K (and as much V) ahead.
-    let row_bytes = t.slot_stride * 4;
+    let row_bytes = t.slot_stride * t.packed.map_or(4, |(k, _, _)| k.dtype().bytes());
     let pf = (PF_BYTES / row_bytes).next_multiple_of(KC).max(KC);
     let step = PF_STEP;
     // With few query rows per KV head (MHA-like decode) there is little compute per
@@ -454,8 +472,21 @@ pub(super) unsafe fn attend_tile(t: &Tile, scratch: &mut Vec<f32>) {
                 64,
             );
         }
+        let (kbase, vbase) = match t.packed {
+            None => (t.kc, t.vc),
+            Some((kr, vr, h)) => {
+                for (key, o) in off.iter_mut().enumerate().take(c) {
+                    let (kd, vd) = (dk.add(key * ss), dv.add(key * ss));
+                    // The tile's KV heads only (all of the row when it covers all).
+                    kr.decode(*o + h, std::slice::from_raw_parts_mut(kd, ng * hd));
+                    vr.decode(*o + h, std::slice::from_raw_parts_mut(vd, ng * hd));
+                    *o = key * ss;
+                }
+                (dk as *const f32, dv as *const f32)
+            }
+        };
         for g in 0..ng {
-            let (kc, vc) = (t.kc.add(g * hd), t.vc.add(g * hd));
+            let (kc, vc) = (kbase.add(g * hd), vbase.add(g * hd));
             let (qs, acc) = (qs.add(g * gr * hdp), acc.add(g * gr * hdp));
             let (p, lv, m, alpha) = (
                 p.add(g * gr * KC),

@@ -1,5 +1,21 @@
 //! Unit tests.
 use super::*;
+use crate::cpu::kv_store::KvStore;
+use crate::kv_dtype::KvCacheDType;
+
+/// `x` stored in a cache of type `dt`.
+fn store(dt: KvCacheDType, x: &[f32]) -> KvStore {
+    let mut s = KvStore::zeros(dt, x.len());
+    s.view_mut(0..x.len()).encode(0, x);
+    s
+}
+
+/// `x` as a cache of type `dt` holds it (stored, then read back as f32).
+fn dequantized(dt: KvCacheDType, x: &[f32]) -> Vec<f32> {
+    let mut o = vec![0.0; x.len()];
+    store(dt, x).view(0..x.len()).decode(0, &mut o);
+    o
+}
 
 struct Lcg(u64);
 impl Lcg {
@@ -117,8 +133,10 @@ fn run_case(
     check(nq, nkv, hd, bs, lens, &tokens, threads, seed, 2.0);
 }
 
-/// Runs `tokens` (`(seq, kv_len)`) through both kernels; compares each with the
-/// f64 reference (1e-4) and the SIMD kernel with the scalar one (2e-5).
+/// Runs `tokens` (`(seq, kv_len)`) through both kernels with caches of every
+/// [`KvCacheDType`]; compares each with the f64 reference on the cache's dequantized
+/// contents (1e-4, as for f32: the kernels convert exactly) and the SIMD kernel with
+/// the scalar one (2e-5).
 #[allow(clippy::too_many_arguments)]
 fn check(
     nq: usize,
@@ -150,11 +168,34 @@ fn check(
         block_tables: &tables,
     };
     let pool = ThreadPool::new(threads);
+    for dt in KvCacheDType::ALL {
+        let (kc, vc) = (store(dt, &su.k), store(dt, &su.v));
+        let dense_k: Vec<Vec<f32>> = su.dense_k.iter().map(|x| dequantized(dt, x)).collect();
+        let dense_v: Vec<Vec<f32>> = su.dense_v.iter().map(|x| dequantized(dt, x)).collect();
+        let (kv, vv) = (kc.view(0..su.k.len()), vc.view(0..su.v.len()));
+        check_kernels(&pool, &b, kv, vv, &dense_k, &dense_v);
+    }
+}
+
+/// The scalar and SIMD kernels on caches `kc`/`vc` against the f64 reference over
+/// `dense_k`/`dense_v` (per sequence, the values the caches hold).
+fn check_kernels(
+    pool: &ThreadPool,
+    b: &AttentionBatch,
+    kc: KvRef<'_>,
+    vc: KvRef<'_>,
+    dense_k: &[Vec<f32>],
+    dense_v: &[Vec<f32>],
+) {
+    let (nq, nkv, hd, bs) = (b.n_q_heads, b.n_kv_heads, b.head_dim, b.block_size);
+    let (q, tseq, tlen) = (b.q, b.token_seq, b.token_kv_len);
+    let n = tseq.len();
+    let dt = kc.dtype();
     let mut results = Vec::new();
     for simd in [false, crate::cpu::use_avx512()] {
         let mut out = vec![f32::NAN; n * nq * hd];
         let mut lse = vec![f32::NAN; n * nq];
-        paged_attention_impl(&pool, &b, &su.k, &su.v, &mut out, &mut lse, simd).unwrap();
+        paged_attention_impl(pool, b, kc, vc, &mut out, &mut lse, simd).unwrap();
         for t in 0..n {
             let s = tseq[t] as usize;
             let (ro, rl) = reference(
@@ -163,8 +204,8 @@ fn check(
                 nkv,
                 hd,
                 b.scale,
-                &su.dense_k[s],
-                &su.dense_v[s],
+                &dense_k[s],
+                &dense_v[s],
                 tlen[t] as usize,
             );
             for h in 0..nq {
@@ -172,11 +213,15 @@ fn check(
                 if rl[h] == f64::NEG_INFINITY {
                     assert_eq!(got, f32::NEG_INFINITY);
                 } else {
-                    assert!((got as f64 - rl[h]).abs() < 1e-4, "lse {got} vs {}", rl[h]);
+                    assert!(
+                        (got as f64 - rl[h]).abs() < 1e-4,
+                        "{dt}: lse {got} vs {}",
+                        rl[h]
+                    );
                 }
             }
             for (a, e) in out[t * nq * hd..(t + 1) * nq * hd].iter().zip(&ro) {
-                assert!((*a as f64 - e).abs() < 1e-4, "out {a} vs {e}");
+                assert!((*a as f64 - e).abs() < 1e-4, "{dt}: out {a} vs {e}");
             }
         }
         results.push((out, lse));
@@ -185,7 +230,7 @@ fn check(
     for (a, e) in vo.iter().zip(so).chain(vl.iter().zip(sl)) {
         assert!(
             a == e || (a - e).abs() < 2e-5,
-            "simd {a} vs scalar {e} (nq={nq} nkv={nkv} hd={hd} bs={bs})"
+            "{dt}: simd {a} vs scalar {e} (nq={nq} nkv={nkv} hd={hd} bs={bs})"
         );
     }
 }

@@ -1,9 +1,10 @@
 //! The latent KV cache of one rank: per layer, one row of `kv_lora_rank + qk_rope_head_dim`
 //! values per slot (`[num_blocks, block_size, 1, latent_dim]`), the normalized latent `c_kv`
 //! followed by the roped shared key `k_pe`. Keys and values are both read from these rows
-//! (values are the `c_kv` prefix), so there is no separate V cache.
+//! (values are the `c_kv` prefix), so there is no separate V cache. Values are stored in
+//! the chosen [`KvCacheDType`].
 
-use dcpserve_kernels::{Backend, CpuBackend};
+use dcpserve_kernels::{Backend, CpuBackend, KvCacheDType};
 
 use crate::error::ModelError;
 
@@ -13,22 +14,25 @@ pub struct LatentCache<B: Backend = CpuBackend> {
     pub block_size: usize,
     /// Values per token per layer (`kv_lora_rank + qk_rope_head_dim`).
     pub latent_dim: usize,
-    layers: Vec<B::Buffer>,
+    /// How each value is stored.
+    pub dtype: KvCacheDType,
+    layers: Vec<B::KvBuffer>,
     /// Token rows written per layer since allocation (diagnostic: what DCP left on this rank).
     written: Vec<usize>,
 }
 
-/// Bytes one token occupies on one rank across `n_layers` layers of a latent cache (f32,
-/// one latent row per layer).
-pub fn latent_bytes_per_token(n_layers: usize, latent_dim: usize) -> usize {
-    n_layers * latent_dim * std::mem::size_of::<f32>()
+/// Bytes one token occupies on one rank across `n_layers` layers of a latent cache (one
+/// latent row per layer, `dtype.bytes()` per value).
+pub fn latent_bytes_per_token(n_layers: usize, latent_dim: usize, dtype: KvCacheDType) -> usize {
+    n_layers * latent_dim * dtype.bytes()
 }
 
 impl<B: Backend> LatentCache<B> {
-    /// Allocates `num_blocks` blocks for `n_layers` layers on `dev` (zeroed, so on the CPU
-    /// untouched pages cost no RAM).
+    /// Allocates `num_blocks` blocks for `n_layers` layers on `dev`, values stored as
+    /// `dtype` (zeroed, so on the CPU untouched pages cost no RAM).
     pub fn new(
         dev: &B,
+        dtype: KvCacheDType,
         n_layers: usize,
         num_blocks: usize,
         block_size: usize,
@@ -39,8 +43,9 @@ impl<B: Backend> LatentCache<B> {
             num_blocks,
             block_size,
             latent_dim,
+            dtype,
             layers: (0..n_layers)
-                .map(|_| dev.zeros(per_layer))
+                .map(|_| dev.kv_zeros(dtype, per_layer))
                 .collect::<Result<_, _>>()?,
             written: vec![0; n_layers],
         })
@@ -54,13 +59,13 @@ impl<B: Backend> LatentCache<B> {
 
     /// Bytes one token occupies on one rank across all layers (see
     /// [`latent_bytes_per_token`]).
-    pub fn bytes_per_token(n_layers: usize, latent_dim: usize) -> usize {
-        latent_bytes_per_token(n_layers, latent_dim)
+    pub fn bytes_per_token(n_layers: usize, latent_dim: usize, dtype: KvCacheDType) -> usize {
+        latent_bytes_per_token(n_layers, latent_dim, dtype)
     }
 
-    /// Bytes the cache occupies (all layers, f32).
+    /// Bytes the cache occupies (all layers).
     pub fn bytes(&self) -> usize {
-        self.layers.len() * self.capacity_tokens() * self.latent_dim * std::mem::size_of::<f32>()
+        self.layers.len() * self.capacity_tokens() * self.latent_dim * self.dtype.bytes()
     }
 
     /// Layers the cache holds.
@@ -78,10 +83,10 @@ impl<B: Backend> LatentCache<B> {
     }
 
     /// Layer `layer`'s rows.
-    pub fn layer<'a>(&'a self, dev: &B, layer: usize) -> Result<B::View<'a>, ModelError> {
+    pub fn layer<'a>(&'a self, dev: &B, layer: usize) -> Result<B::KvView<'a>, ModelError> {
         let len = self.layer_len();
         match self.layers.get(layer) {
-            Some(l) => Ok(dev.view(l, 0..len)?),
+            Some(l) => Ok(dev.kv_view(l, 0..len)?),
             None => Err(self.no_layer(layer)),
         }
     }
@@ -102,7 +107,7 @@ impl<B: Backend> LatentCache<B> {
         else {
             return Err(err);
         };
-        *written += dev.write_rows(dev.view_mut(cache, 0..len)?, d, slots, rows)?;
+        *written += dev.write_rows(dev.kv_view_mut(cache, 0..len)?, d, slots, rows)?;
         Ok(())
     }
 

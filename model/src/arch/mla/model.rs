@@ -95,15 +95,17 @@ impl<B: Backend> MlaModel<B> {
         self.config.num_hidden_layers + usize::from(self.mtp.is_some())
     }
 
-    /// A latent cache for this rank: `num_blocks` blocks of `block_size` tokens, in the
-    /// backend's memory.
+    /// A latent cache for this rank: `num_blocks` blocks of `block_size` tokens, values
+    /// stored as `dtype`, in the backend's memory.
     pub fn new_kv_cache(
         &self,
         num_blocks: usize,
         block_size: usize,
+        dtype: dcpserve_kernels::KvCacheDType,
     ) -> Result<LatentCache<B>, ModelError> {
         LatentCache::new(
             &self.backend,
+            dtype,
             self.cache_layers(),
             num_blocks,
             block_size,
