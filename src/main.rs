@@ -1,6 +1,7 @@
 //! The `dcpserve` command line.
 
 mod bench;
+mod quantize_cmd;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -40,6 +41,8 @@ enum Command {
     /// Decode speed with n-gram speculation vs without, on workloads that repeat their context.
     #[command(name = "bench-spec")]
     BenchSpec(BenchSpecArgs),
+    /// Re-quantize a GGUF file (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q5_0, …), as llama-quantize does.
+    Quantize(quantize_cmd::QuantizeArgs),
 }
 
 #[derive(Args)]
@@ -253,6 +256,7 @@ fn main() -> Result<()> {
             Command::Serve(a) => dcpserve::serve::run(a).await,
             Command::Bench(a) => dcpserve_tools::bench_client::run(a).await,
             Command::Plan(a) => dcpserve_tools::planner::run(a),
+            Command::Quantize(a) => quantize_cmd::run(a),
             Command::BenchDcp(a) => {
                 let spec = bench::dcp_bench::DcpBenchSpec {
                     tp: a.tp,

@@ -33,7 +33,7 @@ pub use comm::{Communicator, Elems, ElemsMut, InProcessComm};
 pub use cpu::int8_matmul::{matmul_int8, CpuMatmul, Int8Isa};
 pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
 pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};
-pub use dtype::DType;
+pub use dtype::{DType, QK_K};
 pub use error::KernelError;
 pub use latent_attention::{latent_attention, LatentBatch};
 pub use link_model::{LinkModel, ModeledLink};

@@ -157,6 +157,10 @@ unsafe fn small_m_task(
     simd: bool,
 ) {
     let (n, k) = (w.rows(), w.cols());
+    if WeightFormat::EXTRA_QUANTS.contains(&w.format()) {
+        decoded_small_m_task(x, m, w, out, n0, n1, simd);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if simd {
         avx::small_m(
@@ -185,6 +189,62 @@ unsafe fn small_m_task(
             for i in 0..m {
                 *out.0.add(i * n + j) = dot_scalar(&x[i * k..(i + 1) * k], row);
             }
+        }
+    });
+}
+
+/// [`small_m_task`] for the formats without a fused SIMD decoder (the 5-bit, K-quant
+/// and IQ4 types): each panel of [`NB`] weight rows is decoded once to f32, then
+/// multiplied by all `m` rows of `x`.
+///
+/// # Safety
+/// As [`small_m_task`].
+unsafe fn decoded_small_m_task(
+    x: &[f32],
+    m: usize,
+    w: &WeightMatrix,
+    out: SyncPtr,
+    n0: usize,
+    n1: usize,
+    simd: bool,
+) {
+    let (n, k) = (w.rows(), w.cols());
+    PANEL.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < NB * k {
+            p.resize(NB * k, 0.0);
+        }
+        let mut pn0 = n0;
+        while pn0 < n1 {
+            let pn = NB.min(n1 - pn0);
+            for r in 0..pn {
+                let row = &mut p[r * k..(r + 1) * k];
+                dequantize_scalar(w.format(), w.row_bytes(pn0 + r).unwrap_or_default(), row);
+            }
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                avx::panel_f32(
+                    x.as_ptr(),
+                    0,
+                    m,
+                    k,
+                    p.as_ptr() as *const u8,
+                    k * 4,
+                    pn,
+                    out.0.add(pn0),
+                    n,
+                );
+                pn0 += pn;
+                continue;
+            }
+            let _ = simd;
+            for i in 0..m {
+                let xr = &x[i * k..(i + 1) * k];
+                for r in 0..pn {
+                    *out.0.add(i * n + pn0 + r) = dot_scalar(xr, &p[r * k..(r + 1) * k]);
+                }
+            }
+            pn0 += pn;
         }
     });
 }
@@ -507,6 +567,7 @@ pub(crate) mod avx {
             WeightFormat::Q8_0 => small_m_f::<Q8_0>(x, m, w, ws, k, out, n, n0, n1),
             WeightFormat::Q4_0 => small_m_f::<Q4_0>(x, m, w, ws, k, out, n, n0, n1),
             WeightFormat::Q4_1 => small_m_f::<Q4_1>(x, m, w, ws, k, out, n, n0, n1),
+            other => unreachable!("fused small-m matmul of {other:?}"),
         }
     }
 

@@ -96,6 +96,8 @@ pub(crate) fn dequantize_scalar(format: WeightFormat, bytes: &[u8], out: &mut [f
                 }
             }
         }
+        // The 5-bit, K-quant and IQ4 types (DType::EXTRA_QUANTS).
+        other => crate::cpu::kquants::dequant::dequantize_row(other, bytes, out),
     }
 }
 
@@ -153,6 +155,8 @@ pub fn quantize(format: WeightFormat, src: &[f32], out: &mut Vec<u8>) -> Result<
                 out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
             }
         }
+        // The 5-bit, K-quant and IQ4 types (DType::EXTRA_QUANTS).
+        other => crate::cpu::kquants::quantize::quantize_row(other, src, out),
     }
     Ok(())
 }
@@ -282,6 +286,12 @@ pub(crate) mod simd {
                     _mm512_storeu_ps(dst.add(blk * 32), v0);
                     _mm512_storeu_ps(dst.add(blk * 32 + 16), v1);
                 }
+            }
+            // No SIMD decoders for these yet: the portable one (DType::EXTRA_QUANTS).
+            other => {
+                let bytes = std::slice::from_raw_parts(src, other.bytes_for(n));
+                let out = std::slice::from_raw_parts_mut(dst, n);
+                crate::cpu::kquants::dequant::dequantize_row(other, bytes, out);
             }
         }
     }
