@@ -157,7 +157,10 @@ unsafe fn small_m_task(
     simd: bool,
 ) {
     let (n, k) = (w.rows(), w.cols());
-    if WeightFormat::EXTRA_QUANTS.contains(&w.format()) {
+    // Q5_0/Q5_1 have a fused AVX-512 decoder; the other extra formats decode panels.
+    let fused = !WeightFormat::EXTRA_QUANTS.contains(&w.format())
+        || (simd && matches!(w.format(), WeightFormat::Q5_0 | WeightFormat::Q5_1));
+    if !fused {
         decoded_small_m_task(x, m, w, out, n0, n1, simd);
         return;
     }
@@ -353,7 +356,9 @@ fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx {
     //! AVX-512 micro-kernels.
-    use crate::quant::simd::{load16_bf16, load16_f16, q4_0_block, q4_1_block, q8_0_block};
+    use crate::quant::simd::{
+        load16_bf16, load16_f16, q4_0_block, q4_1_block, q5_block, q8_0_block,
+    };
     use crate::quant::WeightFormat;
     use std::arch::x86_64::*;
 
@@ -363,6 +368,8 @@ pub(crate) mod avx {
     const Q8_0: u8 = 3;
     const Q4_0: u8 = 4;
     const Q4_1: u8 = 5;
+    const Q5_0: u8 = 6;
+    const Q5_1: u8 = 7;
 
     /// Bytes per 32-element block of format `F`.
     const fn blk_bytes(f: u8) -> usize {
@@ -371,6 +378,8 @@ pub(crate) mod avx {
             F16 | BF16 => 64,
             Q8_0 => 34,
             Q4_0 => 18,
+            Q5_0 => 22,
+            Q5_1 => 24,
             _ => 20,
         }
     }
@@ -389,6 +398,8 @@ pub(crate) mod avx {
             BF16 => (load16_bf16(p), load16_bf16(p.add(32))),
             Q8_0 => q8_0_block(p),
             Q4_0 => q4_0_block(p),
+            Q5_0 => q5_block::<false>(p),
+            Q5_1 => q5_block::<true>(p),
             _ => q4_1_block(p),
         }
     }
@@ -567,6 +578,8 @@ pub(crate) mod avx {
             WeightFormat::Q8_0 => small_m_f::<Q8_0>(x, m, w, ws, k, out, n, n0, n1),
             WeightFormat::Q4_0 => small_m_f::<Q4_0>(x, m, w, ws, k, out, n, n0, n1),
             WeightFormat::Q4_1 => small_m_f::<Q4_1>(x, m, w, ws, k, out, n, n0, n1),
+            WeightFormat::Q5_0 => small_m_f::<Q5_0>(x, m, w, ws, k, out, n, n0, n1),
+            WeightFormat::Q5_1 => small_m_f::<Q5_1>(x, m, w, ws, k, out, n, n0, n1),
             other => unreachable!("fused small-m matmul of {other:?}"),
         }
     }
