@@ -124,7 +124,7 @@ struct EngineArgs {
     /// Weight precision: auto (bf16, or quantized weights kept quantized), float32, bfloat16.
     #[arg(long, default_value = "auto")]
     dtype: String,
-    /// Quantized (Q8_0/Q4_0/Q4_1) weights on the CPU: int8 (activations quantized to
+    /// Quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights on the CPU: int8 (activations quantized to
     /// int8 per 32-block, VNNI/AVX2 integer dot products), f32 (weights decoded to
     /// f32), or auto (f32 unless DCPSERVE_CPU_MATMUL=int8; int8 costs accuracy).
     #[arg(long, default_value = "auto")]

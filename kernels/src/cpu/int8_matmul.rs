@@ -41,7 +41,7 @@ mod avx512;
 mod kquant_avx2;
 mod transcode;
 
-/// How the CPU backend multiplies by quantized (Q8_0/Q4_0/Q4_1) weights; float weights
+/// How the CPU backend multiplies by quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights; float weights
 /// always take the f32 path. `--cpu-matmul` on the command line, `cpu_matmul` in
 /// the engine config; the environment variable `DCPSERVE_CPU_MATMUL` (same names)
 /// decides what `auto` means.
@@ -322,7 +322,7 @@ impl ActsView {
 /// Rows of `x` per task chunk for large `m` (the chunk's int8 rows stay in L2).
 const MC: usize = 64;
 
-/// `out[m, n] = x[m, k] · wᵀ` with int8 activations on `isa`, for Q8_0/Q4_0/Q4_1 `w`.
+/// `out[m, n] = x[m, k] · wᵀ` with int8 activations on `isa`, for quantized `w`.
 ///
 /// Errors: wrong lengths, a float weight format, or an `isa` this CPU lacks
 /// ([`KernelError::Shape`]).

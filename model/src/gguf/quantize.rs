@@ -226,3 +226,122 @@ pub fn quantize_gguf(
     by_type.sort_by_key(|(d, _, _)| d.to_string());
     Ok((encode_gguf(&metadata, &tensors), QuantReport { by_type }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mix_rules_and_fallbacks() {
+        let q4km = QuantTarget::Medium(DType::Q4_K);
+        // 30 layers: more bits in 0..3, 26..30 and every third layer from 3 (5, 8, …).
+        let down = |i| q4km.type_for("blk.x.ffn_down.weight", 1536, Some(i), 30, true);
+        let bumped: Vec<usize> = (0..30).filter(|&i| down(i) == DType::Q6_K).collect();
+        assert_eq!(bumped, [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]);
+        assert_eq!(down(3), DType::Q4_K);
+        // 576 columns are not whole super-blocks: llama.cpp's fallbacks.
+        let q = |t: QuantTarget, name: &str, layer| t.type_for(name, 576, Some(layer), 30, true);
+        assert_eq!(q(q4km, "blk.3.attn_q.weight", 3), DType::Q5_0);
+        assert_eq!(q(q4km, "blk.0.attn_v.weight", 0), DType::Q8_0);
+        assert_eq!(
+            q(QuantTarget::Medium(DType::Q5_K), "blk.3.attn_q.weight", 3),
+            DType::Q5_1
+        );
+        assert_eq!(
+            q(QuantTarget::Plain(DType::IQ4_XS), "blk.3.attn_q.weight", 3),
+            DType::IQ4_NL
+        );
+        assert_eq!(
+            q(QuantTarget::Plain(DType::Q2_K), "blk.3.attn_q.weight", 3),
+            DType::IQ4_NL
+        );
+        // The tied embedding is the head: Q6_K, falling back to Q8_0.
+        assert_eq!(
+            q4km.type_for("token_embd.weight", 576, None, 30, true),
+            DType::Q8_0
+        );
+        assert_eq!(
+            q4km.type_for("token_embd.weight", 512, None, 30, true),
+            DType::Q6_K
+        );
+        assert_eq!(
+            q4km.type_for("token_embd.weight", 512, None, 30, false),
+            DType::Q4_K
+        );
+        let q4ks = QuantTarget::Small(DType::Q4_K);
+        assert_eq!(
+            q4ks.type_for("output.weight", 512, None, 30, false),
+            DType::Q6_K
+        );
+        assert_eq!(
+            q4ks.type_for("blk.0.ffn_down.weight", 512, Some(0), 30, false),
+            DType::Q4_K
+        );
+        // Nothing quantized fits 100 columns.
+        assert_eq!(
+            QuantTarget::Plain(DType::Q8_0).type_for("w", 100, None, 1, true),
+            DType::F16
+        );
+        assert!("Q8_K"
+            .parse::<QuantTarget>()
+            .unwrap_err()
+            .contains("activation"));
+        assert_eq!("iq4_xs".parse(), Ok(QuantTarget::Plain(DType::IQ4_XS)));
+    }
+
+    #[test]
+    fn requantized_file_reads_back() {
+        // Two layers of a 512-wide matrix plus a norm, re-quantized to Q4_K_M.
+        let values: Vec<f32> = (0..2 * 512)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 500.0)
+            .collect();
+        let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let tensors: Vec<GgufTensorSpec> = (0..2)
+            .map(|i| GgufTensorSpec {
+                name: format!("blk.{i}.ffn_down.weight"),
+                ggml_type: 0,
+                shape: vec![2, 512],
+                data: f32_bytes(&values),
+            })
+            .chain(std::iter::once(GgufTensorSpec {
+                name: "output_norm.weight".into(),
+                ggml_type: 0,
+                shape: vec![512],
+                data: f32_bytes(&values[..512]),
+            }))
+            .collect();
+        let src = GgufFile::from_bytes("in.gguf", Arc::new(encode_gguf(&[], &tensors))).unwrap();
+        let (bytes, report) = quantize_gguf(&src, "Q4_K_M".parse().unwrap()).unwrap();
+        let out = GgufFile::from_bytes("out.gguf", Arc::new(bytes)).unwrap();
+        assert_eq!(out.get("general.file_type"), Some(&GgufValue::U32(15)));
+        let types: Vec<u32> = out.tensor_infos().iter().map(|t| t.ggml_type).collect();
+        // Of 2 layers only the last gets more bits (7·2/8 = 1); the norm stays f32.
+        assert_eq!(types, [12, 14, 0]);
+        assert_eq!(
+            report.by_type,
+            [
+                (DType::F32, 1, 2048),
+                (DType::Q4_K, 1, 2 * 288),
+                (DType::Q6_K, 1, 2 * 420)
+            ]
+        );
+        let back = out
+            .tensor("blk.1.ffn_down.weight")
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        let err = back
+            .iter()
+            .zip(&values)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(err < 0.004, "{err}");
+        assert_eq!(
+            out.tensor("output_norm.weight")
+                .unwrap()
+                .to_f32_vec()
+                .unwrap(),
+            values[..512]
+        );
+    }
+}

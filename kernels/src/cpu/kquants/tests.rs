@@ -95,3 +95,43 @@ fn quantizers_round_trip() {
         assert!(err < bound, "{format}: relative RMS error {err} ≥ {bound}");
     }
 }
+
+/// Embedding gather and row slicing work on the quantized storage of every type
+/// (token embeddings of K-quant files are often Q4_K/Q6_K).
+#[test]
+fn gather_and_slices_on_quantized_storage() {
+    use crate::weights::WeightMatrix;
+    let (rows, cols) = (5, 512);
+    let x = weights(rows * cols);
+    for format in DType::EXTRA_QUANTS {
+        let w = WeightMatrix::from_f32(rows, cols, x.clone())
+            .unwrap()
+            .to_format(format)
+            .unwrap();
+        assert_eq!(w.format(), format);
+        assert_eq!(w.row_stride(), format.bytes_for(cols));
+        let full = w.to_f32_vec();
+        let mut out = vec![0.0; 2 * cols];
+        w.gather_rows(&[3, 1], &mut out).unwrap();
+        assert_eq!(out[..cols], full[3 * cols..4 * cols], "{format}");
+        assert_eq!(out[cols..], full[cols..2 * cols], "{format}");
+        assert!(w.gather_rows(&[5], &mut out[..cols]).is_err());
+        // A block-aligned column cut is a view; an unaligned one decodes to f32.
+        let be = format.block_elems();
+        let view = w.slice_cols(be, 2 * be).unwrap();
+        assert_eq!(view.format(), format);
+        let cut = w.slice_cols(100, 300).unwrap();
+        assert_eq!(cut.format(), DType::F32);
+        let (vf, cf) = (view.to_f32_vec(), cut.to_f32_vec());
+        for r in 0..rows {
+            assert_eq!(
+                vf[r * be..(r + 1) * be],
+                full[r * cols + be..r * cols + 2 * be]
+            );
+            assert_eq!(
+                cf[r * 200..(r + 1) * 200],
+                full[r * cols + 100..r * cols + 300]
+            );
+        }
+    }
+}
