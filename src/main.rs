@@ -1,6 +1,7 @@
 //! The `dcpserve` command line.
 
 mod bench;
+mod quantize_cmd;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -40,6 +41,8 @@ enum Command {
     /// Decode speed with n-gram speculation vs without, on workloads that repeat their context.
     #[command(name = "bench-spec")]
     BenchSpec(BenchSpecArgs),
+    /// Re-quantize a GGUF file (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q5_0, …), as llama-quantize does.
+    Quantize(quantize_cmd::QuantizeArgs),
 }
 
 #[derive(Args)]
@@ -125,7 +128,7 @@ struct EngineArgs {
     /// Weight precision: auto (bf16, or quantized weights kept quantized), float32, bfloat16.
     #[arg(long, default_value = "auto")]
     dtype: String,
-    /// Quantized (Q8_0/Q4_0/Q4_1) weights on the CPU: int8 (activations quantized to
+    /// Quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights on the CPU: int8 (activations quantized to
     /// int8 per 32-block, VNNI/AVX2 integer dot products), f32 (weights decoded to
     /// f32), or auto (f32 unless DCPSERVE_CPU_MATMUL=int8; int8 costs accuracy).
     #[arg(long, default_value = "auto")]
@@ -262,6 +265,7 @@ fn main() -> Result<()> {
             Command::Serve(a) => dcpserve::serve::run(a).await,
             Command::Bench(a) => dcpserve_tools::bench_client::run(a).await,
             Command::Plan(a) => dcpserve_tools::planner::run(a),
+            Command::Quantize(a) => quantize_cmd::run(a),
             Command::BenchDcp(a) => {
                 let spec = bench::dcp_bench::DcpBenchSpec {
                     kv_cache_dtype: dcpserve::parse_kv_cache_dtype(&a.kv_cache_dtype)?

@@ -13,6 +13,9 @@ use std::fmt;
 /// Elements per block of the GGML quantized formats.
 pub const QK: usize = 32;
 
+/// Elements per super-block of the GGML K-quant formats (and IQ4_XS).
+pub const QK_K: usize = 256;
+
 /// Element type of a tensor or buffer.
 ///
 /// Quantized types use GGML's block layouts along a row, 32 elements per block:
@@ -20,6 +23,9 @@ pub const QK: usize = 32;
 /// * `Q4_0`: f16 `d` + 16 bytes; element `j` (0..16) is the low nibble of byte `j`,
 ///   element `j+16` the high nibble; value `(q−8)·d` (18 bytes).
 /// * `Q4_1`: f16 `d`, f16 `m` + 16 bytes of nibbles as `Q4_0`; value `q·d + m` (20 bytes).
+///
+/// The 5-bit, K-quant and IQ4 layouts (`Q5_0` … `IQ4_XS`) are described in
+/// [`crate::cpu::kquants`]; K-quants and `IQ4_XS` have 256-element super-blocks.
 ///
 /// ```
 /// use dcpserve_kernels::DType;
@@ -43,6 +49,26 @@ pub enum DType {
     Q4_0,
     /// GGML Q4_1.
     Q4_1,
+    /// GGML Q5_0: 32 elements in 22 bytes.
+    Q5_0,
+    /// GGML Q5_1: 32 elements in 24 bytes.
+    Q5_1,
+    /// GGML Q2_K: 256 elements in 84 bytes.
+    Q2_K,
+    /// GGML Q3_K: 256 elements in 110 bytes.
+    Q3_K,
+    /// GGML Q4_K: 256 elements in 144 bytes.
+    Q4_K,
+    /// GGML Q5_K: 256 elements in 176 bytes.
+    Q5_K,
+    /// GGML Q6_K: 256 elements in 210 bytes.
+    Q6_K,
+    /// GGML Q8_K: 256 elements in 292 bytes (f32 scale, block sums).
+    Q8_K,
+    /// GGML IQ4_NL: 32 elements in 18 bytes (non-linear 4-bit codebook).
+    IQ4_NL,
+    /// GGML IQ4_XS: 256 elements in 136 bytes.
+    IQ4_XS,
 }
 
 impl DType {
@@ -50,7 +76,16 @@ impl DType {
     pub const fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => QK,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL => {
+                QK
+            }
+            DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::Q8_K
+            | DType::IQ4_XS => QK_K,
         }
     }
 
@@ -62,8 +97,33 @@ impl DType {
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q2_K => 84,
+            DType::Q3_K => 110,
+            DType::Q4_K => 144,
+            DType::Q5_K => 176,
+            DType::Q6_K => 210,
+            DType::Q8_K => 292,
+            DType::IQ4_NL => 18,
+            DType::IQ4_XS => 136,
         }
     }
+
+    /// The block-quantized types added for the GGUF files in the wild (5-bit, K-quants,
+    /// IQ4), decoded by [`crate::cpu::kquants`].
+    pub const EXTRA_QUANTS: [DType; 10] = [
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+    ];
 
     /// True for the block-quantized types.
     pub const fn is_quantized(self) -> bool {
@@ -127,5 +187,25 @@ mod tests {
         assert!(DType::F16.check_elems(33).is_ok());
         assert_eq!(DType::F32.storage_bytes(&[usize::MAX, 2]), None);
         assert_eq!(DType::Q4_1.to_string(), "Q4_1");
+        // ggml's type_size / blck_size for the 5-bit, K-quant and IQ4 types.
+        let sizes: Vec<(usize, usize)> = DType::EXTRA_QUANTS
+            .iter()
+            .map(|d| (d.block_bytes(), d.block_elems()))
+            .collect();
+        assert_eq!(
+            sizes,
+            [
+                (22, 32),
+                (24, 32),
+                (84, 256),
+                (110, 256),
+                (144, 256),
+                (176, 256),
+                (210, 256),
+                (292, 256),
+                (18, 32),
+                (136, 256)
+            ]
+        );
     }
 }

@@ -39,7 +39,7 @@ pub use cpu::int8_matmul::{matmul_int8, CpuMatmul, Int8Isa};
 pub use cpu::kv_store::{KvMut, KvRef, KvStore};
 pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
 pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};
-pub use dtype::DType;
+pub use dtype::{DType, QK_K};
 pub use error::KernelError;
 pub use kv_dtype::KvCacheDType;
 pub use latent_attention::{latent_attention, latent_attention_typed, LatentBatch};

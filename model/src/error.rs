@@ -20,7 +20,7 @@ pub enum ModelError {
     #[error("{}: unsupported architecture {arch:?} (supported: Llama, Qwen2, Qwen3, DeepSeek-V2/V3)", .path.display())]
     UnsupportedArchitecture { path: PathBuf, arch: String },
     /// A tensor is stored in a type the engine cannot compute with.
-    #[error("{}: tensor {tensor:?} has unsupported type {dtype} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)", .path.display())]
+    #[error("{}: tensor {tensor:?} has unsupported type {dtype} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS)", .path.display())]
     UnsupportedTensorType {
         path: PathBuf,
         tensor: String,

@@ -171,7 +171,17 @@ pub fn dtype_from_ggml(id: u32) -> Option<DType> {
         1 => DType::F16,
         2 => DType::Q4_0,
         3 => DType::Q4_1,
+        6 => DType::Q5_0,
+        7 => DType::Q5_1,
         8 => DType::Q8_0,
+        10 => DType::Q2_K,
+        11 => DType::Q3_K,
+        12 => DType::Q4_K,
+        13 => DType::Q5_K,
+        14 => DType::Q6_K,
+        15 => DType::Q8_K,
+        20 => DType::IQ4_NL,
+        23 => DType::IQ4_XS,
         30 => DType::BF16,
         _ => return None,
     })
@@ -184,7 +194,17 @@ pub fn ggml_from_dtype(dtype: DType) -> u32 {
         DType::F16 => 1,
         DType::Q4_0 => 2,
         DType::Q4_1 => 3,
+        DType::Q5_0 => 6,
+        DType::Q5_1 => 7,
         DType::Q8_0 => 8,
+        DType::Q2_K => 10,
+        DType::Q3_K => 11,
+        DType::Q4_K => 12,
+        DType::Q5_K => 13,
+        DType::Q6_K => 14,
+        DType::Q8_K => 15,
+        DType::IQ4_NL => 20,
+        DType::IQ4_XS => 23,
         DType::BF16 => 30,
     }
 }
@@ -745,9 +765,11 @@ fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, ModelError> {
 }
 
 mod mla_tensors;
+mod quantize;
 mod tensor_source;
 mod writer;
 
+pub use quantize::{quantize_gguf, QuantReport, QuantTarget};
 pub use tensor_source::{hf_name_for_gguf, GgufTensorSource};
 pub use writer::{encode_gguf, GgufTensorSpec};
 

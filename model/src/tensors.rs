@@ -117,6 +117,17 @@ impl RawTensor {
                     out.extend(qs.iter().map(|&q| f32::from(q >> 4) * d + m));
                 }
             }
+            // The 5-bit, K-quant and IQ4 types: the kernels' decoder (checked against the
+            // `gguf` Python package in the kernels' tests).
+            other => {
+                out.resize(self.numel(), 0.0);
+                dcpserve_kernels::dequantize(other, bytes, &mut out).map_err(|e| {
+                    ModelError::Corrupt {
+                        path: Default::default(),
+                        reason: format!("tensor {:?}: {e}", self.name),
+                    }
+                })?;
+            }
         }
         Ok(out)
     }

@@ -90,13 +90,14 @@ fn garbled_bytes_never_panic() {
 
 #[test]
 fn unsupported_tensor_type_is_named() {
-    // Flip token_embd's ggml type from Q8_0 (8) to Q4_K (12) in the tensor-info table.
+    // Flip token_embd's ggml type from Q8_0 (8) to IQ2_XXS (16, not supported) in the
+    // tensor-info table.
     let mut bytes = common::tiny_llama_gguf();
     let name = b"token_embd.weight";
     let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
     let type_at = at + 4 + 2 * 8; // n_dims, two dims
     assert_eq!(bytes[type_at], 8);
-    bytes[type_at] = 12;
+    bytes[type_at] = 16;
     let file = Arc::new(GgufFile::from_bytes("q4k.gguf", Arc::new(bytes)).unwrap());
     let e = GgufTensorSource::new(file)
         .unwrap()
@@ -108,7 +109,7 @@ fn unsupported_tensor_type_is_named() {
         "{msg}"
     );
     assert!(
-        msg.contains("Q4_K") && msg.contains("12") && msg.contains("token_embd.weight"),
+        msg.contains("IQ2_XXS") && msg.contains("16") && msg.contains("token_embd.weight"),
         "{msg}"
     );
 }

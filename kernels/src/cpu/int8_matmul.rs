@@ -1,4 +1,5 @@
-//! `out = x · wᵀ` for quantized weights (Q8_0, Q4_0, Q4_1) with **int8 activations**,
+//! `out = x · wᵀ` for quantized weights (Q8_0, Q4_0, Q4_1, and the 5-bit, K-quant and
+//! IQ4 types through `kquant_avx2.rs`) with **int8 activations**,
 //! as llama.cpp computes it: each 32-element block of every row of `x` is quantized to
 //! int8 with its own f32 scale `dx = amax / 127` (Q8_0-style) and the block sum
 //! `sx = dx · Σq`, then every weight block meets every activation block in an integer
@@ -36,8 +37,11 @@ use crate::weights::WeightMatrix;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod kquant_avx2;
+mod transcode;
 
-/// How the CPU backend multiplies by quantized (Q8_0/Q4_0/Q4_1) weights; float weights
+/// How the CPU backend multiplies by quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights; float weights
 /// always take the f32 path. `--cpu-matmul` on the command line, `cpu_matmul` in
 /// the engine config; the environment variable `DCPSERVE_CPU_MATMUL` (same names)
 /// decides what `auto` means.
@@ -165,12 +169,12 @@ impl Int8Isa {
     }
 }
 
-/// True for the weight formats [`matmul_int8`] handles.
+/// True for the weight formats [`matmul_int8`] handles: the quantized ones.
 pub fn int8_supported(format: WeightFormat) -> bool {
     matches!(
         format,
         WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1
-    )
+    ) || WeightFormat::EXTRA_QUANTS.contains(&format)
 }
 
 /// Activations quantized per 32-block, reused across calls (no per-call allocation once
@@ -318,7 +322,7 @@ impl ActsView {
 /// Rows of `x` per task chunk for large `m` (the chunk's int8 rows stay in L2).
 const MC: usize = 64;
 
-/// `out[m, n] = x[m, k] · wᵀ` with int8 activations on `isa`, for Q8_0/Q4_0/Q4_1 `w`.
+/// `out[m, n] = x[m, k] · wᵀ` with int8 activations on `isa`, for quantized `w`.
 ///
 /// Errors: wrong lengths, a float weight format, or an `isa` this CPU lacks
 /// ([`KernelError::Shape`]).
@@ -411,6 +415,19 @@ fn run_tasks(
         // columns n0..n1 of `out`, an `[m, n]` buffer; `acts` holds m quantized rows.
         #[cfg(target_arch = "x86_64")]
         unsafe {
+            if WeightFormat::EXTRA_QUANTS.contains(&w.format()) {
+                // The 5-bit / K-quant / IQ4 kernels are 256-bit only (the zmm ISA
+                // uses their EVEX ymm variant).
+                let o = outp.ptr();
+                match isa {
+                    Int8Isa::Avx2 => kquant_avx2::task_avx2(acts, m0, m1, w, o, n0, n1),
+                    Int8Isa::AvxVnni => kquant_avx2::task_avxvnni(acts, m0, m1, w, o, n0, n1),
+                    Int8Isa::Avx512Vnni | Int8Isa::Avx512Vnni256 => {
+                        kquant_avx2::task_avx512vnni256(acts, m0, m1, w, o, n0, n1)
+                    }
+                }
+                return;
+            }
             match isa {
                 Int8Isa::Avx512Vnni => avx512::task(acts, m0, m1, w, outp.ptr(), n0, n1),
                 Int8Isa::AvxVnni => avx2::task_avxvnni(acts, m0, m1, w, outp.ptr(), n0, n1),

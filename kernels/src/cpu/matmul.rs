@@ -157,6 +157,13 @@ unsafe fn small_m_task(
     simd: bool,
 ) {
     let (n, k) = (w.rows(), w.cols());
+    // Q5_0/Q5_1 have a fused AVX-512 decoder; the other extra formats decode panels.
+    let fused = !WeightFormat::EXTRA_QUANTS.contains(&w.format())
+        || (simd && matches!(w.format(), WeightFormat::Q5_0 | WeightFormat::Q5_1));
+    if !fused {
+        decoded_small_m_task(x, m, w, out, n0, n1, simd);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if simd {
         avx::small_m(
@@ -185,6 +192,62 @@ unsafe fn small_m_task(
             for i in 0..m {
                 *out.0.add(i * n + j) = dot_scalar(&x[i * k..(i + 1) * k], row);
             }
+        }
+    });
+}
+
+/// [`small_m_task`] for the formats without a fused SIMD decoder (the 5-bit, K-quant
+/// and IQ4 types): each panel of [`NB`] weight rows is decoded once to f32, then
+/// multiplied by all `m` rows of `x`.
+///
+/// # Safety
+/// As [`small_m_task`].
+unsafe fn decoded_small_m_task(
+    x: &[f32],
+    m: usize,
+    w: &WeightMatrix,
+    out: SyncPtr,
+    n0: usize,
+    n1: usize,
+    simd: bool,
+) {
+    let (n, k) = (w.rows(), w.cols());
+    PANEL.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < NB * k {
+            p.resize(NB * k, 0.0);
+        }
+        let mut pn0 = n0;
+        while pn0 < n1 {
+            let pn = NB.min(n1 - pn0);
+            for r in 0..pn {
+                let row = &mut p[r * k..(r + 1) * k];
+                dequantize_scalar(w.format(), w.row_bytes(pn0 + r).unwrap_or_default(), row);
+            }
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                avx::panel_f32(
+                    x.as_ptr(),
+                    0,
+                    m,
+                    k,
+                    p.as_ptr() as *const u8,
+                    k * 4,
+                    pn,
+                    out.0.add(pn0),
+                    n,
+                );
+                pn0 += pn;
+                continue;
+            }
+            let _ = simd;
+            for i in 0..m {
+                let xr = &x[i * k..(i + 1) * k];
+                for r in 0..pn {
+                    *out.0.add(i * n + pn0 + r) = dot_scalar(xr, &p[r * k..(r + 1) * k]);
+                }
+            }
+            pn0 += pn;
         }
     });
 }
@@ -293,7 +356,9 @@ fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx {
     //! AVX-512 micro-kernels.
-    use crate::quant::simd::{load16_bf16, load16_f16, q4_0_block, q4_1_block, q8_0_block};
+    use crate::quant::simd::{
+        load16_bf16, load16_f16, q4_0_block, q4_1_block, q5_block, q8_0_block,
+    };
     use crate::quant::WeightFormat;
     use std::arch::x86_64::*;
 
@@ -303,6 +368,8 @@ pub(crate) mod avx {
     const Q8_0: u8 = 3;
     const Q4_0: u8 = 4;
     const Q4_1: u8 = 5;
+    const Q5_0: u8 = 6;
+    const Q5_1: u8 = 7;
 
     /// Bytes per 32-element block of format `F`.
     const fn blk_bytes(f: u8) -> usize {
@@ -311,6 +378,8 @@ pub(crate) mod avx {
             F16 | BF16 => 64,
             Q8_0 => 34,
             Q4_0 => 18,
+            Q5_0 => 22,
+            Q5_1 => 24,
             _ => 20,
         }
     }
@@ -329,6 +398,8 @@ pub(crate) mod avx {
             BF16 => (load16_bf16(p), load16_bf16(p.add(32))),
             Q8_0 => q8_0_block(p),
             Q4_0 => q4_0_block(p),
+            Q5_0 => q5_block::<false>(p),
+            Q5_1 => q5_block::<true>(p),
             _ => q4_1_block(p),
         }
     }
@@ -507,6 +578,9 @@ pub(crate) mod avx {
             WeightFormat::Q8_0 => small_m_f::<Q8_0>(x, m, w, ws, k, out, n, n0, n1),
             WeightFormat::Q4_0 => small_m_f::<Q4_0>(x, m, w, ws, k, out, n, n0, n1),
             WeightFormat::Q4_1 => small_m_f::<Q4_1>(x, m, w, ws, k, out, n, n0, n1),
+            WeightFormat::Q5_0 => small_m_f::<Q5_0>(x, m, w, ws, k, out, n, n0, n1),
+            WeightFormat::Q5_1 => small_m_f::<Q5_1>(x, m, w, ws, k, out, n, n0, n1),
+            other => unreachable!("fused small-m matmul of {other:?}"),
         }
     }
 

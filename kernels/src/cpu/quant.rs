@@ -96,6 +96,8 @@ pub(crate) fn dequantize_scalar(format: WeightFormat, bytes: &[u8], out: &mut [f
                 }
             }
         }
+        // The 5-bit, K-quant and IQ4 types (DType::EXTRA_QUANTS).
+        other => crate::cpu::kquants::dequant::dequantize_row(other, bytes, out),
     }
 }
 
@@ -153,6 +155,8 @@ pub fn quantize(format: WeightFormat, src: &[f32], out: &mut Vec<u8>) -> Result<
                 out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
             }
         }
+        // The 5-bit, K-quant and IQ4 types (DType::EXTRA_QUANTS).
+        other => crate::cpu::kquants::quantize::quantize_row(other, src, out),
     }
     Ok(())
 }
@@ -241,6 +245,35 @@ pub(crate) mod simd {
         lookup_nibbles(b.add(4), _mm512_fmadd_ps(iota(), d, m))
     }
 
+    /// Decodes one Q5_0 (`q5_1 == false`) or Q5_1 block: nibbles plus the fifth bits
+    /// of `qh` (added through mask registers); the same f32 operations as the portable
+    /// decoder (`(q − 16)·d`, or `q·d + m` unfused), so results are identical.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(crate) unsafe fn q5_block<const Q5_1: bool>(b: *const u8) -> (__m512, __m512) {
+        let d = bcast_f16(b);
+        let at = if Q5_1 { 4 } else { 2 };
+        let qh = (b.add(at) as *const u32).read_unaligned();
+        let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(at + 4) as *const __m128i));
+        let sixteen = _mm512_set1_epi32(16);
+        let lo = _mm512_and_si512(v, _mm512_set1_epi32(0xF));
+        let hi = _mm512_srli_epi32::<4>(v);
+        let lo = _mm512_mask_add_epi32(lo, qh as u16, lo, sixteen);
+        let hi = _mm512_mask_add_epi32(hi, (qh >> 16) as u16, hi, sixteen);
+        if Q5_1 {
+            let m = bcast_f16(b.add(2));
+            (
+                _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), d), m),
+                _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(hi), d), m),
+            )
+        } else {
+            (
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen)), d),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen)), d),
+            )
+        }
+    }
+
     /// Dequantizes `n` elements from `src` into `dst`.
     ///
     /// # Safety
@@ -270,18 +303,30 @@ pub(crate) mod simd {
                 let d = std::slice::from_raw_parts_mut(dst.add(i), n - i);
                 super::dequantize_scalar(format, s, d);
             }
-            WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
+            WeightFormat::Q8_0
+            | WeightFormat::Q4_0
+            | WeightFormat::Q4_1
+            | WeightFormat::Q5_0
+            | WeightFormat::Q5_1 => {
                 let bb = format.block_bytes();
                 for blk in 0..n / 32 {
                     let b = src.add(blk * bb);
                     let (v0, v1) = match format {
                         WeightFormat::Q8_0 => q8_0_block(b),
                         WeightFormat::Q4_0 => q4_0_block(b),
+                        WeightFormat::Q5_0 => q5_block::<false>(b),
+                        WeightFormat::Q5_1 => q5_block::<true>(b),
                         _ => q4_1_block(b),
                     };
                     _mm512_storeu_ps(dst.add(blk * 32), v0);
                     _mm512_storeu_ps(dst.add(blk * 32 + 16), v1);
                 }
+            }
+            // No SIMD decoders for these yet: the portable one (DType::EXTRA_QUANTS).
+            other => {
+                let bytes = std::slice::from_raw_parts(src, other.bytes_for(n));
+                let out = std::slice::from_raw_parts_mut(dst, n);
+                crate::cpu::kquants::dequant::dequantize_row(other, bytes, out);
             }
         }
     }
@@ -291,13 +336,15 @@ pub(crate) mod simd {
 mod tests {
     use super::*;
 
-    const ALL: [WeightFormat; 6] = [
+    const ALL: [WeightFormat; 8] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::BF16,
         WeightFormat::Q8_0,
         WeightFormat::Q4_0,
         WeightFormat::Q4_1,
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
     ];
 
     fn data(n: usize) -> Vec<f32> {
@@ -327,6 +374,7 @@ mod tests {
                 WeightFormat::F32 => 0.0,
                 WeightFormat::F16 | WeightFormat::BF16 => 0.02,
                 WeightFormat::Q8_0 => 0.03,
+                WeightFormat::Q5_0 | WeightFormat::Q5_1 => 0.25,
                 _ => 0.45,
             };
             for (x, y) in src.iter().zip(&a) {

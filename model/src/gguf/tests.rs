@@ -73,7 +73,7 @@ fn round_trips_all_value_types() {
         },
         GgufTensorSpec {
             name: "odd.weight".into(),
-            ggml_type: 12,
+            ggml_type: 16, // IQ2_XXS: not supported
             shape: vec![1, 256],
             data: vec![0; 144],
         },
@@ -90,7 +90,10 @@ fn round_trips_all_value_types() {
     assert_eq!(t.shape, vec![2, 3]);
     assert_eq!(t.to_f32_vec().unwrap(), vec![0., 1., 2., 3., 4., 5.]);
     let err = src.get("odd.weight").unwrap_err().to_string();
-    assert!(err.contains("Q4_K") && err.contains("odd.weight"), "{err}");
+    assert!(
+        err.contains("IQ2_XXS") && err.contains("odd.weight"),
+        "{err}"
+    );
     assert!(matches!(
         src.get("nope"),
         Err(ModelError::MissingTensor { .. })
@@ -138,4 +141,36 @@ fn deep_nesting_is_rejected() {
     let bytes = encode_gguf(&[("deep".into(), v)], &[]);
     let e = GgufFile::from_bytes("deep.gguf", Arc::new(bytes)).unwrap_err();
     assert!(e.to_string().contains("nests arrays"), "{e}");
+}
+
+#[test]
+fn k_quant_and_5_bit_types_load() {
+    for dtype in DType::EXTRA_QUANTS {
+        let id = ggml_from_dtype(dtype);
+        assert_eq!(dtype_from_ggml(id), Some(dtype));
+        assert_eq!(ggml_type_name(id), dtype.to_string());
+    }
+    // One Q4_K block: d = 1, dmin = 0, every 6-bit scale 1, codes 0..16 repeating.
+    let mut block = half::f16::from_f32(1.0).to_le_bytes().to_vec();
+    block.extend(half::f16::from_f32(0.0).to_le_bytes());
+    block.extend([1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]);
+    block.extend((0..128).map(|i| (i % 16) as u8 | (((i % 16) as u8) << 4)));
+    let tensors = vec![GgufTensorSpec {
+        name: "blk.0.ffn_down.weight".into(),
+        ggml_type: 12,
+        shape: vec![1, 256],
+        data: block,
+    }];
+    let f = GgufFile::from_bytes("q4k.gguf", Arc::new(encode_gguf(&[], &tensors))).unwrap();
+    let t = GgufTensorSource::new(Arc::new(f))
+        .unwrap()
+        .get("model.layers.0.mlp.down_proj.weight")
+        .unwrap();
+    assert_eq!(t.dtype, DType::Q4_K);
+    let v = t.to_f32_vec().unwrap();
+    assert_eq!(v.len(), 256);
+    assert!(v
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == ((i % 32) % 16) as f32));
 }

@@ -38,21 +38,21 @@ thread_local! {
 /// Σ of `u·s` over each group of 4 bytes (unsigned `u`, signed `s`), AVX2.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn dot_maddubs(u: __m256i, s: __m256i) -> __m256i {
+pub(super) unsafe fn dot_maddubs(u: __m256i, s: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 }
 
 /// Σ of `u·s` over each group of 4 bytes, AVX-VNNI.
 #[inline]
 #[target_feature(enable = "avx2,avxvnni")]
-unsafe fn dot_avxvnni(u: __m256i, s: __m256i) -> __m256i {
+pub(super) unsafe fn dot_avxvnni(u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
 }
 
 /// Σ of `u·s` over each group of 4 bytes, AVX-512 VNNI + VL on ymm.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
-unsafe fn dot_evex(u: __m256i, s: __m256i) -> __m256i {
+pub(super) unsafe fn dot_evex(u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
 }
 

@@ -335,3 +335,5 @@ fn errors_and_switch_names() {
     assert_eq!(CpuMatmul::F32.resolve(), CpuMatmul::F32);
     assert_ne!(CpuMatmul::Auto.resolve(), CpuMatmul::Auto);
 }
+
+mod kquant;

@@ -125,3 +125,18 @@ fn fast_bf16_is_close() {
         assert!((*a as f64 - b).abs() < 0.05, "{a} vs {b}");
     }
 }
+
+#[test]
+fn extra_quant_formats_match_reference() {
+    let pool = ThreadPool::new(2);
+    let simd_ok = crate::cpu::features().has_avx512_kernels();
+    for f in WeightFormat::EXTRA_QUANTS {
+        // Small m (decoded panels) and large m (blocked path), several panels of rows.
+        for &(m, n, k) in &[(1, 37, 512), (3, 21, 256), (67, 35, 512)] {
+            check(f, m, n, k, false, &pool);
+            if simd_ok {
+                check(f, m, n, k, true, &pool);
+            }
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The 5-bit, K-quant and IQ4 weights on the int8 path: the same two references as
+//! for Q8_0/Q4_x (the parent module's docs).
+
+use super::*;
+use crate::cpu::int8_matmul::transcode::{signed_codes, transcode_row};
+
+/// K a multiple of 256 (K-quants), from one super-block to several, decode and prefill.
+const K_SHAPES: [(usize, usize, usize); 6] = [
+    (1, 7, 256),
+    (1, 33, 1536),
+    (3, 18, 512),
+    (5, 9, 768),
+    (70, 10, 256),
+    (64, 5, 1536),
+];
+
+/// Reference 1 with the transcoded weights: exact integer dots per 4-element lane,
+/// scales applied in f64.
+fn transcoded_reference(x: &[f32], m: usize, w: &WeightMatrix) -> (Vec<f64>, Vec<f64>) {
+    let (n, k) = (w.rows(), w.cols());
+    let nb = k / QK;
+    let a = quantize_scalar(x, m, k);
+    let (mut out, mut mag) = (vec![0.0; m * n], vec![0.0; m * n]);
+    let signed = signed_codes(w.format());
+    for r in 0..n {
+        let (mut c, mut sw, mut ow) = (vec![0u8; k], vec![0.0f32; k / 4], vec![0.0f32; k / 4]);
+        transcode_row(
+            w.format(),
+            w.row_bytes(r).unwrap(),
+            &mut c,
+            &mut sw,
+            &mut ow,
+        );
+        for i in 0..m {
+            let (mut s, mut g) = (0.0f64, 0.0f64);
+            for lane in 0..k / 4 {
+                let dx = a.dx8[(i * nb + lane / 8) * 8] as f64;
+                let (mut dot, mut abs, mut xs) = (0i64, 0i64, 0i64);
+                for (e, &ce) in c.iter().enumerate().skip(4 * lane).take(4) {
+                    let cw = if signed { ce as i8 as i64 } else { ce as i64 };
+                    let qx = a.q[i * k + e] as i64;
+                    dot += cw * qx;
+                    abs += (cw * qx).abs();
+                    xs += qx;
+                }
+                let (swl, owl) = (sw[lane] as f64, ow[lane] as f64);
+                s += dx * (swl * dot as f64 + owl * xs as f64);
+                g += dx.abs() * (swl.abs() * abs as f64 + (owl * xs as f64).abs());
+            }
+            out[i * n + r] = s;
+            mag[i * n + r] = g;
+        }
+    }
+    (out, mag)
+}
+
+#[test]
+fn extra_formats_match_the_integer_reference_on_every_isa() {
+    let pool = ThreadPool::new(2);
+    for isa in available_isas("extra_formats_match_the_integer_reference_on_every_isa") {
+        for f in WeightFormat::EXTRA_QUANTS {
+            for &(m, n, k) in &K_SHAPES {
+                let (x, wf) = data(m, n, k, 11);
+                let w = WeightMatrix::from_f32(n, k, wf)
+                    .unwrap()
+                    .to_format(f)
+                    .unwrap();
+                let (r, mag) = transcoded_reference(&x, m, &w);
+                let out = run(isa, &x, m, &w, &pool);
+                for (j, (&o, (&e, &g))) in out.iter().zip(r.iter().zip(&mag)).enumerate() {
+                    assert!(
+                        (o as f64 - e).abs() <= 1e-5 * g + 1e-30,
+                        "{isa:?} {f:?} m={m} n={n} k={k} out {j}: {o} vs {e} (scale {g})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn extra_formats_are_within_the_activation_rounding_bound() {
+    let pool = ThreadPool::new(2);
+    let Some(isa) = Int8Isa::detect() else {
+        println!("extra_formats_are_within_the_activation_rounding_bound: SKIPPED (no AVX2)");
+        return;
+    };
+    let simd = crate::cpu::features().has_avx512_kernels();
+    for f in WeightFormat::EXTRA_QUANTS {
+        let (mut se, mut so) = (0.0f64, 0.0f64);
+        for &(m, n, k) in &K_SHAPES {
+            let (x, wf) = data(m, n, k, 12);
+            let w = WeightMatrix::from_f32(n, k, wf)
+                .unwrap()
+                .to_format(f)
+                .unwrap();
+            let (exact, bound) = exact_reference(&x, m, &w);
+            let out = run(isa, &x, m, &w, &pool);
+            let mut f32_out = vec![0.0; m * n];
+            matmul_impl(&pool, &x, m, &w, &mut f32_out, simd, Precision::Exact).unwrap();
+            for j in 0..m * n {
+                let (o, e, b) = (out[j] as f64, exact[j], bound[j]);
+                let slack = 1e-5 * (1.0 + e.abs()) * (k as f64).sqrt();
+                assert!(
+                    (o - e).abs() <= b + slack,
+                    "{isa:?} {f:?} m={m} n={n} k={k} out {j}: int8 {o} vs exact {e}, bound {b}"
+                );
+                let of = f32_out[j] as f64;
+                assert!(
+                    (o - of).abs() <= b + 2.0 * slack,
+                    "{isa:?} {f:?} m={m} n={n} k={k} out {j}: int8 {o} vs f32 path {of}, bound {b}"
+                );
+                se += (o - e).powi(2);
+                so += e * e;
+            }
+        }
+        let rel = (se / so).sqrt();
+        println!("{f:?}: int8 RMS error {rel:.2e} of RMS output");
+        assert!(rel < 0.01, "{f:?}: relative RMS error {rel}");
+    }
+}
