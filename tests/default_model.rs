@@ -4,56 +4,14 @@
 
 mod common;
 
+use common::prefill::{prompt_logprobs, prompt_logprobs_in};
 use common::*;
 use dcpserve::{ChatMessage, DType, Engine, EngineConfig, Prompt};
-use dcpserve_kernels::{log_softmax, CpuBackend, CpuMatmul, KvCacheDType};
-use dcpserve_model::arch::{BatchInput, DecoderModel, WeightPrecision};
+use dcpserve_kernels::{CpuBackend, CpuMatmul, KvCacheDType};
+use dcpserve_model::arch::{DecoderModel, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
 const TOL: f32 = 5e-3;
-
-/// Log-probabilities of every position of `ids` (one prefill), one row per position.
-fn prompt_logprobs(model: &DecoderModel<CpuBackend>, ids: &[u32]) -> Vec<Vec<f32>> {
-    prompt_logprobs_in(model, ids, KvCacheDType::F32)
-}
-
-/// [`prompt_logprobs`] with a KV cache of `dtype`.
-fn prompt_logprobs_in(
-    model: &DecoderModel<CpuBackend>,
-    ids: &[u32],
-    dtype: KvCacheDType,
-) -> Vec<Vec<f32>> {
-    let n = ids.len();
-    let block = 16;
-    let mut cache = model
-        .new_kv_cache(n.div_ceil(block), block, dtype)
-        .expect("KV cache");
-    let table: Vec<u32> = (0..n.div_ceil(block) as u32).rev().collect();
-    let positions: Vec<usize> = (0..n).collect();
-    let slots: Vec<usize> = positions
-        .iter()
-        .map(|&p| table[p / block] as usize * block + p % block)
-        .collect();
-    let kv_lens: Vec<u32> = (1..=n as u32).collect();
-    let out = model
-        .forward(
-            &BatchInput {
-                tokens: ids,
-                positions: &positions,
-                token_seq: &vec![0; n],
-                slots: &slots,
-                kv_lens: &kv_lens,
-                block_tables: &[table.as_slice()],
-                logits_for: &positions,
-            },
-            &mut cache,
-        )
-        .expect("forward");
-    let v = out.vocab_size;
-    (0..n)
-        .map(|pos| log_softmax(&out.logits[pos * v..(pos + 1) * v]))
-        .collect()
-}
 
 /// Max |Δ logprob| of `lps` against the reference's top tokens and next tokens of
 /// `prompt`, and the positions whose top-1 differs.

@@ -19,10 +19,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use common::prefill::prompt_logprobs;
 use common::*;
 use dcpserve::{ChatMessage, DType, Engine, EngineConfig, Prompt};
-use dcpserve_kernels::{log_softmax, CpuBackend, CpuMatmul, KvCacheDType};
-use dcpserve_model::arch::{BatchInput, DecoderModel, WeightPrecision};
+use dcpserve_kernels::{CpuBackend, CpuMatmul, KvCacheDType};
+use dcpserve_model::arch::{DecoderModel, WeightPrecision};
 use dcpserve_model::gguf::quantize_gguf;
 use dcpserve_model::{GgufFile, ModelFiles};
 
@@ -42,40 +43,6 @@ fn quantized(target: &str) -> PathBuf {
     println!("{target}: {:?}", report.by_type);
     map.insert(target.to_string(), path.clone());
     path
-}
-
-/// Log-probabilities of every position of `ids` (one prefill), one row per position.
-fn prompt_logprobs(model: &DecoderModel<CpuBackend>, ids: &[u32]) -> Vec<Vec<f32>> {
-    let n = ids.len();
-    let block = 16;
-    let mut cache = model
-        .new_kv_cache(n.div_ceil(block), block, KvCacheDType::F32)
-        .expect("KV cache");
-    let table: Vec<u32> = (0..n.div_ceil(block) as u32).collect();
-    let positions: Vec<usize> = (0..n).collect();
-    let slots: Vec<usize> = positions
-        .iter()
-        .map(|&p| table[p / block] as usize * block + p % block)
-        .collect();
-    let kv_lens: Vec<u32> = (1..=n as u32).collect();
-    let out = model
-        .forward(
-            &BatchInput {
-                tokens: ids,
-                positions: &positions,
-                token_seq: &vec![0; n],
-                slots: &slots,
-                kv_lens: &kv_lens,
-                block_tables: &[table.as_slice()],
-                logits_for: &positions,
-            },
-            &mut cache,
-        )
-        .expect("forward");
-    let v = out.vocab_size;
-    (0..n)
-        .map(|pos| log_softmax(&out.logits[pos * v..(pos + 1) * v]))
-        .collect()
 }
 
 fn load(path: &PathBuf) -> DecoderModel<CpuBackend> {

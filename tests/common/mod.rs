@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 pub mod equivalence;
+pub mod prefill;
 pub mod reference;
 
 pub fn repo_root() -> PathBuf {

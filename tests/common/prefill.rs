@@ -1,0 +1,48 @@
+//! One prefill of a whole prompt on a single-rank decoder, straight through the model:
+//! the log-probabilities every reference test compares.
+
+use dcpserve_kernels::{log_softmax, CpuBackend, KvCacheDType};
+use dcpserve_model::arch::{BatchInput, DecoderModel};
+
+/// Log-probabilities of every position of `ids` (one prefill), one row per position.
+pub fn prompt_logprobs(model: &DecoderModel<CpuBackend>, ids: &[u32]) -> Vec<Vec<f32>> {
+    prompt_logprobs_in(model, ids, KvCacheDType::F32)
+}
+
+/// [`prompt_logprobs`] with a KV cache of `dtype`.
+pub fn prompt_logprobs_in(
+    model: &DecoderModel<CpuBackend>,
+    ids: &[u32],
+    dtype: KvCacheDType,
+) -> Vec<Vec<f32>> {
+    let n = ids.len();
+    let block = 16;
+    let mut cache = model
+        .new_kv_cache(n.div_ceil(block), block, dtype)
+        .expect("KV cache");
+    let table: Vec<u32> = (0..n.div_ceil(block) as u32).rev().collect();
+    let positions: Vec<usize> = (0..n).collect();
+    let slots: Vec<usize> = positions
+        .iter()
+        .map(|&p| table[p / block] as usize * block + p % block)
+        .collect();
+    let kv_lens: Vec<u32> = (1..=n as u32).collect();
+    let out = model
+        .forward(
+            &BatchInput {
+                tokens: ids,
+                positions: &positions,
+                token_seq: &vec![0; n],
+                slots: &slots,
+                kv_lens: &kv_lens,
+                block_tables: &[table.as_slice()],
+                logits_for: &positions,
+            },
+            &mut cache,
+        )
+        .expect("forward");
+    let v = out.vocab_size;
+    (0..n)
+        .map(|pos| log_softmax(&out.logits[pos * v..(pos + 1) * v]))
+        .collect()
+}
