@@ -188,18 +188,26 @@ fn available_isas(test: &str) -> Vec<Int8Isa> {
         .collect()
 }
 
-#[test]
-fn every_isa_matches_the_integer_reference() {
+/// Every available ISA's output, for each format and shape, against `reference` (an
+/// exact model of the kernel's integer arithmetic, with each output's magnitude), within
+/// the f32 rounding of the final sums.
+fn assert_every_isa_matches(
+    test: &str,
+    formats: &[WeightFormat],
+    shapes: &[(usize, usize, usize)],
+    seed: u64,
+    reference: impl Fn(&[f32], usize, &WeightMatrix) -> (Vec<f64>, Vec<f64>),
+) {
     let pool = ThreadPool::new(2);
-    for isa in available_isas("every_isa_matches_the_integer_reference") {
-        for f in FORMATS {
-            for &(m, n, k) in &SHAPES {
-                let (x, wf) = data(m, n, k, 1);
+    for isa in available_isas(test) {
+        for &f in formats {
+            for &(m, n, k) in shapes {
+                let (x, wf) = data(m, n, k, seed);
                 let w = WeightMatrix::from_f32(n, k, wf)
                     .unwrap()
                     .to_format(f)
                     .unwrap();
-                let (r, mag) = int8_reference(&x, m, &w);
+                let (r, mag) = reference(&x, m, &w);
                 let out = run(isa, &x, m, &w, &pool);
                 for (j, (&o, (&e, &g))) in out.iter().zip(r.iter().zip(&mag)).enumerate() {
                     assert!(
@@ -210,6 +218,17 @@ fn every_isa_matches_the_integer_reference() {
             }
         }
     }
+}
+
+#[test]
+fn every_isa_matches_the_integer_reference() {
+    assert_every_isa_matches(
+        "every_isa_matches_the_integer_reference",
+        &FORMATS,
+        &SHAPES,
+        1,
+        int8_reference,
+    );
 }
 
 #[test]

@@ -56,26 +56,13 @@ fn transcoded_reference(x: &[f32], m: usize, w: &WeightMatrix) -> (Vec<f64>, Vec
 
 #[test]
 fn extra_formats_match_the_integer_reference_on_every_isa() {
-    let pool = ThreadPool::new(2);
-    for isa in available_isas("extra_formats_match_the_integer_reference_on_every_isa") {
-        for f in WeightFormat::EXTRA_QUANTS {
-            for &(m, n, k) in &K_SHAPES {
-                let (x, wf) = data(m, n, k, 11);
-                let w = WeightMatrix::from_f32(n, k, wf)
-                    .unwrap()
-                    .to_format(f)
-                    .unwrap();
-                let (r, mag) = transcoded_reference(&x, m, &w);
-                let out = run(isa, &x, m, &w, &pool);
-                for (j, (&o, (&e, &g))) in out.iter().zip(r.iter().zip(&mag)).enumerate() {
-                    assert!(
-                        (o as f64 - e).abs() <= 1e-5 * g + 1e-30,
-                        "{isa:?} {f:?} m={m} n={n} k={k} out {j}: {o} vs {e} (scale {g})"
-                    );
-                }
-            }
-        }
-    }
+    assert_every_isa_matches(
+        "extra_formats_match_the_integer_reference_on_every_isa",
+        &WeightFormat::EXTRA_QUANTS,
+        &K_SHAPES,
+        11,
+        transcoded_reference,
+    );
 }
 
 #[test]
