@@ -67,42 +67,10 @@ fn extra_formats_match_the_integer_reference_on_every_isa() {
 
 #[test]
 fn extra_formats_are_within_the_activation_rounding_bound() {
-    let pool = ThreadPool::new(2);
-    let Some(isa) = Int8Isa::detect() else {
-        println!("extra_formats_are_within_the_activation_rounding_bound: SKIPPED (no AVX2)");
-        return;
-    };
-    let simd = crate::cpu::features().has_avx512_kernels();
-    for f in WeightFormat::EXTRA_QUANTS {
-        let (mut se, mut so) = (0.0f64, 0.0f64);
-        for &(m, n, k) in &K_SHAPES {
-            let (x, wf) = data(m, n, k, 12);
-            let w = WeightMatrix::from_f32(n, k, wf)
-                .unwrap()
-                .to_format(f)
-                .unwrap();
-            let (exact, bound) = exact_reference(&x, m, &w);
-            let out = run(isa, &x, m, &w, &pool);
-            let mut f32_out = vec![0.0; m * n];
-            matmul_impl(&pool, &x, m, &w, &mut f32_out, simd, Precision::Exact).unwrap();
-            for j in 0..m * n {
-                let (o, e, b) = (out[j] as f64, exact[j], bound[j]);
-                let slack = 1e-5 * (1.0 + e.abs()) * (k as f64).sqrt();
-                assert!(
-                    (o - e).abs() <= b + slack,
-                    "{isa:?} {f:?} m={m} n={n} k={k} out {j}: int8 {o} vs exact {e}, bound {b}"
-                );
-                let of = f32_out[j] as f64;
-                assert!(
-                    (o - of).abs() <= b + 2.0 * slack,
-                    "{isa:?} {f:?} m={m} n={n} k={k} out {j}: int8 {o} vs f32 path {of}, bound {b}"
-                );
-                se += (o - e).powi(2);
-                so += e * e;
-            }
-        }
-        let rel = (se / so).sqrt();
-        println!("{f:?}: int8 RMS error {rel:.2e} of RMS output");
-        assert!(rel < 0.01, "{f:?}: relative RMS error {rel}");
-    }
+    assert_within_rounding_bound(
+        "extra_formats_are_within_the_activation_rounding_bound",
+        &WeightFormat::EXTRA_QUANTS,
+        &K_SHAPES,
+        12,
+    );
 }
