@@ -7,10 +7,11 @@
 //! a registry of this process keyed by [`GroupId`]; the owner keeps the group's handles
 //! to abort it when a rank fails and to read the time ranks spend in collectives.
 //!
-//! Ranks in other processes connect the same way through another transport: an NCCL
-//! unique id (created by the owner, sent in the spec, `ncclCommInitRank` on each rank)
-//! or an MPI communicator. Those variants exist so the spec's shape is settled; this
-//! build refuses them with a clear error.
+//! A group whose members live in another process is laid out here ([`CommGroupSpec::new`])
+//! and registered there: the process that hosts its members calls [`GroupOwner::adopt`]
+//! with the spec it received. Ranks of different processes connect through another
+//! transport: MPI ([`Transport::Mpi`], feature `mpi`), or an NCCL unique id (created by
+//! the owner, sent in the spec, `ncclCommInitRank` on each rank; not in this build).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,10 +35,10 @@ pub enum Transport {
     /// travels in the spec and each rank calls `ncclCommInitRank` with it. Not
     /// implemented in this build: [`connect`] refuses it.
     Nccl { unique_id: Vec<u8> },
-    /// MPI (CPU ranks in other processes): the group's ranks are MPI world ranks,
-    /// split into one communicator by `color`. Not implemented in this build:
-    /// [`connect`] refuses it.
-    Mpi { color: i32 },
+    /// MPI (CPU ranks in several processes): `processes[i]` is the MPI world rank of the
+    /// process that hosts member `i`. Members of one process reduce through shared memory
+    /// and one of them speaks MPI for the process (hierarchical collectives).
+    Mpi { processes: Vec<usize> },
 }
 
 /// Everything a rank needs to join a communicator group: plain data that can be sent
@@ -51,6 +52,38 @@ pub struct CommGroupSpec {
 }
 
 impl CommGroupSpec {
+    /// Lays out a group of the global ranks `ranks` (in group-rank order) with a new id,
+    /// registering nothing: the process hosting the members adopts it
+    /// ([`GroupOwner::adopt`]).
+    pub fn new(ranks: Vec<usize>, transport: Transport) -> Result<Self, KernelError> {
+        if ranks.is_empty() {
+            return Err(KernelError::Comm("a group needs at least one rank".into()));
+        }
+        let mut sorted = ranks.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(KernelError::Comm(format!(
+                "group ranks {ranks:?} name a rank twice"
+            )));
+        }
+        if let Transport::Mpi { processes } = &transport {
+            if processes.len() != ranks.len() {
+                return Err(KernelError::Comm(format!(
+                    "an MPI group of {} ranks names {} processes",
+                    ranks.len(),
+                    processes.len()
+                )));
+            }
+        }
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = GroupId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
+        Ok(Self {
+            id,
+            ranks,
+            transport,
+        })
+    }
+
     /// The group rank of global rank `global_rank`, if it is a member.
     pub fn group_rank(&self, global_rank: usize) -> Option<usize> {
         self.ranks.iter().position(|&r| r == global_rank)
@@ -111,22 +144,16 @@ impl GroupOwner {
     /// });
     /// ```
     pub fn create(ranks: Vec<usize>, transport: Transport) -> Result<Self, KernelError> {
-        if ranks.is_empty() {
-            return Err(KernelError::Comm("a group needs at least one rank".into()));
+        Self::adopt(CommGroupSpec::new(ranks, transport)?)
+    }
+
+    /// Registers this process's part of the group `spec` lays out (all of it, for shared
+    /// memory), so that its members here can [`connect`].
+    pub fn adopt(spec: CommGroupSpec) -> Result<Self, KernelError> {
+        if spec.transport != Transport::SharedMemory {
+            return Err(not_in_this_build(&spec.transport));
         }
-        let mut sorted = ranks.clone();
-        sorted.sort_unstable();
-        if sorted.windows(2).any(|w| w[0] == w[1]) {
-            return Err(KernelError::Comm(format!(
-                "group ranks {ranks:?} name a rank twice"
-            )));
-        }
-        if transport != Transport::SharedMemory {
-            return Err(not_in_this_build(&transport));
-        }
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        let id = GroupId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
-        let handles: Vec<Arc<InProcessComm>> = InProcessComm::group(ranks.len())
+        let handles: Vec<Arc<InProcessComm>> = InProcessComm::group(spec.ranks.len())
             .into_iter()
             .map(Arc::new)
             .collect();
@@ -134,21 +161,21 @@ impl GroupOwner {
             .iter()
             .map(|h| h.clone() as Arc<dyn Communicator>)
             .collect();
-        registry().insert(
-            id,
+        let mut reg = registry();
+        if reg.contains_key(&spec.id) {
+            return Err(KernelError::Comm(format!(
+                "group {:?} is already registered in this process",
+                spec.id
+            )));
+        }
+        reg.insert(
+            spec.id,
             Entry {
                 connected: vec![false; handles.len()],
                 handles,
             },
         );
-        Ok(Self {
-            spec: CommGroupSpec {
-                id,
-                ranks,
-                transport,
-            },
-            members,
-        })
+        Ok(Self { spec, members })
     }
 
     /// The spec members connect with.

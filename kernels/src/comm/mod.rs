@@ -21,6 +21,8 @@ pub mod bootstrap;
 mod collectives;
 mod elems;
 mod in_process;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 pub use bootstrap::{connect, CommGroupSpec, GroupId, GroupOwner, Transport};
 pub use collectives::{Collectives, HostCollectives, SoloCollectives};

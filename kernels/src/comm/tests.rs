@@ -201,7 +201,9 @@ fn transports_not_in_this_build_fail_with_a_clear_error() {
         Transport::Nccl {
             unique_id: vec![0; 128],
         },
-        Transport::Mpi { color: 0 },
+        Transport::Mpi {
+            processes: vec![0, 1],
+        },
     ] {
         let err = GroupOwner::create(vec![0, 1], transport.clone())
             .err()

@@ -1,0 +1,14 @@
+//! Ranks in other processes, launched and connected by MPI (Open MPI through the `mpi`
+//! crate; feature `mpi`).
+//!
+//! [`env`] starts MPI once per process (`MPI_Init_thread` with `MPI_THREAD_MULTIPLE`: the
+//! control plane and every rank's collectives call MPI from their own threads) and says
+//! which process this is. [`ControlChannel`] carries the control plane's messages (step
+//! plans out, step answers and failures back) between process 0 and the rank processes as
+//! MPI point-to-point messages: no second socket protocol.
+
+pub mod control;
+pub mod env;
+
+pub use control::ControlChannel;
+pub use env::{launched_by_mpi, MpiEnv};
