@@ -15,6 +15,8 @@
 //! ```
 
 mod builder;
+#[cfg(feature = "mpi")]
+pub mod distributed;
 mod engine;
 mod error;
 pub mod serve;
@@ -25,7 +27,8 @@ pub use dcpserve_actors::{
     FinishReason, PromptError, SamplingParams, TokenOutput, ValidPrompt, ValidRequest,
 };
 pub use dcpserve_config::{
-    default_model_path, parse_kv_cache_dtype, DType, EngineConfig, ModeledLinkConfig,
+    default_model_path, parse_kv_cache_dtype, DType, DistributedBackend, EngineConfig,
+    ModeledLinkConfig,
     ParallelConfig, SpeculativeConfig, SpeculativeMethod, DEFAULT_MODEL_FILE,
 };
 pub use dcpserve_kernels::{CpuMatmul, KvCacheDType};

@@ -153,6 +153,16 @@ struct EngineArgs {
     /// n-gram lookup of 4 tokens, n from 2 to 4).
     #[arg(long, value_parser = parse_speculative_config)]
     speculative_config: Option<dcpserve::SpeculativeConfig>,
+    /// Where the rank actors run: mp (threads of this process) or mpi (the processes of
+    /// `mpirun`; needs a build with `--features mpi`).
+    #[arg(long, default_value = "mp")]
+    distributed_executor_backend: String,
+    /// Ranks of the model; `-tp` works too.
+    #[arg(long, default_value_t = 1)]
+    tensor_parallel_size: usize,
+    /// Ranks sharding the KV cache by position; `-dcp` works too.
+    #[arg(long, default_value_t = 1)]
+    decode_context_parallel_size: usize,
 }
 
 fn parse_speculative_config(s: &str) -> Result<dcpserve::SpeculativeConfig, String> {
@@ -206,6 +216,12 @@ impl EngineArgs {
             max_model_len: self.max_model_len,
             num_threads: self.threads,
             speculative: self.speculative_config.clone(),
+            distributed_executor_backend: self.distributed_executor_backend.parse()?,
+            parallel: dcpserve::ParallelConfig {
+                tensor_parallel_size: self.tensor_parallel_size,
+                decode_context_parallel_size: self.decode_context_parallel_size,
+                cp_kv_cache_interleave_size: 1,
+            },
             ..Default::default()
         };
         Ok((path, cfg))
@@ -254,12 +270,21 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse_from(dcpserve::serve::normalize_args(std::env::args()));
+    let args = dcpserve::serve::normalize_args(std::env::args());
+    // Under an MPI launcher every process runs this program: process 0 goes on as the
+    // engine, the others serve their ranks inside `init` and exit there.
+    #[cfg(feature = "mpi")]
+    let mpi = asks_for_mpi(&args) || dcpserve::distributed::launched_by_mpi();
+    #[cfg(feature = "mpi")]
+    if mpi {
+        dcpserve::distributed::init()?;
+    }
+    let cli = Cli::parse_from(args);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async {
+    let result = rt.block_on(async {
         match cli.command {
             Command::Generate(a) => generate(a).await,
             Command::Serve(a) => dcpserve::serve::run(a).await,
@@ -319,5 +344,23 @@ fn main() -> Result<()> {
                 Ok(())
             }
         }
-    })
+    });
+    // A rank thread of a group lost with an MPI process may be stuck in MPI for good.
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    #[cfg(feature = "mpi")]
+    if mpi {
+        dcpserve::distributed::shutdown();
+    }
+    result
 }
+
+/// Whether the command line asks for `--distributed-executor-backend mpi`.
+#[cfg(feature = "mpi")]
+fn asks_for_mpi(args: &[String]) -> bool {
+    args.windows(2)
+        .any(|w| w[0] == "--distributed-executor-backend" && w[1] == "mpi")
+        || args
+            .iter()
+            .any(|a| a == "--distributed-executor-backend=mpi")
+}
+

@@ -102,6 +102,11 @@ pub struct ServeArgs {
     /// in its collectives (pays off when collectives are slow; see bench-dcp).
     #[arg(long)]
     pub overlap_micro_batches: bool,
+    /// Where the rank actors run: mp (threads of this process) or mpi (split over the
+    /// processes of `mpirun -np P`, P dividing the tensor-parallel size; needs a build
+    /// with `--features mpi`).
+    #[arg(long)]
+    pub distributed_executor_backend: Option<String>,
     /// How the model writes tool calls (vLLM's names): hermes, llama3_json, deepseek_v3.
     #[arg(long)]
     pub tool_call_parser: Option<String>,
@@ -167,6 +172,7 @@ impl ServeArgs {
             threads: self.threads,
             speculative_config: self.speculative_config.clone(),
             overlap_micro_batches: self.overlap_micro_batches.then_some(true),
+            distributed_executor_backend: self.distributed_executor_backend.clone(),
             tool_call_parser: self.tool_call_parser.clone(),
             enable_auto_tool_choice: self.enable_auto_tool_choice.then_some(true),
             reasoning_parser: self.reasoning_parser.clone(),
@@ -312,6 +318,7 @@ impl ModelBackend for EngineBackend {
                 used as f64 / s.total_blocks as f64
             };
             Some(BackendStats {
+                unavailable: s.unavailable,
                 running: s.running,
                 waiting: s.waiting,
                 kv_cache_usage: vec![usage; ranks],

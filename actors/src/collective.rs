@@ -15,9 +15,11 @@
 //! lend it out while a collective waits, so one micro-batch's communication overlaps the
 //! other's compute (see `dcpserve_kernels::overlap`).
 
+use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
-use dcpserve_kernels::comm::{connect, CommGroupSpec, GroupOwner, Transport};
+use dcpserve_kernels::comm::{connect, CommGroupSpec, GroupId, GroupOwner};
 use dcpserve_kernels::dcp::{Layout, MergeExchange};
 use dcpserve_kernels::{
     BatonComm, Communicator, ComputeBaton, HostCollectives, KernelError, LinkModel, ModeledLink,
@@ -25,6 +27,8 @@ use dcpserve_kernels::{
 use dcpserve_model::arch::RankComms;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
+
+use crate::remote::ProcessMap;
 
 /// Messages the collective actor understands.
 pub enum CollectiveMsg {
@@ -103,11 +107,100 @@ pub struct RankChannels {
     pub baton: Option<Arc<ComputeBaton>>,
 }
 
+/// The communicator groups of one rank group, laid out before any rank starts: the
+/// tensor-parallel world and the contiguous DCP groups of the [`Layout`], one set per
+/// micro-batch. Plain data: the process that lays them out sends them to the rank
+/// processes of an MPI job, and every process registers its part in the same order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupLayout {
+    sets: Vec<GroupSet>,
+}
+
+/// The groups of one micro-batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct GroupSet {
+    world: CommGroupSpec,
+    /// One per DCP group, in group order.
+    dcp: Vec<CommGroupSpec>,
+}
+
+impl GroupLayout {
+    /// Lays out the groups of `layout` over the processes of `processes`: a group whose
+    /// ranks share one process communicates through shared memory, one spanning
+    /// processes through MPI.
+    pub fn new(layout: &Layout, processes: &ProcessMap) -> Result<Self, KernelError> {
+        let spec = |ranks: Vec<usize>| {
+            let transport = processes.transport(&ranks);
+            CommGroupSpec::new(ranks, transport)
+        };
+        let sets = (0..layout.micro_batches())
+            .map(|_| {
+                Ok(GroupSet {
+                    world: spec((0..layout.tp()).collect())?,
+                    dcp: (0..layout.num_dcp_groups())
+                        .map(|g| spec(layout.dcp_group_ranks(g).collect()))
+                        .collect::<Result<_, KernelError>>()?,
+                })
+            })
+            .collect::<Result<_, KernelError>>()?;
+        Ok(Self { sets })
+    }
+
+    /// Every group, in the order every process registers them (MPI communicators are
+    /// created collectively, so the order must be the same everywhere).
+    pub fn in_order(&self) -> impl Iterator<Item = &CommGroupSpec> {
+        self.sets
+            .iter()
+            .flat_map(|s| std::iter::once(&s.world).chain(&s.dcp))
+    }
+
+    /// Registers, in order, every group with a member among the global ranks `local`
+    /// (this process's ranks): may block until the other processes of an MPI group
+    /// register theirs.
+    pub fn adopt(&self, local: &Range<usize>) -> Result<HashMap<GroupId, GroupOwner>, KernelError> {
+        let mut owners = HashMap::new();
+        for spec in self.in_order() {
+            if spec.ranks.iter().any(|r| local.contains(r)) {
+                owners.insert(spec.id, GroupOwner::adopt(spec.clone())?);
+            }
+        }
+        Ok(owners)
+    }
+
+    /// What TP rank `rank` connects with.
+    pub fn rank_specs(
+        &self,
+        layout: &Layout,
+        rank: usize,
+        link: Option<LinkModel>,
+        dcp_merge: MergeExchange,
+    ) -> RankCommSpecs {
+        RankCommSpecs {
+            rank,
+            micro_batches: self
+                .sets
+                .iter()
+                .map(|set| MicroBatchSpecs {
+                    world: set.world.clone(),
+                    dcp: set.dcp[layout.dcp_group_of(rank)].clone(),
+                })
+                .collect(),
+            link,
+            dcp_merge,
+        }
+    }
+}
+
 /// How the collective actor lays out its groups.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CollectiveArgs {
     /// The rank group's layout (tp, DCP groups, micro-batches).
     pub layout: Layout,
+    /// The groups, laid out by whoever starts the rank group.
+    pub groups: GroupLayout,
+    /// The global ranks this process hosts (all of them unless ranks live in several
+    /// processes): the actor registers the groups they are members of.
+    pub local_ranks: Range<usize>,
     /// A modeled interconnect every collective also waits for (benchmarks).
     pub link: Option<LinkModel>,
     /// How DCP groups exchange attention partials.
@@ -115,45 +208,35 @@ pub struct CollectiveArgs {
 }
 
 impl CollectiveArgs {
-    /// Shared-memory collectives, the default merge exchange.
-    pub fn new(layout: Layout) -> Self {
-        Self {
+    /// Shared-memory collectives between ranks of this process, the default merge exchange.
+    pub fn new(layout: Layout) -> Result<Self, KernelError> {
+        Ok(Self {
+            groups: GroupLayout::new(&layout, &ProcessMap::single(layout.tp()))?,
+            local_ranks: 0..layout.tp(),
             layout,
             link: None,
             dcp_merge: MergeExchange::default(),
-        }
+        })
     }
 }
 
 pub struct CollectiveActor;
 
-/// The groups of one micro-batch.
-struct GroupSet {
-    world: GroupOwner,
-    /// One per DCP group, in group order.
-    dcp: Vec<GroupOwner>,
-}
-
-impl GroupSet {
-    fn new(layout: &Layout) -> Result<Self, KernelError> {
-        let world = GroupOwner::create((0..layout.tp()).collect(), Transport::SharedMemory)?;
-        let dcp = (0..layout.num_dcp_groups())
-            .map(|g| {
-                GroupOwner::create(layout.dcp_group_ranks(g).collect(), Transport::SharedMemory)
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Self { world, dcp })
-    }
-
-    fn abort(&self) {
-        self.world.abort();
-        self.dcp.iter().for_each(GroupOwner::abort);
-    }
-}
-
 pub struct CollectiveState {
     args: CollectiveArgs,
-    sets: Vec<GroupSet>,
+    /// This process's part of every group it has members in.
+    owners: HashMap<GroupId, GroupOwner>,
+}
+
+impl CollectiveState {
+    /// Seconds group member `spec.group_rank(rank)` spent in collectives, if this process
+    /// hosts it.
+    fn seconds(&self, spec: &CommGroupSpec, rank: usize) -> f64 {
+        match (self.owners.get(&spec.id), spec.group_rank(rank)) {
+            (Some(owner), Some(g)) => owner.seconds_in_collectives(g),
+            _ => 0.0,
+        }
+    }
 }
 
 impl Actor for CollectiveActor {
@@ -166,10 +249,10 @@ impl Actor for CollectiveActor {
         _myself: ActorRef<CollectiveMsg>,
         args: CollectiveArgs,
     ) -> Result<CollectiveState, ActorProcessingErr> {
-        let sets = (0..args.layout.micro_batches())
-            .map(|_| GroupSet::new(&args.layout))
-            .collect::<Result<_, _>>()?;
-        Ok(CollectiveState { args, sets })
+        // Registering an MPI group waits for the other processes: off the async workers.
+        let (groups, local) = (args.groups.clone(), args.local_ranks.clone());
+        let owners = tokio::task::spawn_blocking(move || groups.adopt(&local)).await??;
+        Ok(CollectiveState { args, owners })
     }
 
     async fn handle(
@@ -182,31 +265,24 @@ impl Actor for CollectiveActor {
         match msg {
             CollectiveMsg::Comms(rank, port) => {
                 if rank < layout.tp() {
-                    let micro_batches = st
-                        .sets
-                        .iter()
-                        .map(|set| MicroBatchSpecs {
-                            world: set.world.spec().clone(),
-                            dcp: set.dcp[layout.dcp_group_of(rank)].spec().clone(),
-                        })
-                        .collect();
-                    let _ = port.send(RankCommSpecs {
+                    let _ = port.send(st.args.groups.rank_specs(
+                        &layout,
                         rank,
-                        micro_batches,
-                        link: st.args.link,
-                        dcp_merge: st.args.dcp_merge,
-                    });
+                        st.args.link,
+                        st.args.dcp_merge,
+                    ));
                 }
             }
             CollectiveMsg::SecondsInCollectives(port) => {
                 let secs = (0..layout.tp())
                     .map(|r| {
-                        st.sets
+                        st.args
+                            .groups
+                            .sets
                             .iter()
                             .map(|s| {
-                                s.world.seconds_in_collectives(r)
-                                    + s.dcp[layout.dcp_group_of(r)]
-                                        .seconds_in_collectives(layout.dcp_rank(r))
+                                st.seconds(&s.world, r)
+                                    + st.seconds(&s.dcp[layout.dcp_group_of(r)], r)
                             })
                             .sum()
                     })
@@ -214,7 +290,7 @@ impl Actor for CollectiveActor {
                 let _ = port.send(secs);
             }
             CollectiveMsg::Poison(port) => {
-                st.sets.iter().for_each(GroupSet::abort);
+                st.owners.values().for_each(GroupOwner::abort);
                 let _ = port.send(());
             }
         }

@@ -22,6 +22,7 @@ pub mod placement;
 pub mod plan;
 pub mod rank;
 pub mod rank_group;
+pub mod remote;
 mod rank_turns;
 pub mod request;
 pub mod sampler;

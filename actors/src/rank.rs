@@ -97,7 +97,7 @@ impl StepSink {
     }
 
     /// Sends `report`; with `encode`, fails if it does not survive the trip through bytes.
-    fn send(&self, report: StepReport) -> Result<(), String> {
+    pub(crate) fn send(&self, report: StepReport) -> Result<(), String> {
         let report = if self.encode {
             wire::round_trip(&report)?
         } else {

@@ -17,8 +17,31 @@ use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::collective::{CollectiveActor, CollectiveArgs, CollectiveMsg};
+use crate::collective::{CollectiveActor, CollectiveArgs, CollectiveMsg, GroupLayout};
 use crate::rank::{RankActor, RankArgs, RankMsg, StepReport, StepSink};
+use crate::remote::ProcessMap;
+
+/// Where a rank group's ranks run.
+#[derive(Clone, Default)]
+pub enum Executor {
+    /// Every rank is a thread of this process.
+    #[default]
+    InProcess,
+    /// The ranks are split evenly over the processes of an MPI job; this is process 0.
+    #[cfg(feature = "mpi")]
+    Mpi(Arc<crate::remote::Cluster>),
+}
+
+impl Executor {
+    /// Which process hosts which of `tp` ranks (checks that the processes divide them).
+    pub fn process_map(&self, tp: usize) -> Result<ProcessMap, String> {
+        match self {
+            Executor::InProcess => Ok(ProcessMap::single(tp)),
+            #[cfg(feature = "mpi")]
+            Executor::Mpi(c) => ProcessMap::new(tp, c.processes()),
+        }
+    }
+}
 
 /// What every generation of a rank group is built from.
 #[derive(Clone)]
@@ -35,6 +58,9 @@ pub struct RankGroupSpec {
     /// The most tokens one step computes (the ranks reserve their workspaces for it).
     pub max_step_tokens: usize,
     pub threads_per_rank: usize,
+    /// Whether `threads_per_rank` was asked for (else a rank process splits its own
+    /// host's cores over its ranks).
+    pub explicit_threads: bool,
     /// A modeled interconnect every collective also waits for (benchmarks).
     pub link: Option<LinkModel>,
     pub dcp_merge: MergeExchange,
@@ -42,6 +68,8 @@ pub struct RankGroupSpec {
     pub mtp: bool,
     /// Encode every report as bytes and back (checks that it can cross a process).
     pub serialize_reports: bool,
+    /// Threads of this process, or the processes of an MPI job.
+    pub executor: Executor,
 }
 
 /// A running rank group.
@@ -49,6 +77,7 @@ pub struct RankGroup {
     generation: u64,
     ranks: Vec<ActorRef<RankMsg>>,
     collective: ActorRef<CollectiveMsg>,
+    executor: Executor,
 }
 
 impl RankGroup {
@@ -63,27 +92,45 @@ impl RankGroup {
     ) -> Result<Self, ActorProcessingErr> {
         let layout = spec.layout;
         let tp = layout.tp();
+        let processes = spec.executor.process_map(tp)?;
+        let groups = GroupLayout::new(&layout, &processes)?;
+        // Ranks in other processes start first: process 0 registers its part of the MPI
+        // groups (below, in the collective actor) while they register theirs.
+        #[cfg(feature = "mpi")]
+        let remote_started = match &spec.executor {
+            Executor::Mpi(cluster) => {
+                let sink = StepSink::new(reports.clone(), spec.serialize_reports);
+                (1..processes.processes)
+                    .map(|p| {
+                        let ranks = processes
+                            .ranks_of(p)
+                            .map(|rank| remote_rank_args(spec, &groups, rank, generation))
+                            .collect();
+                        (
+                            p,
+                            cluster.start_ranks(p, generation, &groups, ranks, sink.clone()),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            }
+            Executor::InProcess => Vec::new(),
+        };
         let args = CollectiveArgs {
             layout,
+            groups: groups.clone(),
+            local_ranks: processes.ranks_of(0),
             link: spec.link,
             dcp_merge: spec.dcp_merge,
         };
         let (collective, _) =
             Actor::spawn_linked(None, CollectiveActor, args, supervisor.clone()).await?;
         let mut spawns = Vec::with_capacity(tp);
-        for rank in 0..tp {
-            let comm_specs = match ractor::call!(collective, CollectiveMsg::Comms, rank) {
-                Ok(specs) => specs,
-                Err(e) => {
-                    collective.stop(None);
-                    return Err(e.into());
-                }
-            };
+        for rank in processes.ranks_of(0) {
             let args = RankArgs {
                 rank,
                 tp_size: tp,
                 generation,
-                comm_specs,
+                comm_specs: groups.rank_specs(&layout, rank, spec.link, spec.dcp_merge),
                 files: spec.files.clone(),
                 precision: spec.precision,
                 cpu_matmul: spec.cpu_matmul,
@@ -103,25 +150,61 @@ impl RankGroup {
             ));
         }
         let mut ranks = Vec::with_capacity(tp);
-        let mut failure = None;
+        let mut failure: Option<ActorProcessingErr> = None;
         for r in futures::future::join_all(spawns).await {
             match r {
                 Ok((r, _)) => ranks.push(r),
-                Err(err) => failure = Some(err),
+                Err(err) => failure = Some(err.into()),
             }
         }
-        if let Some(err) = failure {
-            for r in ranks {
-                r.stop(None);
+        #[cfg(feature = "mpi")]
+        if let Executor::Mpi(cluster) = &spec.executor {
+            for (p, started) in remote_started {
+                let result = started
+                    .await
+                    .unwrap_or_else(|_| Err(format!("MPI process {p} never answered")));
+                if let Err(e) = result {
+                    failure.get_or_insert(e.into());
+                    continue;
+                }
+                let mut proxies = Vec::new();
+                for rank in processes.ranks_of(p) {
+                    let state = crate::remote::proxy::RemoteRankState {
+                        rank,
+                        process: p,
+                        cluster: cluster.clone(),
+                    };
+                    match Actor::spawn_linked(
+                        None,
+                        crate::remote::proxy::RemoteRank,
+                        state,
+                        supervisor.clone(),
+                    )
+                    .await
+                    {
+                        Ok((r, _)) => {
+                            proxies.push(r.clone());
+                            ranks.push(r);
+                        }
+                        Err(e) => {
+                            failure.get_or_insert(e.into());
+                        }
+                    }
+                }
+                cluster.set_proxies(p, generation, proxies);
             }
-            collective.stop(None);
-            return Err(err.into());
         }
-        Ok(Self {
+        let group = Self {
             generation,
             ranks,
             collective,
-        })
+            executor: spec.executor.clone(),
+        };
+        if let Some(err) = failure {
+            group.tear_down("a rank failed to start").await;
+            return Err(err);
+        }
+        Ok(group)
     }
 
     /// Which generation of the group this is (restarts so far).
@@ -150,9 +233,39 @@ impl RankGroup {
         if let Err(e) = ractor::call!(self.collective, CollectiveMsg::Poison) {
             tracing::error!("could not abort the failed group's collectives: {e}");
         }
+        #[cfg(feature = "mpi")]
+        if let Executor::Mpi(cluster) = &self.executor {
+            cluster.tear_down(self.generation);
+        }
         self.collective.stop(Some(reason.into()));
         for r in self.ranks {
             r.stop(Some(reason.into()));
         }
+    }
+}
+
+/// What rank `rank` of another process is started from.
+#[cfg(feature = "mpi")]
+fn remote_rank_args(
+    spec: &RankGroupSpec,
+    groups: &GroupLayout,
+    rank: usize,
+    generation: u64,
+) -> crate::remote::messages::RemoteRankArgs {
+    let layout = spec.layout;
+    crate::remote::messages::RemoteRankArgs {
+        rank,
+        tp_size: layout.tp(),
+        generation,
+        comm_specs: groups.rank_specs(&layout, rank, spec.link, spec.dcp_merge),
+        model: spec.files.path.clone(),
+        precision: spec.precision,
+        cpu_matmul: spec.cpu_matmul,
+        placement: layout.placement(rank),
+        num_blocks: spec.num_blocks,
+        kv_cache_dtype: spec.kv_cache_dtype,
+        max_step_tokens: spec.max_step_tokens,
+        threads: spec.explicit_threads.then_some(spec.threads_per_rank),
+        mtp: spec.mtp,
     }
 }

@@ -15,7 +15,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 use crate::collective::CollectiveMsg;
 use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs, KvManagerMsg};
 use crate::rank::{RankMsg, StepReport};
-use crate::rank_group::{RankGroup, RankGroupSpec};
+use crate::rank_group::{Executor, RankGroup, RankGroupSpec};
 use crate::scheduler::{
     Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SpeculationLimits,
 };
@@ -23,7 +23,7 @@ use crate::speculative::{
     DraftActor, DraftModelProposer, DraftModelSpec, DraftMsg, DraftProposer, MtpProposer,
     NgramProposer,
 };
-use dcpserve_config::{ParallelConfig, SpeculativeMethod};
+use dcpserve_config::{DistributedBackend, ParallelConfig, SpeculativeMethod};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// What the supervisor needs to bring a model up.
@@ -77,6 +77,20 @@ pub struct SupervisorState {
     kv: ActorRef<KvManagerMsg>,
     /// Where every rank group answers: the scheduler owns the receiving end.
     reports: UnboundedSender<StepReport>,
+}
+
+/// The executor `--distributed-executor-backend` asks for.
+fn executor(backend: DistributedBackend) -> Result<Executor, ActorProcessingErr> {
+    match backend {
+        DistributedBackend::Mp => Ok(Executor::InProcess),
+        #[cfg(feature = "mpi")]
+        DistributedBackend::Mpi => match crate::remote::Cluster::global() {
+            Some(c) => Ok(Executor::Mpi(c)),
+            None => Err("--distributed-executor-backend mpi: this process is not process 0 of an MPI job; launch it with `mpirun -np P dcpserve ... --distributed-executor-backend mpi` (or srun), or call `dcpserve::distributed::init` first when embedding the engine.".into()),
+        },
+        #[cfg(not(feature = "mpi"))]
+        DistributedBackend::Mpi => Err("--distributed-executor-backend mpi: this dcpserve was built without MPI; rebuild with `cargo build --release --features mpi` (needs Open MPI and libclang: `apt-get install libopenmpi-dev openmpi-bin libclang-dev`).".into()),
+    }
 }
 
 /// KV budget per rank when none is configured: a quarter of available memory, split
@@ -205,9 +219,12 @@ impl Actor for ModelSupervisor {
         }
         let micro_batches = if e.overlap_micro_batches { 2 } else { 1 };
         let layout = e.parallel.layout(e.block_size, micro_batches)?;
+        // Where the ranks run, checked before any weight is read.
+        let executor = executor(e.distributed_executor_backend)?;
+        let local_ranks = executor.process_map(tp)?.ranks_per_process;
         let budget = e
             .kv_cache_memory_bytes
-            .unwrap_or_else(|| default_kv_bytes(tp));
+            .unwrap_or_else(|| default_kv_bytes(local_ranks));
         // MLA: one latent row per token per layer on each rank that stores the token;
         // standard attention: K and V of the rank's KV heads.
         // The MTP layer keeps its latents in one more layer of the same cache.
@@ -325,7 +342,8 @@ impl Actor for ModelSupervisor {
                 num_blocks: sched_cfg.num_blocks,
                 kv_cache_dtype: kv_dtype,
                 max_step_tokens: sched_cfg.max_num_batched_tokens,
-                threads_per_rank: (threads / tp).max(1),
+                threads_per_rank: (threads / local_ranks).max(1),
+                explicit_threads: args.engine.num_threads.is_some(),
                 link: args.engine.modeled_link.map(|l| LinkModel {
                     latency: Duration::from_secs_f64(l.latency_us * 1e-6),
                     bytes_per_second: l.gigabytes_per_second * 1e9,
@@ -333,6 +351,7 @@ impl Actor for ModelSupervisor {
                 dcp_merge: args.engine.dcp_merge_exchange,
                 mtp: uses_mtp(&args.engine),
                 serialize_reports: sched_cfg.serialize_plans,
+                executor,
             },
             group: None,
             draft,
@@ -424,7 +443,19 @@ impl Actor for ModelSupervisor {
             group.tear_down("rank group restart").await;
         }
         state.info.restarts += 1;
-        state.start_ranks(myself.get_cell()).await?;
+        if let Err(e) = state.start_ranks(myself.get_cell()).await {
+            if matches!(state.group_spec.executor, Executor::InProcess) {
+                return Err(e);
+            }
+            // A lost rank process does not come back in an MPI job: the model stays up
+            // to say why (`/health`), and refuses requests until the job is relaunched.
+            let why = format!("the rank group cannot be restarted: {e}");
+            tracing::error!(model = %state.args.name, "{why}");
+            state
+                .info
+                .scheduler
+                .send_message(SchedulerMsg::Unavailable(why))?;
+        }
         Ok(())
     }
 }

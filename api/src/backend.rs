@@ -28,6 +28,9 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<BackendEvent, String>> +
 /// Counters of a served model, read when `/metrics` is rendered.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BackendStats {
+    /// Why the model cannot serve (its ranks are lost for good), if so: `/health` answers
+    /// 503 with it.
+    pub unavailable: Option<String>,
     /// Sequences in the running batch.
     pub running: usize,
     /// Sequences waiting for admission (including preempted ones).

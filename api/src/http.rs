@@ -12,6 +12,7 @@ use warp::http::{HeaderMap, HeaderValue, Method};
 use warp::reply::Response;
 use warp::{Buf, Filter, Reply};
 
+use crate::backend::BackendStats;
 use crate::errors::{handle_rejection, ApiError};
 use crate::router::ModelRouter;
 use crate::routes;
@@ -168,11 +169,17 @@ where
 /// 200 with an empty body while every model answers, 503 otherwise.
 async fn health(state: &AppState) -> Result<Response, ApiError> {
     for m in state.router.models() {
-        if m.backend.stats().await.is_none() {
-            let mut e = ApiError::internal(format!("The model `{}` is not running.", m.name));
-            e.status = warp::http::StatusCode::SERVICE_UNAVAILABLE;
-            return Err(e);
-        }
+        let reason = match m.backend.stats().await {
+            None => "is not running".to_string(),
+            Some(BackendStats {
+                unavailable: Some(why),
+                ..
+            }) => format!("cannot serve: {why}"),
+            Some(_) => continue,
+        };
+        let mut e = ApiError::internal(format!("The model `{}` {reason}", m.name));
+        e.status = warp::http::StatusCode::SERVICE_UNAVAILABLE;
+        return Err(e);
     }
     Ok(Response::new(Vec::<u8>::new().into()))
 }

@@ -35,6 +35,31 @@ impl std::str::FromStr for DType {
     }
 }
 
+/// Where a model's rank actors run (vLLM's `--distributed-executor-backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DistributedBackend {
+    /// Every rank is a thread of this process (vLLM's `mp`).
+    #[default]
+    Mp,
+    /// Ranks are split evenly over the processes of an MPI job (`mpirun` / `srun`);
+    /// process 0 serves the API and schedules. Needs a build with the `mpi` feature.
+    Mpi,
+}
+
+impl std::str::FromStr for DistributedBackend {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "mp" => Ok(Self::Mp),
+            "mpi" => Ok(Self::Mpi),
+            other => Err(ConfigError(format!(
+                "Unknown distributed_executor_backend `{other}`: expected mp or mpi."
+            ))),
+        }
+    }
+}
+
 /// Everything one served model's engine needs besides the weights.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -81,6 +106,8 @@ pub struct EngineConfig {
     /// way they would cross a process boundary (a check that the messages carry
     /// everything; costs an encoding per step).
     pub serialize_plans: bool,
+    /// Where the rank actors run: threads of this process, or the processes of an MPI job.
+    pub distributed_executor_backend: DistributedBackend,
 }
 
 /// A modeled interconnect: a fixed latency per collective plus bytes over bandwidth.
@@ -112,6 +139,7 @@ impl Default for EngineConfig {
             modeled_link: None,
             dcp_merge_exchange: MergeExchange::default(),
             serialize_plans: false,
+            distributed_executor_backend: DistributedBackend::Mp,
         }
     }
 }

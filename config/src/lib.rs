@@ -17,7 +17,9 @@ mod speculative;
 
 /// How a DCP group exchanges attention partials (an [`EngineConfig`] setting).
 pub use dcpserve_kernels::dcp::MergeExchange;
-pub use engine::{parse_kv_cache_dtype, DType, EngineConfig, ModeledLinkConfig};
+pub use engine::{
+    parse_kv_cache_dtype, DType, DistributedBackend, EngineConfig, ModeledLinkConfig,
+};
 pub use parallel::{AttentionKind, ConfigError, ParallelConfig, RankLayout};
 pub use serve_file::{ModelEntry, SamplingDefaults, ServeConfig, ServerSection};
 pub use speculative::{SpeculativeConfig, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};

@@ -91,6 +91,9 @@ pub struct ModelEntry {
     /// Two micro-batches in ping-pong, one's collectives overlapping the other's compute
     /// (default off).
     pub overlap_micro_batches: Option<bool>,
+    /// Where the rank actors run, as vLLM's `--distributed-executor-backend`: `mp`
+    /// (threads of this process, the default) or `mpi` (the processes of an MPI job).
+    pub distributed_executor_backend: Option<String>,
     /// How the model writes tool calls, as vLLM's `--tool-call-parser`: `hermes`,
     /// `llama3_json` or `deepseek_v3`.
     pub tool_call_parser: Option<String>,
@@ -153,6 +156,10 @@ impl ModelEntry {
             overlap_micro_batches: self
                 .overlap_micro_batches
                 .unwrap_or(d.overlap_micro_batches),
+            distributed_executor_backend: match &self.distributed_executor_backend {
+                Some(s) => s.parse()?,
+                None => d.distributed_executor_backend,
+            },
             speculative: self
                 .speculative_config
                 .clone()

@@ -53,6 +53,8 @@ pub struct SchedulerConfig {
 /// Counters others may read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SchedulerStats {
+    /// Why the model cannot serve, when its rank group is lost for good.
+    pub unavailable: Option<String>,
     pub running: usize,
     pub waiting: usize,
     pub free_blocks: usize,
@@ -84,6 +86,9 @@ pub enum SchedulerMsg {
     SetRanks(u64, Vec<ActorRef<RankMsg>>),
     /// The rank group died: end every request that had KV state.
     RanksLost(String),
+    /// The rank group cannot be brought back (a rank process of an MPI job was lost):
+    /// end every request, refuse new ones with `reason`, and say so in the stats.
+    Unavailable(String),
     Stats(RpcReplyPort<SchedulerStats>),
 }
 
@@ -226,7 +231,21 @@ impl Actor for Scheduler {
                 // The new group starts with empty KV memory: cached hashes would lie.
                 ractor::call!(st.kv, KvManagerMsg::Reset)?;
             }
+            SchedulerMsg::Unavailable(reason) => {
+                st.ranks.clear();
+                st.fail_all_running(&reason);
+                for id in std::mem::take(&mut st.waiting) {
+                    if let Some(seq) = st.seqs.remove(&id) {
+                        let _ = seq.events.send(RequestEvent::Error(format!(
+                            "The model cannot serve: {reason}"
+                        )));
+                    }
+                }
+                st.stats.unavailable = Some(reason);
+                ractor::call!(st.kv, KvManagerMsg::Reset)?;
+            }
             SchedulerMsg::SetRanks(generation, ranks) => {
+                st.stats.unavailable = None;
                 st.generation = generation;
                 // A new group knows no sequence.
                 st.forgotten = Default::default();
@@ -294,7 +313,9 @@ impl Actor for Scheduler {
 impl SchedulerState {
     fn submit(&mut self, request: GenerationRequest, events: UnboundedSender<RequestEvent>) {
         let len = request.prompt_ids.len();
-        let reject = if len == 0 {
+        let reject = if let Some(reason) = &self.stats.unavailable {
+            Some(format!("The model cannot serve: {reason}"))
+        } else if len == 0 {
             Some("The prompt is empty.".to_string())
         } else if len >= self.cfg.max_model_len {
             Some(format!(

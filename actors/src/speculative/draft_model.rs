@@ -95,10 +95,13 @@ impl DraftModelProposer {
             kv_cache_dtype: spec.kv_cache_dtype,
             max_step_tokens: spec.max_step_tokens,
             threads_per_rank: spec.threads_per_rank,
+            explicit_threads: false,
             link: None,
             dcp_merge: MergeExchange::default(),
             mtp: false,
             serialize_reports: false,
+            // A draft model's ranks stay in process 0, whatever the target's executor.
+            executor: Default::default(),
         };
         let (reports_tx, reports) = mpsc::unbounded_channel();
         let group = RankGroup::start(&group_spec, 0, reports_tx.clone(), supervisor.clone())

@@ -7,7 +7,7 @@
 //! `block_table[j / B]·B + j mod B`, which is how attention walks the local shard.
 
 /// The placement rule seen from one DCP rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Placement {
     /// Tokens per physical block on one rank (B).
     pub block_size: usize,

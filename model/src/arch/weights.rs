@@ -10,7 +10,7 @@ use crate::tensors::{DType, RawTensor, TensorSource};
 /// each tensor's [`DType`] (`Auto` keeps quantized tensors as they are). The user's
 /// `--dtype` (`dcpserve_config::DType`) spells the same choice; it is converted at the
 /// engine boundary because this crate does not depend on the config crate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum WeightPrecision {
     /// Floating-point checkpoints in bf16, quantized ones as they are.
     #[default]

@@ -15,6 +15,11 @@ pub struct ControlChannel {
     comm: SimpleCommunicator,
 }
 
+// SAFETY: MPI is initialized with MPI_THREAD_MULTIPLE (`MpiEnv::init` refuses less), so
+// any thread may send and probe on the communicator; the handle itself never changes.
+unsafe impl Send for ControlChannel {}
+unsafe impl Sync for ControlChannel {}
+
 impl ControlChannel {
     /// The job's control channel. Collective: every process creates it once, at start-up,
     /// before any other communicator.

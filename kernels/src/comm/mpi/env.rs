@@ -38,6 +38,16 @@ impl MpiEnv {
                     "the MPI library gives thread support {threading:?}, and the rank processes need MPI_THREAD_MULTIPLE (Open MPI 4 built with threads does)"
                 ));
             }
+            // A peer that dies must not take this process down with it: errors are
+            // returned (and the heartbeats tell a lost process), not fatal. Communicators
+            // created later inherit the handler.
+            // SAFETY: plain MPI call on the world communicator after initialization.
+            unsafe {
+                mpi::ffi::MPI_Comm_set_errhandler(
+                    mpi::ffi::RSMPI_COMM_WORLD,
+                    mpi::ffi::RSMPI_ERRORS_RETURN,
+                );
+            }
             let world = universe.world();
             let host = mpi::environment::processor_name().unwrap_or_else(|_| "?".into());
             Ok(MpiEnv {
