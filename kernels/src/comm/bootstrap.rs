@@ -38,7 +38,7 @@ pub enum Transport {
     /// MPI (CPU ranks in several processes): `processes[i]` is the MPI world rank of the
     /// process that hosts member `i`. Members of one process reduce through shared memory
     /// and one of them speaks MPI for the process (hierarchical collectives,
-    /// [`crate::comm::mpi::HierarchicalComm`]; needs the `mpi` feature). Each process's
+    /// `comm::mpi::HierarchicalComm`; needs the `mpi` feature). Each process's
     /// members must be contiguous in group order.
     Mpi { processes: Vec<usize> },
 }
@@ -174,7 +174,7 @@ impl GroupOwner {
     /// Registers this process's part of the group `spec` lays out (all of it, for shared
     /// memory), so that its members here can [`connect`].
     ///
-    /// For [`Transport::Mpi`] (feature `mpi`, after [`crate::comm::mpi::MpiEnv::init`]):
+    /// For [`Transport::Mpi`] (feature `mpi`, after `MpiEnv::init`):
     /// registers the members this process hosts and creates the MPI communicator between
     /// the group's processes. Every process of the group must adopt the group, and all of
     /// them must adopt their groups in the same order: this blocks until every process of

@@ -2,7 +2,7 @@
 //!
 //! The members one process hosts are threads: they meet through a shared-memory
 //! [`InProcessComm`] (in group order). The first of them, the process's *leader*, also
-//! holds an MPI communicator among the group's distinct processes ([`LeaderComm`]). Every
+//! holds an MPI communicator among the group's distinct processes (`LeaderComm`). Every
 //! collective is a local phase (gather or reduce the process's members), the leaders' MPI
 //! phase, then a local broadcast of the result. A group hosted by one process needs no
 //! MPI phase at all.
@@ -17,44 +17,17 @@
 //! collective); a process that dies ends the job through the launcher (`mpirun` kills the
 //! other processes), which is how such a wait ends.
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use half::bf16;
-use mpi::datatype::Equivalence;
-
+use super::layout::{spans, split, Layout};
 use super::leader::LeaderComm;
+use super::wire::WireElem;
 use super::MpiEnv;
-use crate::comm::elems::{dtype_mismatch, CommElem, Elems, ElemsMut};
+use crate::comm::elems::{dtype_mismatch, Elems, ElemsMut};
 use crate::comm::{CommGroupSpec, Communicator, InProcessComm};
 use crate::error::KernelError;
-
-/// How a group's members are spread over processes.
-struct Layout {
-    /// Members in the group.
-    size: usize,
-    /// Group ranks hosted by each distinct process, in order of first appearance.
-    spans: Vec<Range<usize>>,
-    /// This process's index in `spans`.
-    me: usize,
-}
-
-impl Layout {
-    fn mine(&self) -> Range<usize> {
-        self.spans[self.me].clone()
-    }
-
-    fn multi(&self) -> bool {
-        self.spans.len() > 1
-    }
-
-    /// Values per process when each member holds `per_member`.
-    fn proc_counts(&self, per_member: usize) -> Vec<usize> {
-        self.spans.iter().map(|s| s.len() * per_member).collect()
-    }
-}
 
 /// What the members one process hosts share.
 struct ProcessPart {
@@ -73,26 +46,6 @@ pub struct HierarchicalComm {
     /// process).
     mpi: Option<Mutex<LeaderComm>>,
     nanos: AtomicU64,
-}
-
-/// The distinct processes of `processes` in order of first appearance, with the group
-/// ranks each hosts; fails unless each process's members are contiguous.
-fn spans(processes: &[usize]) -> Result<Vec<(usize, Range<usize>)>, KernelError> {
-    let mut out: Vec<(usize, Range<usize>)> = Vec::new();
-    for (i, &p) in processes.iter().enumerate() {
-        match out.last_mut() {
-            Some((q, span)) if *q == p => span.end = i + 1,
-            _ => {
-                if out.iter().any(|(q, _)| *q == p) {
-                    return Err(KernelError::Comm(format!(
-                        "MPI group layout {processes:?}: the members of process {p} are not contiguous in group order (hierarchical collectives need each process's members in one block)"
-                    )));
-                }
-                out.push((p, i..i + 1));
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// This process's members of the group `spec` lays out over the MPI processes
@@ -164,73 +117,8 @@ pub(crate) fn adopt(
     Ok(out)
 }
 
-/// An element type as MPI moves it (bf16 as its bits: MPI has no bf16 type), and its
-/// conversions to and from the f32 that sums are done in.
-trait WireElem: CommElem {
-    type Wire: Equivalence;
-    fn wire(x: &[Self]) -> &[Self::Wire];
-    fn wire_mut(x: &mut [Self]) -> &mut [Self::Wire];
-    fn elems(x: &[Self]) -> Elems<'_>;
-    fn elems_mut(x: &mut [Self]) -> ElemsMut<'_>;
-    fn to_f32(self) -> f32;
-    fn from_f32(x: f32) -> Self;
-}
-
-impl WireElem for f32 {
-    type Wire = f32;
-    fn wire(x: &[Self]) -> &[f32] {
-        x
-    }
-    fn wire_mut(x: &mut [Self]) -> &mut [f32] {
-        x
-    }
-    fn elems(x: &[Self]) -> Elems<'_> {
-        Elems::F32(x)
-    }
-    fn elems_mut(x: &mut [Self]) -> ElemsMut<'_> {
-        ElemsMut::F32(x)
-    }
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn from_f32(x: f32) -> Self {
-        x
-    }
-}
-
-impl WireElem for bf16 {
-    type Wire = u16;
-    fn wire(x: &[Self]) -> &[u16] {
-        // SAFETY: bf16 is `repr(transparent)` over its u16 bits.
-        unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u16, x.len()) }
-    }
-    fn wire_mut(x: &mut [Self]) -> &mut [u16] {
-        // SAFETY: as above; every u16 is a valid bf16.
-        unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut u16, x.len()) }
-    }
-    fn elems(x: &[Self]) -> Elems<'_> {
-        Elems::Bf16(x)
-    }
-    fn elems_mut(x: &mut [Self]) -> ElemsMut<'_> {
-        ElemsMut::Bf16(x)
-    }
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-}
-
 fn len_error(what: &str, want: usize, got: usize) -> KernelError {
     KernelError::Shape(format!("{what}: expected {want} values, got {got}"))
-}
-
-/// `n` values split into `parts` near-equal blocks (the first `n % parts` one longer).
-fn split(n: usize, parts: usize) -> Vec<usize> {
-    (0..parts)
-        .map(|q| n / parts + usize::from(q < n % parts))
-        .collect()
 }
 
 impl HierarchicalComm {
@@ -585,27 +473,5 @@ impl Communicator for HierarchicalComm {
 
     fn seconds_in_collectives(&self) -> f64 {
         self.nanos.load(Ordering::Relaxed) as f64 * 1e-9
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn layouts_need_contiguous_members_per_process() {
-        let s = spans(&[0, 0, 1]).unwrap();
-        assert_eq!(s, vec![(0, 0..2), (1, 2..3)]);
-        let s = spans(&[2, 0, 0, 1]).unwrap();
-        assert_eq!(s, vec![(2, 0..1), (0, 1..3), (1, 3..4)]);
-        let err = spans(&[0, 1, 0]).unwrap_err();
-        assert!(err.to_string().contains("not contiguous"), "{err}");
-    }
-
-    #[test]
-    fn blocks_split_evenly() {
-        assert_eq!(split(7, 3), vec![3, 2, 2]);
-        assert_eq!(split(1, 3), vec![1, 0, 0]);
-        assert_eq!(split(0, 2), vec![0, 0]);
     }
 }

@@ -1,7 +1,7 @@
 //! Ranks in other processes, launched and connected by MPI (Open MPI through the `mpi`
 //! crate; feature `mpi`).
 //!
-//! [`env`] starts MPI once per process (`MPI_Init_thread` with `MPI_THREAD_MULTIPLE`: the
+//! [`env`](mod@env) starts MPI once per process (`MPI_Init_thread` with `MPI_THREAD_MULTIPLE`: the
 //! control plane and every rank's collectives call MPI from their own threads) and says
 //! which process this is. [`ControlChannel`] carries the control plane's messages (step
 //! plans out, step answers and failures back) between process 0 and the rank processes as
@@ -12,7 +12,9 @@
 pub mod control;
 pub mod env;
 pub mod hierarchical;
+mod layout;
 mod leader;
+mod wire;
 
 pub use control::ControlChannel;
 pub use env::{launched_by_mpi, MpiEnv};
