@@ -7,7 +7,7 @@
 //! tests fail rather than pass without having run.
 #![cfg(feature = "mpi")]
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,12 +80,15 @@ fn run_parent(name: &str, np: usize) {
     let (out, err) = (out.join().unwrap(), err.join().unwrap());
     match status {
         Some(s) if s.success() => {
-            // Each process must have run this one test (a filter that matched nothing
-            // would pass too).
-            let ran = out.matches("test result: ok. 1 passed").count();
-            assert_eq!(
-                ran, np,
-                "{name}: {ran} of {np} processes ran the test:\n--- stdout\n{out}\n--- stderr\n{err}"
+            // Each process must have run this one test to its end (a filter that matched
+            // nothing would pass too). The children's output is interleaved, so each
+            // writes one whole line of its own (libtest's summary comes in pieces).
+            let missing: Vec<usize> = (0..np)
+                .filter(|r| !out.contains(&done_line(name, *r)))
+                .collect();
+            assert!(
+                missing.is_empty(),
+                "{name}: processes {missing:?} did not finish the test:\n--- stdout\n{out}\n--- stderr\n{err}"
             );
             eprintln!("{name}: {np} processes passed in {:.1?}", start.elapsed())
         }
@@ -96,11 +99,18 @@ fn run_parent(name: &str, np: usize) {
     }
 }
 
-/// The parent launches the children and returns `None`; a child gets its MPI environment.
-fn mpi_test(name: &str, np: usize) -> Option<&'static MpiEnv> {
+/// The line a child prints when it finished test `name` (one write, so that it arrives
+/// whole among the other processes' output).
+fn done_line(name: &str, rank: usize) -> String {
+    format!("dcpserve-mpi-child-done {name} rank {rank}\n")
+}
+
+/// In the parent: launches `np` children under `mpirun` and checks they all succeed. In
+/// a child: starts MPI, runs `body`, finalizes MPI and says it is done.
+fn mpi_test(name: &str, np: usize, body: impl FnOnce(&'static MpiEnv)) {
     if std::env::var_os(CHILD).is_none() {
         run_parent(name, np);
-        return None;
+        return;
     }
     // A failing member thread must end its process at once: its peers, blocked in MPI
     // waiting for it, would otherwise keep the job alive until the parent's timeout.
@@ -111,7 +121,12 @@ fn mpi_test(name: &str, np: usize) -> Option<&'static MpiEnv> {
     }));
     let env = MpiEnv::init().expect("MPI_Init_thread");
     assert_eq!(env.world_size(), np, "the job's processes");
-    Some(env)
+    body(env);
+    let rank = env.world_rank();
+    env.finalize();
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(done_line(name, rank).as_bytes()).unwrap();
+    stdout.flush().unwrap();
 }
 
 /// One group of a test: its fixed id (the same in every process, so no spec needs
@@ -407,44 +422,44 @@ fn run_groups(env: &MpiEnv, layouts: &[Layout], rounds: usize) {
         }
     });
 
+    // Before MPI is finalized: the leaders' communicators are freed with their handles.
     drop(members);
     drop(owners);
-    env.finalize();
 }
 
 #[test]
 fn one_member_per_process() {
-    if let Some(env) = mpi_test("one_member_per_process", 2) {
+    mpi_test("one_member_per_process", 2, |env| {
         run_groups(env, &[Layout::new(1, &[0, 1], &[0, 1])], 1);
-    }
+    });
 }
 
 #[test]
 fn two_members_per_process() {
-    if let Some(env) = mpi_test("two_members_per_process", 2) {
+    mpi_test("two_members_per_process", 2, |env| {
         run_groups(env, &[Layout::new(1, &[0, 1, 2, 3], &[0, 0, 1, 1])], 1);
-    }
+    });
 }
 
 #[test]
 fn uneven_members_per_process() {
-    if let Some(env) = mpi_test("uneven_members_per_process", 2) {
+    mpi_test("uneven_members_per_process", 2, |env| {
         // Group ranks are not global ranks here, and the processes host 2 and 1 members.
         run_groups(env, &[Layout::new(1, &[5, 3, 4], &[0, 0, 1])], 1);
-    }
+    });
 }
 
 #[test]
 fn three_processes() {
-    if let Some(env) = mpi_test("three_processes", 3) {
+    mpi_test("three_processes", 3, |env| {
         // Processes in group order 1, 0, 2: the leaders' communicator follows group order.
         run_groups(env, &[Layout::new(1, &[0, 1, 2, 3], &[1, 0, 0, 2])], 1);
-    }
+    });
 }
 
 #[test]
 fn groups_inside_one_process() {
-    if let Some(env) = mpi_test("groups_inside_one_process", 2) {
+    mpi_test("groups_inside_one_process", 2, |env| {
         // Each group lives in one process: no MPI phase, and the other process never
         // adopts it.
         run_groups(
@@ -456,12 +471,12 @@ fn groups_inside_one_process() {
             ],
             1,
         );
-    }
+    });
 }
 
 #[test]
 fn concurrent_groups() {
-    if let Some(env) = mpi_test("concurrent_groups", 2) {
+    mpi_test("concurrent_groups", 2, |env| {
         // A world group and two subgroups (like DCP groups) whose leaders are different
         // threads, so two MPI communicators are in use at once in each process.
         run_groups(
@@ -473,12 +488,12 @@ fn concurrent_groups() {
             ],
             3,
         );
-    }
+    });
 }
 
 #[test]
 fn bad_layouts_are_refused() {
-    if let Some(env) = mpi_test("bad_layouts_are_refused", 2) {
+    mpi_test("bad_layouts_are_refused", 2, |_| {
         let err = GroupOwner::adopt(Layout::new(1, &[0, 1, 2], &[0, 1, 0]).spec())
             .err()
             .unwrap()
@@ -489,6 +504,5 @@ fn bad_layouts_are_refused() {
             .unwrap()
             .to_string();
         assert!(err.contains("the job has 2 processes"), "{err}");
-        env.finalize();
-    }
+    });
 }
