@@ -37,7 +37,9 @@ pub enum Transport {
     Nccl { unique_id: Vec<u8> },
     /// MPI (CPU ranks in several processes): `processes[i]` is the MPI world rank of the
     /// process that hosts member `i`. Members of one process reduce through shared memory
-    /// and one of them speaks MPI for the process (hierarchical collectives).
+    /// and one of them speaks MPI for the process (hierarchical collectives,
+    /// `comm::mpi::HierarchicalComm`; needs the `mpi` feature). Each process's
+    /// members must be contiguous in group order.
     Mpi { processes: Vec<usize> },
 }
 
@@ -90,9 +92,10 @@ impl CommGroupSpec {
     }
 }
 
-/// A shared-memory group waiting for (or holding) its members.
+/// A group's members in this process, waiting for (or held by) their ranks.
 struct Entry {
-    handles: Vec<Arc<InProcessComm>>,
+    /// By group rank; `None` for a member another process hosts (MPI).
+    handles: Vec<Option<Arc<dyn Communicator>>>,
     connected: Vec<bool>,
 }
 
@@ -104,15 +107,35 @@ fn registry() -> std::sync::MutexGuard<'static, HashMap<GroupId, Entry>> {
         .unwrap_or_else(PoisonError::into_inner)
 }
 
-fn not_in_this_build(transport: &Transport) -> KernelError {
-    let name = match transport {
-        Transport::SharedMemory => "shared memory",
-        Transport::Nccl { .. } => "NCCL",
-        Transport::Mpi { .. } => "MPI",
-    };
-    KernelError::Comm(format!(
-        "the {name} transport is not implemented in this build (only shared memory between ranks of one process is)"
-    ))
+/// Why this build cannot serve `transport`, if it cannot.
+fn unsupported(transport: &Transport) -> Option<KernelError> {
+    match transport {
+        Transport::SharedMemory => None,
+        Transport::Nccl { .. } => Some(KernelError::Comm(
+            "the NCCL transport is not implemented in this build (shared memory between ranks of one process is, and MPI with the `mpi` feature)".into(),
+        )),
+        #[cfg(feature = "mpi")]
+        Transport::Mpi { .. } => None,
+        #[cfg(not(feature = "mpi"))]
+        Transport::Mpi { .. } => Some(KernelError::Comm(
+            "the MPI transport needs dcpserve-kernels built with the `mpi` feature, and this build lacks it".into(),
+        )),
+    }
+}
+
+/// This process's members of the group `spec` lays out, by group rank.
+fn local_members(spec: &CommGroupSpec) -> Result<Vec<Option<Arc<dyn Communicator>>>, KernelError> {
+    if let Some(e) = unsupported(&spec.transport) {
+        return Err(e);
+    }
+    match &spec.transport {
+        #[cfg(feature = "mpi")]
+        Transport::Mpi { processes } => super::mpi::hierarchical::adopt(spec, processes),
+        _ => Ok(InProcessComm::group(spec.ranks.len())
+            .into_iter()
+            .map(|h| Some(Arc::new(h) as Arc<dyn Communicator>))
+            .collect()),
+    }
 }
 
 /// The creator's side of a group: registers it, hands out its [`CommGroupSpec`], and can
@@ -120,7 +143,8 @@ fn not_in_this_build(transport: &Transport) -> KernelError {
 /// the group (connected members keep working).
 pub struct GroupOwner {
     spec: CommGroupSpec,
-    members: Vec<Arc<dyn Communicator>>,
+    /// By group rank; `None` for members of other processes.
+    members: Vec<Option<Arc<dyn Communicator>>>,
 }
 
 impl GroupOwner {
@@ -149,18 +173,22 @@ impl GroupOwner {
 
     /// Registers this process's part of the group `spec` lays out (all of it, for shared
     /// memory), so that its members here can [`connect`].
+    ///
+    /// For [`Transport::Mpi`] (feature `mpi`, after `MpiEnv::init`):
+    /// registers the members this process hosts and creates the MPI communicator between
+    /// the group's processes. Every process of the group must adopt the group, and all of
+    /// them must adopt their groups in the same order: this blocks until every process of
+    /// the group has adopted it.
     pub fn adopt(spec: CommGroupSpec) -> Result<Self, KernelError> {
-        if spec.transport != Transport::SharedMemory {
-            return Err(not_in_this_build(&spec.transport));
+        if registry().contains_key(&spec.id) {
+            return Err(KernelError::Comm(format!(
+                "group {:?} is already registered in this process",
+                spec.id
+            )));
         }
-        let handles: Vec<Arc<InProcessComm>> = InProcessComm::group(spec.ranks.len())
-            .into_iter()
-            .map(Arc::new)
-            .collect();
-        let members = handles
-            .iter()
-            .map(|h| h.clone() as Arc<dyn Communicator>)
-            .collect();
+        // Outside the registry's lock: an MPI group's creation waits for other processes.
+        let handles = local_members(&spec)?;
+        let members = handles.clone();
         let mut reg = registry();
         if reg.contains_key(&spec.id) {
             return Err(KernelError::Comm(format!(
@@ -185,16 +213,19 @@ impl GroupOwner {
 
     /// Breaks the group (through [`Communicator::abort`]): every pending and later
     /// collective of every member fails fast.
+    /// For an MPI group: the members of this process.
     pub fn abort(&self) {
-        for m in &self.members {
+        for m in self.members.iter().flatten() {
             m.abort();
         }
     }
 
-    /// Seconds group rank `group_rank` has spent in collectives so far.
+    /// Seconds group rank `group_rank` has spent in collectives so far (0 for a member
+    /// another process hosts).
     pub fn seconds_in_collectives(&self, group_rank: usize) -> f64 {
         self.members
             .get(group_rank)
+            .and_then(Option::as_ref)
             .map_or(0.0, |m| m.seconds_in_collectives())
     }
 }
@@ -206,13 +237,14 @@ impl Drop for GroupOwner {
 }
 
 /// Global rank `global_rank`'s communicator in the group `spec` describes. Each member
-/// connects once; the group must still be registered (its owner alive).
+/// connects once, in the process that adopted its part of the group; the group must
+/// still be registered (its owner alive).
 pub fn connect(
     spec: &CommGroupSpec,
     global_rank: usize,
 ) -> Result<Arc<dyn Communicator>, KernelError> {
-    if spec.transport != Transport::SharedMemory {
-        return Err(not_in_this_build(&spec.transport));
+    if let Some(e) = unsupported(&spec.transport) {
+        return Err(e);
     }
     let group_rank = spec.group_rank(global_rank).ok_or_else(|| {
         KernelError::Comm(format!(
@@ -235,11 +267,24 @@ pub fn connect(
             spec.ranks.len()
         )));
     }
-    if std::mem::replace(&mut entry.connected[group_rank], true) {
+    if entry.connected[group_rank] {
         return Err(KernelError::Comm(format!(
             "rank {global_rank} already connected to group {:?}",
             spec.id
         )));
     }
-    Ok(entry.handles[group_rank].clone())
+    let Some(handle) = entry.handles[group_rank].clone() else {
+        let host = match &spec.transport {
+            Transport::Mpi { processes } => {
+                format!(" (it is hosted by MPI process {})", processes[group_rank])
+            }
+            _ => String::new(),
+        };
+        return Err(KernelError::Comm(format!(
+            "rank {global_rank} of group {:?} is not a member of this process{host}",
+            spec.id
+        )));
+    };
+    entry.connected[group_rank] = true;
+    Ok(handle)
 }

@@ -197,30 +197,42 @@ fn a_spec_round_trips_through_bytes_and_the_bootstrap() {
 
 #[test]
 fn transports_not_in_this_build_fail_with_a_clear_error() {
-    for transport in [
-        Transport::Nccl {
-            unique_id: vec![0; 128],
-        },
-        Transport::Mpi {
-            processes: vec![0, 1],
-        },
+    // MPI needs the `mpi` feature, and then an initialized MPI (these tests never start it).
+    let mpi_error = if cfg!(feature = "mpi") {
+        "MPI is not initialized in this process"
+    } else {
+        "lacks it"
+    };
+    for (transport, adopt_error, connect_error) in [
+        (
+            Transport::Nccl {
+                unique_id: vec![0; 128],
+            },
+            "not implemented in this build",
+            "not implemented in this build",
+        ),
+        (
+            Transport::Mpi {
+                processes: vec![0, 1],
+            },
+            mpi_error,
+            if cfg!(feature = "mpi") {
+                "is not registered in this process"
+            } else {
+                "lacks it"
+            },
+        ),
     ] {
         let err = GroupOwner::create(vec![0, 1], transport.clone())
             .err()
             .unwrap();
-        assert!(
-            err.to_string().contains("not implemented in this build"),
-            "{err}"
-        );
+        assert!(err.to_string().contains(adopt_error), "{err}");
         let spec = CommGroupSpec {
-            id: GroupId(1),
+            id: GroupId(u64::MAX - 1),
             ranks: vec![0, 1],
             transport,
         };
         let err = connect(&spec, 0).err().unwrap();
-        assert!(
-            err.to_string().contains("not implemented in this build"),
-            "{err}"
-        );
+        assert!(err.to_string().contains(connect_error), "{err}");
     }
 }
