@@ -4,10 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/fetch-default-model.sh >/dev/null
+# Rank processes over MPI (feature `mpi`) are built and tested too: Open MPI + libclang.
+bash scripts/install-mpi.sh
 command -v cargo >/dev/null || { echo "cargo is required (rustup)"; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --release -- -D warnings
-cargo test --workspace --release
+# The default build (no MPI) and the MPI build both lint clean.
+cargo clippy --workspace --release -- -D warnings
+cargo clippy --workspace --all-targets --release --features mpi -- -D warnings
+cargo test --workspace --release --features mpi
 # The HTTP API through the real `openai` Python client (pinned; installed in a venv).
-bash tests/python/run.sh
+DCPSERVE_CARGO_FEATURES=mpi bash tests/python/run.sh

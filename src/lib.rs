@@ -28,8 +28,7 @@ pub use dcpserve_actors::{
 };
 pub use dcpserve_config::{
     default_model_path, parse_kv_cache_dtype, DType, DistributedBackend, EngineConfig,
-    ModeledLinkConfig,
-    ParallelConfig, SpeculativeConfig, SpeculativeMethod, DEFAULT_MODEL_FILE,
+    ModeledLinkConfig, ParallelConfig, SpeculativeConfig, SpeculativeMethod, DEFAULT_MODEL_FILE,
 };
 pub use dcpserve_kernels::{CpuMatmul, KvCacheDType};
 pub use dcpserve_model::ChatMessage;

@@ -363,4 +363,3 @@ fn asks_for_mpi(args: &[String]) -> bool {
             .iter()
             .any(|a| a == "--distributed-executor-backend=mpi")
 }
-

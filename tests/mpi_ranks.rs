@@ -21,24 +21,81 @@ use dcpserve::{DistributedBackend, Engine, EngineConfig};
 
 const CHILD: &str = "DCPSERVE_MPI_CHILD";
 
+/// How a test's MPI job is launched.
+#[derive(Clone, Copy, PartialEq)]
+enum Launch {
+    /// Processes on this host (shared memory between them).
+    Local,
+    /// Processes on this host, one of which the test kills: mpirun keeps process 0
+    /// running (`--enable-recovery`) and may exit non-zero.
+    Killed,
+    /// One process in each of two network namespaces joined by a veth pair
+    /// (`scripts/netns-two-hosts.sh`), Open MPI's TCP transport between them.
+    TwoHosts,
+}
+
+/// Removes the two-host namespaces when the test ends, however it ends.
+struct Namespaces;
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo_root().join("scripts/netns-two-hosts.sh"))
+            .arg("down")
+            .status();
+    }
+}
+
 /// Runs test `name` of this binary in `np` MPI processes and fails with their output
 /// unless process 0 reached the end of its checks and mpirun exits within `limit`, with
-/// status 0 unless a process is killed on purpose (`killed`).
-fn under_mpirun(name: &str, np: usize, killed: bool, limit: Duration) {
-    let extra: &[&str] = if killed {
-        // mpirun keeps process 0 running when another process dies.
-        &["--enable-recovery"]
-    } else {
-        &[]
-    };
+/// status 0 unless a process is killed on purpose.
+fn under_mpirun(name: &str, np: usize, launch: Launch, limit: Duration) {
     let exe = std::env::current_exe().expect("test binary");
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()])
-        .args(extra)
-        .args(["-x", CHILD])
+    let mut _namespaces = None;
+    let mut cmd = match launch {
+        Launch::TwoHosts => {
+            let up = Command::new("bash")
+                .arg(repo_root().join("scripts/netns-two-hosts.sh"))
+                .arg("up")
+                .output()
+                .expect("bash");
+            assert!(
+                up.status.success(),
+                "creating the two network namespaces needs root and iproute2: {}",
+                String::from_utf8_lossy(&up.stderr)
+            );
+            _namespaces = Some(Namespaces);
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", "dcpserve-10.231.7.1", "mpirun"]);
+            c.arg("--mca")
+                .arg("plm_rsh_agent")
+                .arg(repo_root().join("scripts/netns-rsh.sh"));
+            c.args([
+                "--host",
+                "10.231.7.1,10.231.7.2",
+                "--mca",
+                "btl",
+                "tcp,self",
+                "--mca",
+                "btl_tcp_if_include",
+                "10.231.7.0/24",
+                "--mca",
+                "oob_tcp_if_include",
+                "10.231.7.0/24",
+            ]);
+            c
+        }
+        Launch::Local | Launch::Killed => Command::new("mpirun"),
+    };
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
+    if launch == Launch::Killed {
+        cmd.arg("--enable-recovery");
+    }
+    cmd.args(["-x", CHILD])
         .arg(exe)
         .args(["--exact", name, "--nocapture", "--test-threads", "1"])
         .env(CHILD, "1");
+    let killed = launch == Launch::Killed;
     let mut child = match cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -91,6 +148,11 @@ fn is_child() -> bool {
 /// In a child: joins the MPI job (processes other than 0 serve ranks and exit inside),
 /// runs `body` in process 0, and leaves the job.
 fn as_child<F: std::future::Future<Output = ()>>(body: impl FnOnce() -> F) {
+    // The engine's log (lost processes, restarts) goes with the test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_writer(std::io::stderr)
+        .try_init();
     dcpserve::distributed::init().expect("joining the MPI job");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -129,7 +191,9 @@ async fn assert_mpi_equals_in_process(
     n: usize,
 ) {
     let local = Engine::from_path(model, cfg.clone()).await.expect("engine");
-    let remote = Engine::from_path(model, mpi(cfg)).await.expect("MPI engine");
+    let remote = Engine::from_path(model, mpi(cfg))
+        .await
+        .expect("MPI engine");
     let mut worst = 0f32;
     for round in 0..2 {
         let base = generate_all(&local, prompts, n).await;
@@ -138,26 +202,46 @@ async fn assert_mpi_equals_in_process(
         worst = worst.max(max_diff(&base, &got));
     }
     let stats = remote.stats().await.expect("stats");
-    assert!(stats.prefix_cache_hits > 0, "{name}: the second round hits the prefix cache");
+    assert!(
+        stats.prefix_cache_hits > 0,
+        "{name}: the second round hits the prefix cache"
+    );
     println!(
         "{name}: checked: greedy tokens equal, max |Δ logprob| {worst:.2e}, {} preemptions, {} prefix-cache hits",
         stats.preemptions, stats.prefix_cache_hits
     );
 }
 
-/// GQA tp=2 dcp=2 over two processes (one rank each): long prompts prefilled in chunks
-/// of 128, prefix hits on the second round.
+/// tp=2 dcp=2 over two processes (one rank each), on the MLA fixture (GQA needs more
+/// ranks than KV heads for DCP): long prompts prefilled in chunks of 128, prefix hits on
+/// the second round.
 #[test]
-fn np2_gqa_tp2_dcp2_equals_in_process() {
-    const NAME: &str = "np2_gqa_tp2_dcp2_equals_in_process";
+fn np2_tp2_dcp2_equals_in_process() {
+    const NAME: &str = "np2_tp2_dcp2_equals_in_process";
     if !is_child() {
-        return under_mpirun(NAME, 2, false, Duration::from_secs(240));
+        return under_mpirun(NAME, 2, Launch::Local, Duration::from_secs(240));
     }
     as_child(|| async {
-        let model = fixture("tiny-llama");
+        let model = fixture("tiny-deepseek");
         let prompts = prompts(384, 700);
         let cfg = cfg(layout(2, 2, 1), 128, 64 << 20);
         assert_mpi_equals_in_process(NAME, &model, cfg, &prompts, 10).await;
+    });
+}
+
+/// tp=2 dcp=2 across two hosts: one process in each of two network namespaces, the
+/// collectives over TCP.
+#[test]
+fn two_hosts_tp2_dcp2_equals_in_process() {
+    const NAME: &str = "two_hosts_tp2_dcp2_equals_in_process";
+    if !is_child() {
+        return under_mpirun(NAME, 2, Launch::TwoHosts, Duration::from_secs(240));
+    }
+    as_child(|| async {
+        let model = fixture("tiny-deepseek");
+        let prompts = prompts(384, 300);
+        let cfg = cfg(layout(2, 2, 1), 128, 64 << 20);
+        assert_mpi_equals_in_process(NAME, &model, cfg, &prompts, 8).await;
     });
 }
 
@@ -167,22 +251,29 @@ fn np2_gqa_tp2_dcp2_equals_in_process() {
 fn np2_gqa_tp4_dcp2_i16_with_preemption_equals_in_process() {
     const NAME: &str = "np2_gqa_tp4_dcp2_i16_with_preemption_equals_in_process";
     if !is_child() {
-        return under_mpirun(NAME, 2, false, Duration::from_secs(240));
+        return under_mpirun(NAME, 2, Launch::Local, Duration::from_secs(240));
     }
     as_child(|| async {
         let model = fixture("tiny-llama");
         let prompts = preemption_prompts();
-        // 24 blocks of 16 tokens per rank: 768 tokens over the DCP pair, less than the
-        // six sequences need together.
-        let kv = 24 * 16 * 2 * 2 * 16 * 4;
-        let cfg = cfg(layout(4, 2, 16), 512, kv as u64);
-        let local = Engine::from_path(&model, cfg.clone()).await.expect("engine");
-        let remote = Engine::from_path(&model, mpi(cfg)).await.expect("MPI engine");
-        let base = generate_all(&local, &prompts, 60).await;
-        let got = generate_all(&remote, &prompts, 60).await;
+        // 128 bytes per token per rank (2 layers × 1 KV head × 8 dims × f32 × K and V);
+        // 20 blocks of 16 tokens per rank: 640 tokens under dcp=2, less than the six
+        // sequences grow to together.
+        let cfg = cfg(layout(4, 2, 16), 256, 128 * 16 * 20);
+        let local = Engine::from_path(&model, cfg.clone())
+            .await
+            .expect("engine");
+        let remote = Engine::from_path(&model, mpi(cfg))
+            .await
+            .expect("MPI engine");
+        let base = generate_all(&local, &prompts, 40).await;
+        let got = generate_all(&remote, &prompts, 40).await;
         assert_same(&base, &got, NAME);
         let stats = remote.stats().await.expect("stats");
-        assert!(stats.preemptions > 0, "{NAME}: the small cache forces preemption");
+        assert!(
+            stats.preemptions > 0,
+            "{NAME}: the small cache forces preemption"
+        );
         println!(
             "{NAME}: checked: greedy tokens equal, max |Δ logprob| {:.2e}, {} preemptions",
             max_diff(&base, &got),
@@ -196,7 +287,7 @@ fn np2_gqa_tp4_dcp2_i16_with_preemption_equals_in_process() {
 fn np4_mla_tp4_dcp4_equals_in_process() {
     const NAME: &str = "np4_mla_tp4_dcp4_equals_in_process";
     if !is_child() {
-        return under_mpirun(NAME, 4, false, Duration::from_secs(300));
+        return under_mpirun(NAME, 4, Launch::Local, Duration::from_secs(300));
     }
     as_child(|| async {
         let model = fixture("tiny-deepseek");
@@ -253,7 +344,11 @@ fn lost_rank_process(name: &str, signal: &str) {
             health = api_util::get(addr, "/health").await;
         }
         assert_eq!(health.status, 503, "{}", health.body);
-        assert!(health.body.contains("MPI process 1 on host"), "{}", health.body);
+        assert!(
+            health.body.contains("MPI process 1 on host"),
+            "{}",
+            health.body
+        );
         let refused = engine
             .complete(dcpserve::Prompt::Tokens(vec![5; 4]), greedy(4))
             .await
@@ -275,7 +370,7 @@ fn lost_rank_process(name: &str, signal: &str) {
 fn np2_killed_rank_process_ends_requests_and_health_says_why() {
     const NAME: &str = "np2_killed_rank_process_ends_requests_and_health_says_why";
     if !is_child() {
-        return under_mpirun(NAME, 2, true, Duration::from_secs(120));
+        return under_mpirun(NAME, 2, Launch::Killed, Duration::from_secs(120));
     }
     lost_rank_process(NAME, "-KILL");
 }
@@ -284,7 +379,7 @@ fn np2_killed_rank_process_ends_requests_and_health_says_why() {
 fn np2_hung_rank_process_ends_requests_and_health_says_why() {
     const NAME: &str = "np2_hung_rank_process_ends_requests_and_health_says_why";
     if !is_child() {
-        return under_mpirun(NAME, 2, true, Duration::from_secs(120));
+        return under_mpirun(NAME, 2, Launch::Killed, Duration::from_secs(120));
     }
     lost_rank_process(NAME, "-STOP");
 }

@@ -93,6 +93,14 @@ impl RankGroup {
         let layout = spec.layout;
         let tp = layout.tp();
         let processes = spec.executor.process_map(tp)?;
+        // A lost process never comes back (and creating an MPI group with it would wait
+        // forever).
+        #[cfg(feature = "mpi")]
+        if let Executor::Mpi(cluster) = &spec.executor {
+            if let Some(why) = cluster.lost() {
+                return Err(why.into());
+            }
+        }
         let groups = GroupLayout::new(&layout, &processes)?;
         // Ranks in other processes start first: process 0 registers its part of the MPI
         // groups (below, in the collective actor) while they register theirs.
@@ -210,6 +218,11 @@ impl RankGroup {
     /// Which generation of the group this is (restarts so far).
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Where the group's ranks run.
+    pub fn executor(&self) -> &Executor {
+        &self.executor
     }
 
     /// The rank actors, in TP-rank order.

@@ -10,7 +10,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
 BIN=target/release/dcpserve
-cargo build --release --quiet --bin dcpserve
+# The same build as the Rust tests' (scripts/test.sh sets DCPSERVE_CARGO_FEATURES=mpi),
+# so the binary is not rebuilt with other features.
+cargo build --release --quiet --bin dcpserve ${DCPSERVE_CARGO_FEATURES:+--features "$DCPSERVE_CARGO_FEATURES"}
 bash scripts/fetch-default-model.sh >/dev/null
 
 PORT=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

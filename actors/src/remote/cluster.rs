@@ -24,6 +24,8 @@ pub struct Cluster {
     pids: Vec<u32>,
     state: Mutex<ClusterState>,
     stopping: AtomicBool,
+    /// The control thread, joined before MPI is finalized (no MPI call may follow).
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// Where one rank process's reports go, for its current rank group.
@@ -97,16 +99,15 @@ impl Cluster {
             hosts,
             pids,
             stopping: AtomicBool::new(false),
+            thread: Mutex::new(None),
         });
-        tracing::info!(
-            "MPI job: {size} processes on {}",
-            cluster.hosts.join(", ")
-        );
+        tracing::info!("MPI job: {size} processes on {}", cluster.hosts.join(", "));
         let c = cluster.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("dcpserve-mpi-control".into())
             .spawn(move || c.serve())
             .map_err(|e| format!("control thread: {e}"))?;
+        *cluster.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(thread);
         CLUSTER
             .set(cluster.clone())
             .map_err(|_| "the MPI cluster was already started")?;
@@ -233,6 +234,9 @@ impl Cluster {
     pub fn shutdown(&self) {
         if self.stopping.swap(true, Ordering::SeqCst) {
             return;
+        }
+        if let Some(t) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = t.join();
         }
         let lost = self.lost().is_some();
         for p in 1..self.processes() {

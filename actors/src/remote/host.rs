@@ -37,15 +37,20 @@ pub fn run(env: &'static MpiEnv) -> i32 {
         pid: std::process::id(),
     });
     // Heartbeats from their own thread: loading a large shard must not look like a hang.
-    {
+    let beating = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let heartbeat = {
         let send = send.clone();
-        let _ = std::thread::Builder::new()
+        let beating = beating.clone();
+        std::thread::Builder::new()
             .name("dcpserve-mpi-heartbeat".into())
-            .spawn(move || loop {
-                send(&FromRankProcess::Heartbeat);
-                std::thread::sleep(HEARTBEAT_EVERY);
-            });
-    }
+            .spawn(move || {
+                while beating.load(std::sync::atomic::Ordering::SeqCst) {
+                    send(&FromRankProcess::Heartbeat);
+                    std::thread::sleep(HEARTBEAT_EVERY);
+                }
+            })
+            .ok()
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -112,15 +117,7 @@ pub fn run(env: &'static MpiEnv) -> i32 {
                 groups,
                 ranks,
             } => {
-                let result = start(
-                    &rt,
-                    &mut files,
-                    &groups,
-                    ranks,
-                    &reports_tx,
-                    me,
-                )
-                .map(|g| {
+                let result = start(&rt, &mut files, &groups, ranks, &reports_tx, me).map(|g| {
                     generations.insert(generation, g);
                 });
                 send(&FromRankProcess::Started { generation, result });
@@ -147,16 +144,28 @@ pub fn run(env: &'static MpiEnv) -> i32 {
             }
             ToRankProcess::TearDown { generation } => {
                 if let Some(g) = generations.remove(&generation) {
-                    tear_down(g);
+                    for r in tear_down(g) {
+                        r.stop(Some("rank group torn down".into()));
+                    }
                 }
             }
             ToRankProcess::Shutdown => break 0,
         }
     };
     for (_, g) in generations.drain() {
-        tear_down(g);
+        for r in tear_down(g) {
+            // Ranks must be gone before MPI is: their communicators are freed as they stop.
+            let _ = rt.block_on(r.stop_and_wait(None, Some(Duration::from_secs(10))));
+        }
     }
-    drop(rt);
+    rt.shutdown_timeout(Duration::from_secs(5));
+    // No MPI call may follow finalize: the heartbeat thread ends first.
+    beating.store(false, std::sync::atomic::Ordering::SeqCst);
+    if let Some(h) = heartbeat {
+        let _ = h.join();
+    }
+    drop(send);
+    drop(control);
     if code == 0 {
         env.finalize();
     }
@@ -230,17 +239,18 @@ fn start(
     let generation = Generation { owners, ranks };
     match failure {
         Some(e) => {
-            tear_down(generation);
+            for r in tear_down(generation) {
+                r.stop(Some("a rank failed to start".into()));
+            }
             Err(e)
         }
         None => Ok(generation),
     }
 }
 
-/// Aborts the generation's collectives (ranks blocked in one fail) and stops its ranks.
-fn tear_down(g: Generation) {
+/// Aborts the generation's collectives (ranks blocked in one fail) and returns its ranks
+/// to stop.
+fn tear_down(g: Generation) -> Vec<ActorRef<RankMsg>> {
     g.owners.values().for_each(GroupOwner::abort);
-    for r in g.ranks.values() {
-        r.stop(Some("rank group torn down".into()));
-    }
+    g.ranks.into_values().collect()
 }

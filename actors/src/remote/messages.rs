@@ -27,13 +27,22 @@ pub enum ToRankProcess {
         ranks: Vec<RemoteRankArgs>,
     },
     /// Run the step plan in the payload on rank `rank`.
-    Plan { rank: usize },
+    Plan {
+        rank: usize,
+    },
     /// Run an MTP draft step on rank `rank`.
-    Mtp { rank: usize, plan: MtpPlan },
+    Mtp {
+        rank: usize,
+        plan: MtpPlan,
+    },
     /// Test hook: make rank `rank` fail on its next step.
-    InjectFault { rank: usize },
+    InjectFault {
+        rank: usize,
+    },
     /// Stop the ranks of `generation` (their collectives aborted first).
-    TearDown { generation: u64 },
+    TearDown {
+        generation: u64,
+    },
     Heartbeat,
     /// Stop everything and leave the job.
     Shutdown,
@@ -43,14 +52,19 @@ pub enum ToRankProcess {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum FromRankProcess {
     /// The process is up (first message): where it runs.
-    Hello { host: String, pid: u32 },
+    Hello {
+        host: String,
+        pid: u32,
+    },
     /// The ranks of `generation` are loaded and connected, or why not.
     Started {
         generation: u64,
         result: Result<(), String>,
     },
     /// A rank's report (its failures: rank 0, which answers steps, is in process 0).
-    Report { report: StepReport },
+    Report {
+        report: StepReport,
+    },
     Heartbeat,
 }
 

@@ -60,7 +60,7 @@ impl ProcessMap {
 
     /// `tp` ranks over `processes` processes; they must divide evenly.
     pub fn new(tp: usize, processes: usize) -> Result<Self, String> {
-        if processes == 0 || tp % processes != 0 {
+        if processes == 0 || !tp.is_multiple_of(processes) {
             return Err(format!(
                 "--distributed-executor-backend mpi: the {processes} MPI processes must divide the tensor-parallel size {tp} (each process hosts tp / processes ranks)."
             ));

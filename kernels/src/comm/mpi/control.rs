@@ -12,7 +12,18 @@ const CONTROL_TAG: i32 = 7;
 
 /// Byte messages to and from the other processes of the job.
 pub struct ControlChannel {
-    comm: SimpleCommunicator,
+    /// Freed on drop only while MPI is still up (`MPI_Comm_free` after `MPI_Finalize`
+    /// aborts the job).
+    comm: std::mem::ManuallyDrop<SimpleCommunicator>,
+}
+
+impl Drop for ControlChannel {
+    fn drop(&mut self) {
+        if !mpi::environment::is_finalized() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.comm) };
+        }
+    }
 }
 
 // SAFETY: MPI is initialized with MPI_THREAD_MULTIPLE (`MpiEnv::init` refuses less), so
@@ -25,7 +36,7 @@ impl ControlChannel {
     /// before any other communicator.
     pub fn new(env: &MpiEnv) -> Self {
         Self {
-            comm: env.world().duplicate(),
+            comm: std::mem::ManuallyDrop::new(env.world().duplicate()),
         }
     }
 
