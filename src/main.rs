@@ -87,6 +87,10 @@ struct BenchDcpArgs {
     /// float32), float32, bfloat16, fp8 (= fp8_e4m3), fp8_e5m2.
     #[arg(long, default_value = "auto")]
     kv_cache_dtype: String,
+    /// Where the ranks run (section `ranks`): mp (threads of this process) or mpi (the
+    /// processes of `mpirun`; see scripts/bench-mpi.sh).
+    #[arg(long, default_value = "mp")]
+    distributed_executor_backend: String,
 }
 
 #[derive(Args)]
@@ -304,6 +308,7 @@ fn main() -> Result<()> {
                     overlap_batch: a.overlap_batch,
                     overlap_context: a.overlap_context,
                     threads: a.threads,
+                    executor: a.distributed_executor_backend.parse()?,
                     link: dcpserve::ModeledLinkConfig {
                         latency_us: a.link_latency_us,
                         gigabytes_per_second: a.link_gbps,

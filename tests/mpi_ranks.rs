@@ -87,7 +87,12 @@ fn under_mpirun(name: &str, np: usize, launch: Launch, limit: Duration) {
         }
         Launch::Local | Launch::Killed => Command::new("mpirun"),
     };
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        &np.to_string(),
+    ]);
     if launch == Launch::Killed {
         cmd.arg("--enable-recovery");
     }

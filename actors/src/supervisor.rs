@@ -342,7 +342,12 @@ impl Actor for ModelSupervisor {
                 num_blocks: sched_cfg.num_blocks,
                 kv_cache_dtype: kv_dtype,
                 max_step_tokens: sched_cfg.max_num_batched_tokens,
-                threads_per_rank: (threads / local_ranks).max(1),
+                // `num_threads` is the whole model's; without it, each process splits
+                // its own host's cores over the ranks it hosts.
+                threads_per_rank: match args.engine.num_threads {
+                    Some(n) => (n / tp).max(1),
+                    None => (threads / local_ranks).max(1),
+                },
                 explicit_threads: args.engine.num_threads.is_some(),
                 link: args.engine.modeled_link.map(|l| LinkModel {
                     latency: Duration::from_secs_f64(l.latency_us * 1e-6),

@@ -21,8 +21,8 @@ use dcpserve_kernels::{
 };
 
 use dcpserve::{
-    DType, Engine, EngineConfig, GenerationEvent, ModeledLinkConfig, ParallelConfig, Prompt,
-    SamplingParams,
+    DType, DistributedBackend, Engine, EngineConfig, GenerationEvent, ModeledLinkConfig,
+    ParallelConfig, Prompt, SamplingParams,
 };
 use dcpserve_config::MergeExchange;
 use dcpserve_tools::synthetic::{write_synthetic_llama, SyntheticSpec, SYNTHETIC_VOCAB};
@@ -47,6 +47,8 @@ pub struct DcpBenchSpec {
     /// How the KV cache stores values (`--kv-cache-dtype`; the synthetic model computes
     /// in float32, so `auto` is float32).
     pub kv_cache_dtype: KvCacheDType,
+    /// Where the ranks run (section `ranks`).
+    pub executor: DistributedBackend,
 }
 
 /// The measurements of `bench-dcp`.
@@ -61,6 +63,11 @@ pub enum DcpBenchSection {
     /// Decode step time with the DCP partials merged after one all-to-all vs after an
     /// LSE all-gather and a reduce-scatter.
     Merge,
+    /// Decode step time at tp=dcp=N with the ranks where `--distributed-executor-backend`
+    /// puts them (threads, or MPI processes): one long sequence, and a batch one step at
+    /// a time and in two micro-batches. Not in the default set (scripts/bench-mpi.sh runs
+    /// it in process, over MPI shared memory and over MPI TCP).
+    Ranks,
 }
 
 fn model_spec(context: usize, query_heads: usize) -> SyntheticSpec {
@@ -219,6 +226,9 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
     if spec.sections.contains(&DcpBenchSection::Merge) {
         report.push_str(&merge_report(&dir, spec, per_token).await?);
     }
+    if spec.sections.contains(&DcpBenchSection::Ranks) {
+        report.push_str(&ranks_report(&dir, spec, per_token).await?);
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
 }
@@ -277,6 +287,60 @@ async fn overlap_report(
         ));
     }
     Ok(out)
+}
+
+/// Decode step times at tp=dcp=N with the ranks where the executor puts them, as one
+/// line `ranks (EXECUTOR): ...` (scripts/bench-mpi.sh tabulates the lines of its runs).
+async fn ranks_report(
+    dir: &std::path::Path,
+    spec: &DcpBenchSpec,
+    per_token: usize,
+) -> Result<String> {
+    let tp = spec.tp;
+    let with_executor = |mut cfg: EngineConfig| {
+        cfg.distributed_executor_backend = spec.executor;
+        cfg
+    };
+    let room = ((spec.context + spec.decode_tokens + 64) * per_token) as u64;
+    let engine = Engine::from_path(
+        dir,
+        with_executor(engine_config(
+            tp,
+            tp,
+            room,
+            spec.threads,
+            spec.kv_cache_dtype,
+        )),
+    )
+    .await?;
+    step_ms(&engine, 256, 4).await?; // warm-up
+    let one = step_ms(&engine, spec.context, spec.decode_tokens).await?;
+    drop(engine);
+    let batch_budget = (spec.overlap_batch * (spec.overlap_context + 96) * per_token) as u64;
+    let mut batch = Vec::new();
+    for overlap in [false, true] {
+        let mut cfg = engine_config(tp, tp, batch_budget, spec.threads, spec.kv_cache_dtype);
+        cfg.overlap_micro_batches = overlap;
+        let engine = Engine::from_path(dir, with_executor(cfg)).await?;
+        let mut runs = Vec::new();
+        for r in 0..3 {
+            let tok_s = super::engine_bench::decode_once(
+                &engine,
+                spec.overlap_batch,
+                spec.overlap_context,
+                64,
+                r,
+            )
+            .await?;
+            runs.push(spec.overlap_batch as f64 / tok_s * 1e3);
+        }
+        runs.sort_by(f64::total_cmp);
+        batch.push(runs[1]);
+    }
+    Ok(format!(
+        "ranks ({:?}): tp={tp} dcp={tp}: one {}-token sequence {one:.2} ms; {} sequences of {} tokens: one step at a time {:.2} ms, two micro-batches {:.2} ms\n",
+        spec.executor, spec.context, spec.overlap_batch, spec.overlap_context, batch[0], batch[1]
+    ))
 }
 
 /// Decode of a batch at tp=N, dcp=N with the two ways of exchanging the DCP partials,

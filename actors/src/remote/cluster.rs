@@ -107,7 +107,10 @@ impl Cluster {
             .name("dcpserve-mpi-control".into())
             .spawn(move || c.serve())
             .map_err(|e| format!("control thread: {e}"))?;
-        *cluster.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(thread);
+        *cluster
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(thread);
         CLUSTER
             .set(cluster.clone())
             .map_err(|_| "the MPI cluster was already started")?;
@@ -235,7 +238,12 @@ impl Cluster {
         if self.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
-        if let Some(t) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some(t) = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             let _ = t.join();
         }
         let lost = self.lost().is_some();
