@@ -18,7 +18,8 @@ use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::collective::{CollectiveActor, CollectiveArgs, CollectiveMsg, GroupLayout};
-use crate::rank::{RankActor, RankArgs, RankMsg, StepReport, StepSink};
+use crate::rank::{RankActor, RankMsg, StepReport, StepSink};
+use crate::remote::messages::RankSpec;
 use crate::remote::ProcessMap;
 
 /// Where a rank group's ranks run.
@@ -112,7 +113,7 @@ impl RankGroup {
                     .map(|p| {
                         let ranks = processes
                             .ranks_of(p)
-                            .map(|rank| remote_rank_args(spec, &groups, rank, generation))
+                            .map(|rank| rank_spec(spec, &groups, rank, generation))
                             .collect();
                         (
                             p,
@@ -134,22 +135,11 @@ impl RankGroup {
             Actor::spawn_linked(None, CollectiveActor, args, supervisor.clone()).await?;
         let mut spawns = Vec::with_capacity(tp);
         for rank in processes.ranks_of(0) {
-            let args = RankArgs {
-                rank,
-                tp_size: tp,
-                generation,
-                comm_specs: groups.rank_specs(&layout, rank, spec.link, spec.dcp_merge),
-                files: spec.files.clone(),
-                precision: spec.precision,
-                cpu_matmul: spec.cpu_matmul,
-                placement: layout.placement(rank),
-                num_blocks: spec.num_blocks,
-                kv_cache_dtype: spec.kv_cache_dtype,
-                max_step_tokens: spec.max_step_tokens,
-                threads: spec.threads_per_rank,
-                reports: StepSink::new(reports.clone(), spec.serialize_reports),
-                mtp: spec.mtp,
-            };
+            let args = rank_spec(spec, &groups, rank, generation).into_rank_args(
+                spec.files.clone(),
+                StepSink::new(reports.clone(), spec.serialize_reports),
+                spec.threads_per_rank,
+            );
             spawns.push(Actor::spawn_linked(
                 None,
                 RankActor,
@@ -257,16 +247,10 @@ impl RankGroup {
     }
 }
 
-/// What rank `rank` of another process is started from.
-#[cfg(feature = "mpi")]
-fn remote_rank_args(
-    spec: &RankGroupSpec,
-    groups: &GroupLayout,
-    rank: usize,
-    generation: u64,
-) -> crate::remote::messages::RemoteRankArgs {
+/// What rank `rank` is started from, in this process or another.
+fn rank_spec(spec: &RankGroupSpec, groups: &GroupLayout, rank: usize, generation: u64) -> RankSpec {
     let layout = spec.layout;
-    crate::remote::messages::RemoteRankArgs {
+    RankSpec {
         rank,
         tp_size: layout.tp(),
         generation,

@@ -146,6 +146,25 @@ async fn step_ms(engine: &Engine, context: usize, n: usize) -> Result<f64> {
     Ok(steps[steps.len() / 2])
 }
 
+/// Median (of 3 runs) decode step in ms of `overlap_batch` sequences of
+/// `overlap_context` tokens decoding 64 tokens together.
+async fn batch_step_ms(engine: &Engine, spec: &DcpBenchSpec) -> Result<f64> {
+    let mut runs = Vec::new();
+    for r in 0..3 {
+        let tok_s = super::engine_bench::decode_once(
+            engine,
+            spec.overlap_batch,
+            spec.overlap_context,
+            64,
+            r,
+        )
+        .await?;
+        runs.push(spec.overlap_batch as f64 / tok_s * 1e3);
+    }
+    runs.sort_by(f64::total_cmp);
+    Ok(runs[1])
+}
+
 /// Most sequences running at once when `count` sequences of `context` tokens arrive together.
 async fn max_running(engine: &Engine, context: usize, count: usize) -> Result<usize> {
     let streams: Vec<_> = (0..count)
@@ -264,20 +283,7 @@ async fn overlap_report(
             cfg.overlap_micro_batches = overlap;
             cfg.modeled_link = modeled;
             let engine = Engine::from_path(dir, cfg).await?;
-            let mut runs = Vec::new();
-            for r in 0..3 {
-                let tok_s = super::engine_bench::decode_once(
-                    &engine,
-                    spec.overlap_batch,
-                    spec.overlap_context,
-                    64,
-                    r,
-                )
-                .await?;
-                runs.push(spec.overlap_batch as f64 / tok_s * 1e3);
-            }
-            runs.sort_by(f64::total_cmp);
-            step.push(runs[1]);
+            step.push(batch_step_ms(&engine, spec).await?);
         }
         out.push_str(&format!(
             "{name:<34}{:>20}{:>20}{:>8.2}\n",
@@ -322,20 +328,7 @@ async fn ranks_report(
         let mut cfg = engine_config(tp, tp, batch_budget, spec.threads, spec.kv_cache_dtype);
         cfg.overlap_micro_batches = overlap;
         let engine = Engine::from_path(dir, with_executor(cfg)).await?;
-        let mut runs = Vec::new();
-        for r in 0..3 {
-            let tok_s = super::engine_bench::decode_once(
-                &engine,
-                spec.overlap_batch,
-                spec.overlap_context,
-                64,
-                r,
-            )
-            .await?;
-            runs.push(spec.overlap_batch as f64 / tok_s * 1e3);
-        }
-        runs.sort_by(f64::total_cmp);
-        batch.push(runs[1]);
+        batch.push(batch_step_ms(&engine, spec).await?);
     }
     Ok(format!(
         "ranks ({:?}): tp={tp} dcp={tp}: one {}-token sequence {one:.2} ms; {} sequences of {} tokens: one step at a time {:.2} ms, two micro-batches {:.2} ms\n",

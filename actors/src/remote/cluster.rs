@@ -11,7 +11,7 @@ use dcpserve_kernels::comm::mpi::{ControlChannel, MpiEnv};
 use ractor::ActorRef;
 use tokio::sync::oneshot;
 
-use super::messages::{decode, encode, FromRankProcess, RemoteRankArgs, ToRankProcess};
+use super::messages::{decode, encode, FromRankProcess, RankSpec, ToRankProcess};
 use super::{HEARTBEAT_EVERY, LOST_AFTER};
 use crate::collective::GroupLayout;
 use crate::plan::StepReport;
@@ -153,7 +153,7 @@ impl Cluster {
         p: usize,
         generation: u64,
         groups: &GroupLayout,
-        ranks: Vec<RemoteRankArgs>,
+        ranks: Vec<RankSpec>,
         reports: StepSink,
     ) -> oneshot::Receiver<Result<(), String>> {
         let (tx, rx) = oneshot::channel();

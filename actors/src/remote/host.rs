@@ -11,10 +11,10 @@ use dcpserve_kernels::comm::{GroupId, GroupOwner};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorRef};
 
-use super::messages::{decode, encode, FromRankProcess, RemoteRankArgs, ToRankProcess};
+use super::messages::{decode, encode, FromRankProcess, RankSpec, ToRankProcess};
 use super::{HEARTBEAT_EVERY, LOST_AFTER};
 use crate::plan::StepReport;
-use crate::rank::{RankActor, RankArgs, RankMsg, StepSink};
+use crate::rank::{RankActor, RankMsg, StepSink};
 
 /// One generation of this process's ranks.
 struct Generation {
@@ -177,7 +177,7 @@ fn start(
     rt: &tokio::runtime::Runtime,
     files: &mut HashMap<PathBuf, Arc<ModelFiles>>,
     groups: &crate::collective::GroupLayout,
-    ranks: Vec<RemoteRankArgs>,
+    ranks: Vec<RankSpec>,
     reports: &tokio::sync::mpsc::UnboundedSender<StepReport>,
     me: usize,
 ) -> Result<Generation, String> {
@@ -206,24 +206,8 @@ fn start(
             }
         };
         let rank = args.rank;
-        let rank_args = RankArgs {
-            rank,
-            tp_size: args.tp_size,
-            generation: args.generation,
-            comm_specs: args.comm_specs,
-            files,
-            precision: args.precision,
-            cpu_matmul: args.cpu_matmul,
-            placement: args.placement,
-            num_blocks: args.num_blocks,
-            kv_cache_dtype: args.kv_cache_dtype,
-            max_step_tokens: args.max_step_tokens,
-            threads: args
-                .threads
-                .unwrap_or_else(|| (dcpserve_kernels::available_cores() / local).max(1)),
-            reports: StepSink::new(reports.clone(), false),
-            mtp: args.mtp,
-        };
+        let threads = (dcpserve_kernels::available_cores() / local).max(1);
+        let rank_args = args.into_rank_args(files, StepSink::new(reports.clone(), false), threads);
         spawned.insert(rank, rt.spawn(Actor::spawn(None, RankActor, rank_args)));
     }
     let mut ranks = HashMap::new();

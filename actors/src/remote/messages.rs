@@ -5,15 +5,18 @@
 //! little endian][header][payload]`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use dcpserve_kernels::{CpuMatmul, KvCacheDType};
 use dcpserve_model::arch::WeightPrecision;
+use dcpserve_model::ModelFiles;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::collective::{GroupLayout, RankCommSpecs};
 use crate::placement::Placement;
 use crate::plan::{MtpPlan, StepReport};
+use crate::rank::{RankArgs, StepSink};
 
 /// Process 0 to a rank process.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -24,7 +27,7 @@ pub enum ToRankProcess {
     Start {
         generation: u64,
         groups: GroupLayout,
-        ranks: Vec<RemoteRankArgs>,
+        ranks: Vec<RankSpec>,
     },
     /// Run the step plan in the payload on rank `rank`.
     Plan {
@@ -68,11 +71,11 @@ pub enum FromRankProcess {
     Heartbeat,
 }
 
-/// What a rank in another process is started from (`crate::rank::RankArgs` without the
-/// process-local parts: the model is opened from its path on the rank's host, and
-/// reports go back over MPI).
+/// What a rank is started from, as plain data: `crate::rank::RankArgs` without the
+/// process-local parts (the model is opened from its path on the rank's host, and reports
+/// go wherever that process sends them).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RemoteRankArgs {
+pub struct RankSpec {
     pub rank: usize,
     pub tp_size: usize,
     pub generation: u64,
@@ -88,6 +91,34 @@ pub struct RemoteRankArgs {
     /// Compute threads of the rank; `None`: the host's cores split over its ranks.
     pub threads: Option<usize>,
     pub mtp: bool,
+}
+
+impl RankSpec {
+    /// The rank's arguments in this process: its model files, where its reports go, and
+    /// its threads when the spec leaves them to the host (`default_threads`).
+    pub fn into_rank_args(
+        self,
+        files: Arc<ModelFiles>,
+        reports: StepSink,
+        default_threads: usize,
+    ) -> RankArgs {
+        RankArgs {
+            rank: self.rank,
+            tp_size: self.tp_size,
+            generation: self.generation,
+            comm_specs: self.comm_specs,
+            files,
+            precision: self.precision,
+            cpu_matmul: self.cpu_matmul,
+            placement: self.placement,
+            num_blocks: self.num_blocks,
+            kv_cache_dtype: self.kv_cache_dtype,
+            max_step_tokens: self.max_step_tokens,
+            threads: self.threads.unwrap_or(default_threads),
+            reports,
+            mtp: self.mtp,
+        }
+    }
 }
 
 /// `[header length][header][payload]`.

@@ -116,3 +116,88 @@ pub(crate) fn dtype_mismatch(what: &str, a: DType, b: DType) -> KernelError {
         "{what}: input is {a:?} but output is {b:?}; a collective moves one element type"
     ))
 }
+
+/// The element-typed methods of [`super::Communicator`] for an implementation whose
+/// collectives are generic over [`CommElem`] (`all_gather_t`, `all_gather_varying_t`,
+/// `all_reduce_sum_t`, `reduce_scatter_sum_t`, `broadcast_t`, `all_to_all_t`): each
+/// dispatches on the element type, and a call mixing f32 and bf16 fails.
+macro_rules! communicator_elems_by_type {
+    () => {
+        fn all_gather_elems(
+            &self,
+            input: $crate::comm::Elems<'_>,
+            out: $crate::comm::ElemsMut<'_>,
+        ) -> Result<(), $crate::error::KernelError> {
+            $crate::comm::elems::typed_pair!("all_gather", input, out, |i, o| self
+                .all_gather_t(i, o))
+        }
+
+        fn all_gather_varying_elems(
+            &self,
+            input: $crate::comm::Elems<'_>,
+            counts: &[usize],
+            out: $crate::comm::ElemsMut<'_>,
+        ) -> Result<(), $crate::error::KernelError> {
+            $crate::comm::elems::typed_pair!("all_gather_varying", input, out, |i, o| self
+                .all_gather_varying_t(i, counts, o))
+        }
+
+        fn all_reduce_sum_elems(
+            &self,
+            data: $crate::comm::ElemsMut<'_>,
+        ) -> Result<(), $crate::error::KernelError> {
+            match data {
+                $crate::comm::ElemsMut::F32(d) => self.all_reduce_sum_t(d),
+                $crate::comm::ElemsMut::Bf16(d) => self.all_reduce_sum_t(d),
+            }
+        }
+
+        fn reduce_scatter_sum_elems(
+            &self,
+            input: $crate::comm::Elems<'_>,
+            out: $crate::comm::ElemsMut<'_>,
+        ) -> Result<(), $crate::error::KernelError> {
+            $crate::comm::elems::typed_pair!("reduce_scatter", input, out, |i, o| self
+                .reduce_scatter_sum_t(i, o))
+        }
+
+        fn broadcast_elems(
+            &self,
+            data: $crate::comm::ElemsMut<'_>,
+            root: usize,
+        ) -> Result<(), $crate::error::KernelError> {
+            match data {
+                $crate::comm::ElemsMut::F32(d) => self.broadcast_t(d, root),
+                $crate::comm::ElemsMut::Bf16(d) => self.broadcast_t(d, root),
+            }
+        }
+
+        fn all_to_all_elems(
+            &self,
+            input: $crate::comm::Elems<'_>,
+            out: $crate::comm::ElemsMut<'_>,
+        ) -> Result<(), $crate::error::KernelError> {
+            $crate::comm::elems::typed_pair!("all_to_all", input, out, |i, o| self
+                .all_to_all_t(i, o))
+        }
+    };
+}
+
+/// Runs `$body` with `$i`/`$o` bound to the typed slices of an (Elems, ElemsMut) pair of
+/// one element type, or fails for a mixed pair.
+macro_rules! typed_pair {
+    ($what:expr, $input:expr, $out:expr, |$i:ident, $o:ident| $body:expr) => {
+        match ($input, $out) {
+            ($crate::comm::Elems::F32($i), $crate::comm::ElemsMut::F32($o)) => $body,
+            ($crate::comm::Elems::Bf16($i), $crate::comm::ElemsMut::Bf16($o)) => $body,
+            (i, o) => Err($crate::comm::elems::dtype_mismatch(
+                $what,
+                i.dtype(),
+                o.dtype(),
+            )),
+        }
+    };
+}
+
+pub(crate) use communicator_elems_by_type;
+pub(crate) use typed_pair;

@@ -25,7 +25,7 @@ use super::layout::{spans, split, Layout};
 use super::leader::LeaderComm;
 use super::wire::WireElem;
 use super::MpiEnv;
-use crate::comm::elems::{dtype_mismatch, Elems, ElemsMut};
+use crate::comm::elems::ElemsMut;
 use crate::comm::{CommGroupSpec, Communicator, InProcessComm};
 use crate::error::KernelError;
 
@@ -400,18 +400,6 @@ impl HierarchicalComm {
     }
 }
 
-/// Runs `$body` with `$i`/`$o` bound to the typed slices of an (Elems, ElemsMut) pair of
-/// one element type, or fails for a mixed pair.
-macro_rules! typed_pair {
-    ($what:expr, $input:expr, $out:expr, |$i:ident, $o:ident| $body:expr) => {
-        match ($input, $out) {
-            (Elems::F32($i), ElemsMut::F32($o)) => $body,
-            (Elems::Bf16($i), ElemsMut::Bf16($o)) => $body,
-            (i, o) => Err(dtype_mismatch($what, i.dtype(), o.dtype())),
-        }
-    };
-}
-
 impl Communicator for HierarchicalComm {
     fn rank(&self) -> usize {
         self.rank
@@ -421,46 +409,7 @@ impl Communicator for HierarchicalComm {
         self.layout().size
     }
 
-    fn all_gather_elems(&self, input: Elems<'_>, out: ElemsMut<'_>) -> Result<(), KernelError> {
-        typed_pair!("all_gather", input, out, |i, o| self.all_gather_t(i, o))
-    }
-
-    fn all_gather_varying_elems(
-        &self,
-        input: Elems<'_>,
-        counts: &[usize],
-        out: ElemsMut<'_>,
-    ) -> Result<(), KernelError> {
-        typed_pair!("all_gather_varying", input, out, |i, o| self
-            .all_gather_varying_t(i, counts, o))
-    }
-
-    fn all_reduce_sum_elems(&self, data: ElemsMut<'_>) -> Result<(), KernelError> {
-        match data {
-            ElemsMut::F32(d) => self.all_reduce_sum_t(d),
-            ElemsMut::Bf16(d) => self.all_reduce_sum_t(d),
-        }
-    }
-
-    fn reduce_scatter_sum_elems(
-        &self,
-        input: Elems<'_>,
-        out: ElemsMut<'_>,
-    ) -> Result<(), KernelError> {
-        typed_pair!("reduce_scatter", input, out, |i, o| self
-            .reduce_scatter_sum_t(i, o))
-    }
-
-    fn broadcast_elems(&self, data: ElemsMut<'_>, root: usize) -> Result<(), KernelError> {
-        match data {
-            ElemsMut::F32(d) => self.broadcast_t(d, root),
-            ElemsMut::Bf16(d) => self.broadcast_t(d, root),
-        }
-    }
-
-    fn all_to_all_elems(&self, input: Elems<'_>, out: ElemsMut<'_>) -> Result<(), KernelError> {
-        typed_pair!("all_to_all", input, out, |i, o| self.all_to_all_t(i, o))
-    }
+    crate::comm::elems::communicator_elems_by_type!();
 
     /// Marks this process's part of the group aborted (every later call of its members
     /// fails at once) and aborts the local shared-memory group, so members waiting on it
