@@ -28,7 +28,7 @@ use dcpserve_model::arch::RankComms;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
-use crate::remote::ProcessMap;
+use crate::process_map::ProcessMap;
 
 /// Messages the collective actor understands.
 pub enum CollectiveMsg {

@@ -20,6 +20,7 @@ pub mod collective;
 pub mod kv_manager_actor;
 pub mod placement;
 pub mod plan;
+pub mod process_map;
 pub mod rank;
 pub mod rank_group;
 mod rank_turns;

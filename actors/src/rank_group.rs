@@ -18,9 +18,9 @@ use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::collective::{CollectiveActor, CollectiveArgs, CollectiveMsg, GroupLayout};
+use crate::process_map::ProcessMap;
 use crate::rank::{RankActor, RankMsg, StepReport, StepSink};
 use crate::remote::messages::RankSpec;
-use crate::remote::ProcessMap;
 
 /// Where a rank group's ranks run.
 #[derive(Clone, Default)]
