@@ -10,7 +10,9 @@ bash scripts/install-mpi.sh
 cargo build --release --quiet --features mpi --bin dcpserve
 BIN=$PWD/target/release/dcpserve
 ARGS=(bench-dcp --section ranks --tensor-parallel-size 2 "$@")
-MPI=(--allow-run-as-root --oversubscribe -np 2)
+# Unbound: Open MPI binds each of 2 processes to one core by default, and in the
+# two-namespace case both to the same core (each "host" thinks it is alone).
+MPI=(--allow-run-as-root --oversubscribe --bind-to none -np 2)
 OUT=$(mktemp -d)
 trap 'bash scripts/netns-two-hosts.sh down; rm -rf "$OUT"' EXIT
 

@@ -51,7 +51,7 @@ pub use ops::{
     yarn_mscale, RopeScalingKind, RopeTable, YarnParams,
 };
 pub use overlap::{BatonComm, BatonTurn, ComputeBaton};
-pub use pool::{available_cores, pin_current_thread, ThreadPool};
+pub use pool::{available_cores, online_cores, pin_current_thread, ThreadPool};
 pub use quant::{dequantize, quantize, WeightFormat};
 pub use sampling::{argmax, sample, Rng, SamplingParams};
 pub use sampling_params::OutputConstraint;

@@ -63,6 +63,7 @@ impl Cluster {
             return Err("only MPI process 0 hosts the engine".into());
         }
         let control = ControlChannel::new(env);
+        super::warn_if_bound(0);
         let size = control.size();
         let mut hosts = vec![String::new(); size];
         let mut pids = vec![0; size];

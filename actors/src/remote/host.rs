@@ -28,6 +28,7 @@ struct Generation {
 pub fn run(env: &'static MpiEnv) -> i32 {
     let control = Arc::new(ControlChannel::new(env));
     let me = env.world_rank();
+    super::warn_if_bound(me);
     let send = {
         let control = control.clone();
         move |msg: &FromRankProcess| control.send(0, &encode(msg, &[]))

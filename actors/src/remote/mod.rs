@@ -30,3 +30,17 @@ pub use cluster::Cluster;
 pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
 /// Silence after which a process is declared lost.
 pub const LOST_AFTER: Duration = Duration::from_secs(3);
+
+/// Warns when the MPI launcher bound this process to fewer cores than its host has: Open
+/// MPI binds each process to one core by default (`--bind-to core` for up to 2
+/// processes), and the rank threads of a process would then share that core.
+#[cfg(feature = "mpi")]
+pub(crate) fn warn_if_bound(process: usize) {
+    let online = dcpserve_kernels::online_cores();
+    let usable = dcpserve_kernels::available_cores();
+    if usable < online {
+        tracing::warn!(
+            "MPI process {process} may use {usable} of its host's {online} cores (bound by the MPI launcher): its ranks' threads share them; launch with `mpirun --bind-to none` (or give each process the cores of its ranks, e.g. `--map-by ppr:1:node:PE=N`)"
+        );
+    }
+}

@@ -24,6 +24,18 @@ pub fn available_cores() -> usize {
         .unwrap_or(1)
 }
 
+/// Cores online on this machine, whatever this process may use (compare
+/// [`available_cores`], which follows the process's CPU affinity).
+pub fn online_cores() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        available_cores()
+    }
+}
+
 /// Keeps hot atomics on separate cache lines so workers don't false-share.
 #[repr(align(128))]
 struct Padded<T>(T);
