@@ -151,18 +151,18 @@ async fn step_ms(engine: &Engine, context: usize, n: usize) -> Result<f64> {
 async fn batch_step_ms(engine: &Engine, spec: &DcpBenchSpec) -> Result<f64> {
     let mut runs = Vec::new();
     for r in 0..3 {
-        let tok_s = super::engine_bench::decode_once(
-            engine,
-            spec.overlap_batch,
-            spec.overlap_context,
-            64,
-            r,
-        )
-        .await?;
-        runs.push(spec.overlap_batch as f64 / tok_s * 1e3);
+        runs.push(batch_step_once_ms(engine, spec, r).await?);
     }
     runs.sort_by(f64::total_cmp);
     Ok(runs[1])
+}
+
+/// Decode step in ms of run `run` of [`batch_step_ms`]'s batch.
+async fn batch_step_once_ms(engine: &Engine, spec: &DcpBenchSpec, run: usize) -> Result<f64> {
+    let tok_s =
+        super::engine_bench::decode_once(engine, spec.overlap_batch, spec.overlap_context, 64, run)
+            .await?;
+    Ok(spec.overlap_batch as f64 / tok_s * 1e3)
 }
 
 /// Most sequences running at once when `count` sequences of `context` tokens arrive together.
@@ -381,15 +381,7 @@ async fn merge_report(
         let mut runs = vec![Vec::new(); engines.len()];
         for r in 0..3 {
             for (engine, times) in engines.iter().zip(&mut runs) {
-                let tok_s = super::engine_bench::decode_once(
-                    engine,
-                    spec.overlap_batch,
-                    spec.overlap_context,
-                    64,
-                    r,
-                )
-                .await?;
-                times.push(spec.overlap_batch as f64 / tok_s * 1e3);
+                times.push(batch_step_once_ms(engine, spec, r).await?);
             }
         }
         let step: Vec<f64> = runs

@@ -117,6 +117,16 @@ pub(crate) fn dtype_mismatch(what: &str, a: DType, b: DType) -> KernelError {
     ))
 }
 
+/// An all-to-all's input and output must be the same multiple of the group size `n`.
+pub(crate) fn check_all_to_all(n: usize, input: usize, out: usize) -> Result<(), KernelError> {
+    if input != out || !input.is_multiple_of(n) {
+        return Err(KernelError::Shape(format!(
+            "all_to_all: input ({input}) and output ({out}) must be the same multiple of the group size ({n})"
+        )));
+    }
+    Ok(())
+}
+
 /// The element-typed methods of [`super::Communicator`] for an implementation whose
 /// collectives are generic over [`CommElem`] (`all_gather_t`, `all_gather_varying_t`,
 /// `all_reduce_sum_t`, `reduce_scatter_sum_t`, `broadcast_t`, `all_to_all_t`): each

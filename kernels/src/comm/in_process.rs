@@ -296,13 +296,7 @@ impl InProcessComm {
 
     fn all_to_all_t<T: SlotElem>(&self, input: &[T], out: &mut [T]) -> Result<(), KernelError> {
         let n = self.size();
-        if input.len() != out.len() || !input.len().is_multiple_of(n) {
-            return Err(KernelError::Shape(format!(
-                "all_to_all: input ({}) and output ({}) must be the same multiple of the group size ({n})",
-                input.len(),
-                out.len()
-            )));
-        }
+        crate::comm::elems::check_all_to_all(n, input.len(), out.len())?;
         let c = input.len() / n;
         let mine = self.rank * c..(self.rank + 1) * c;
         self.timed(|| {

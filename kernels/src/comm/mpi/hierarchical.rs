@@ -347,13 +347,7 @@ impl HierarchicalComm {
     /// different numbers of members), and hands its members what arrived.
     fn all_to_all_t<T: WireElem>(&self, input: &[T], out: &mut [T]) -> Result<(), KernelError> {
         let n = self.size();
-        if input.len() != out.len() || !input.len().is_multiple_of(n) {
-            return Err(KernelError::Shape(format!(
-                "all_to_all: input ({}) and output ({}) must be the same multiple of the group size ({n})",
-                input.len(),
-                out.len()
-            )));
-        }
+        crate::comm::elems::check_all_to_all(n, input.len(), out.len())?;
         let l = self.layout();
         if !l.multi() {
             // One process: the local group is the whole group, in the same order.
