@@ -32,6 +32,7 @@ use crate::ops::RopeScalingKind;
 use crate::sampling::{Rng, SamplingParams};
 use crate::weights::WeightMatrix;
 
+pub mod compare;
 #[cfg(test)]
 mod tests;
 

@@ -14,6 +14,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::{padded_blocks, ActsView};
+use crate::matmul::{prefetch_bytes, PREFETCH_ROWS};
 use crate::quant::{WeightFormat, QK};
 use crate::weights::WeightMatrix;
 
@@ -204,6 +205,9 @@ macro_rules! kernels_256 {
                 while j < n1 {
                     let nr = 4.min(n1 - j);
                     for r in 0..nr {
+                        if j + r + PREFETCH_ROWS < n {
+                            prefetch_bytes(w.wrapping_add((j + r + PREFETCH_ROWS) * ws), ws);
+                        }
                         weight_scales::<F>(w.add((j + r) * ws), nb, dw.add(r * ss), mt.add(r * ss));
                     }
                     let wj = w.add(j * ws);
