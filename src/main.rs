@@ -1,6 +1,7 @@
 //! The `dcpserve` command line.
 
 mod bench;
+mod gpu_check;
 mod quantize_cmd;
 
 use std::io::Write;
@@ -43,6 +44,9 @@ enum Command {
     BenchSpec(BenchSpecArgs),
     /// Re-quantize a GGUF file (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q5_0, …), as llama-quantize does.
     Quantize(quantize_cmd::QuantizeArgs),
+    /// Check a GPU backend: ops against the CPU, decode-attention bandwidth, the engine on the fixtures.
+    #[command(name = "gpu-check")]
+    GpuCheck(gpu_check::GpuCheckArgs),
 }
 
 #[derive(Args)]
@@ -295,6 +299,7 @@ fn main() -> Result<()> {
             Command::Bench(a) => dcpserve_tools::bench_client::run(a).await,
             Command::Plan(a) => dcpserve_tools::planner::run(a),
             Command::Quantize(a) => quantize_cmd::run(a),
+            Command::GpuCheck(a) => gpu_check::run(&a).await,
             Command::BenchDcp(a) => {
                 let spec = bench::dcp_bench::DcpBenchSpec {
                     kv_cache_dtype: dcpserve::parse_kv_cache_dtype(&a.kv_cache_dtype)?

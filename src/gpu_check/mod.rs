@@ -1,0 +1,177 @@
+//! `dcpserve gpu-check`: the checks a GPU backend must pass, in one command that writes
+//! one report (`scripts/gpu-check.sh` runs it on the GPU machine, with `serve` and
+//! `bench` around it).
+//!
+//! 1. every backend op against the CPU backend on random inputs (max abs / rel diff);
+//! 2. long-context decode attention as achieved bandwidth against a device copy;
+//! 3. the engine on the test fixtures at several layouts against the CPU engine.
+//!
+//! `--device cpu` runs the same checks with the CPU backend as the checked device,
+//! which is how CI exercises this code without a GPU (every difference is then 0).
+
+pub mod bandwidth;
+pub mod engine;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use dcpserve::EngineConfig;
+use dcpserve_kernels::backend::compare::compare_with_cpu;
+use dcpserve_kernels::{Backend, CpuBackend};
+
+/// Arguments of `dcpserve gpu-check`.
+#[derive(Args, Debug)]
+pub struct GpuCheckArgs {
+    /// The checked device: cuda, or cpu (the checks' dry run).
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// Folder the report (`gpu-check.txt`) is written to.
+    #[arg(long)]
+    pub report: PathBuf,
+    /// The test fixtures folder (the repository's `fixtures/`).
+    #[arg(long, default_value = "fixtures")]
+    pub fixtures: PathBuf,
+    /// Context lengths of the decode-attention bandwidth check.
+    #[arg(long, value_delimiter = ',', default_value = "32768,131072")]
+    pub contexts: Vec<usize>,
+    /// Size of the device-to-device copy that the bandwidth is compared with.
+    #[arg(long, default_value_t = 1024)]
+    pub copy_mib: usize,
+    /// Skip the engine cases (kernels and bandwidth only).
+    #[arg(long)]
+    pub skip_engine: bool,
+}
+
+/// One section of the report and whether it passed.
+struct Section {
+    title: &'static str,
+    body: String,
+    passed: bool,
+}
+
+/// Largest relative difference an op may show against the CPU. Ops whose device
+/// version rounds to bf16 (GEMMs and embeddings of weights dequantized to bf16 at
+/// load, a bf16 or fp8 cache) are held to that type's precision; the rest to f32
+/// summation-order noise.
+fn op_tolerance(op: &str) -> f64 {
+    if op.contains("fp8") {
+        0.07
+    } else if op.starts_with("matmul") || op.contains("bfloat16") || op.contains("embedding") {
+        2e-2
+    } else {
+        1e-4
+    }
+}
+
+fn kernel_section<B: Backend>(dev: &B) -> Result<Section> {
+    let cpu = CpuBackend::new(2);
+    let diffs = compare_with_cpu(dev, &cpu).context("comparing ops with the CPU")?;
+    let mut body = String::new();
+    let mut passed = true;
+    for d in &diffs {
+        let ok = d.max_rel <= op_tolerance(&d.op);
+        passed &= ok;
+        body += &format!(
+            "{d}  (tolerance {:.0e}) {}\n",
+            op_tolerance(&d.op),
+            if ok { "ok" } else { "FAILED" }
+        );
+    }
+    Ok(Section {
+        title: "ops against the CPU backend (random inputs)",
+        body,
+        passed,
+    })
+}
+
+fn bandwidth_section<B: Backend>(dev: &B, args: &GpuCheckArgs) -> Result<Section> {
+    Ok(Section {
+        title: "decode attention bandwidth",
+        body: bandwidth::report(dev, &args.contexts, args.copy_mib << 20)?,
+        // A figure to read (the aim is 70% of the copy), not a pass/fail gate.
+        passed: true,
+    })
+}
+
+async fn engine_section(
+    args: &GpuCheckArgs,
+    checked: &dyn Fn(EngineConfig) -> EngineConfig,
+) -> Result<Section> {
+    let (body, passed) = engine::report(&args.fixtures, &engine::default_cases(), checked).await?;
+    Ok(Section {
+        title: "engine on the fixtures against the CPU engine at one rank",
+        body,
+        passed,
+    })
+}
+
+async fn sections_on<B: Backend>(
+    dev: &B,
+    args: &GpuCheckArgs,
+    checked: &dyn Fn(EngineConfig) -> EngineConfig,
+) -> Result<Vec<Section>> {
+    let mut v = vec![kernel_section(dev)?, bandwidth_section(dev, args)?];
+    if !args.skip_engine {
+        v.push(engine_section(args, checked).await?);
+    }
+    Ok(v)
+}
+
+/// Runs the checks and writes `gpu-check.txt` into the report folder; fails when a
+/// check failed (after writing the report).
+pub async fn run(args: &GpuCheckArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.report)
+        .with_context(|| format!("creating {}", args.report.display()))?;
+    let (device_line, sections) = match args.device.as_str() {
+        "cpu" => {
+            let dev = CpuBackend::new(2);
+            (
+                format!(
+                    "device: cpu ({} threads), the dry run",
+                    dev.pool().n_threads()
+                ),
+                sections_on(&dev, args, &|c| c).await?,
+            )
+        }
+        "cuda" => cuda_sections(args).await?,
+        other => bail!("--device {other}: expected cuda or cpu"),
+    };
+    let mut text = format!("dcpserve gpu-check\n{device_line}\n");
+    let mut all = true;
+    for s in &sections {
+        all &= s.passed;
+        text += &format!(
+            "\n## {} — {}\n{}",
+            s.title,
+            if s.passed { "passed" } else { "FAILED" },
+            s.body
+        );
+    }
+    let path = args.report.join("gpu-check.txt");
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    print!("{text}");
+    if !all {
+        bail!("gpu-check: a check failed (report in {})", path.display());
+    }
+    Ok(())
+}
+
+/// The checks on GPU 0 through the CUDA backend.
+async fn cuda_sections(_args: &GpuCheckArgs) -> Result<(String, Vec<Section>)> {
+    bail!("gpu-check --device cuda: the CUDA backend is not built into this binary")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tolerances_follow_the_rounding_of_each_op() {
+        assert_eq!(op_tolerance("rms_norm"), 1e-4);
+        assert_eq!(op_tolerance("matmul Q4_1 m=1"), 2e-2);
+        assert_eq!(op_tolerance("paged_attention out (bfloat16)"), 2e-2);
+        assert_eq!(op_tolerance("paged_attention out (fp8_e4m3)"), 0.07);
+        assert_eq!(op_tolerance("embedding (Q8_0 table)"), 2e-2);
+    }
+}
