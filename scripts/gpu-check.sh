@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The GPU check (issue #13), in one command that writes its report to a folder.
+#
+#   scripts/gpu-check.sh --prepare          # on the CPU machine: build and pack the bundle
+#   scripts/gpu-check.sh REPORT_DIR         # on the GPU machine (no Rust, no network)
+#   DEVICE=cpu scripts/gpu-check.sh DIR     # the same steps on the CPU: a dry run
+#
+# The GPU machine has no Rust toolchain and no network, and one transfer carries at
+# most 64 MiB, so `--prepare` packs what it needs into gpu-bundle/ (ignored by git):
+#   gpu-bundle/1/dcpserve.gz + the first half of the default model,
+#   gpu-bundle/2/            the second half.
+# Send them in two back-to-back device calls (carry gpu-bundle/1, then gpu-bundle/2
+# with this script as the command); the first call only unpacks.
+#
+# Steps, each with a time limit so the whole run stays under 8 minutes on one H200:
+#   1. nvidia-smi and the CUDA libraries found;
+#   2. `dcpserve gpu-check`: every op against the CPU backend, decode attention at 32k
+#      and 128k tokens against a device copy's bandwidth, the engine on the fixtures at
+#      tp=1, tp=2 dcp=2, tp=4 dcp=2 I=16 and MLA tp=4 dcp=4 against the CPU engine;
+#   3. `dcpserve serve` on the default model: the capital-of-France chat must say Paris;
+#   4. `dcpserve bench` against it at concurrency 1, 32 and 128 (output tok/s);
+#   5. the planner's H200 capacity at tp=1 against the KV tokens the server logged.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
+BUNDLE="$ROOT/gpu-bundle"
+
+if [[ "${1:-}" == "--prepare" ]]; then
+    set -e
+    bash scripts/fetch-default-model.sh >/dev/null
+    cargo build --release -q
+    grep -qx '/gpu-bundle/' .git/info/exclude 2>/dev/null || echo '/gpu-bundle/' >>.git/info/exclude
+    rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/1" "$BUNDLE/2"
+    gzip -c target/release/dcpserve >"$BUNDLE/1/dcpserve.gz"
+    size=$(stat -c %s "models/$MODEL_FILE")
+    half=$(((size / 2 / 4096 + 1) * 4096))
+    head -c "$half" "models/$MODEL_FILE" >"$BUNDLE/1/model.part1"
+    tail -c +"$((half + 1))" "models/$MODEL_FILE" >"$BUNDLE/2/model.part2"
+    sha256sum "models/$MODEL_FILE" | cut -d' ' -f1 >"$BUNDLE/2/model.sha256"
+    du -sh "$BUNDLE"/1 "$BUNDLE"/2
+    echo "carry gpu-bundle/1 (unpack only), then gpu-bundle/2 and run: bash scripts/gpu-check.sh \$OUT"
+    exit 0
+fi
+
+REPORT="${1:?usage: scripts/gpu-check.sh REPORT_DIR | --prepare}"
+DEVICE="${DEVICE:-cuda}"
+mkdir -p "$REPORT"
+LOG="$REPORT/gpu-check.log"
+: >"$LOG"
+say() { echo "$@" | tee -a "$LOG"; }
+START=$(date +%s)
+elapsed() { echo "$(($(date +%s) - START)) s"; }
+
+# --- the binary and the model ------------------------------------------------------
+BIN="${DCPSERVE_BIN:-}"
+if [[ -z "$BIN" ]]; then
+    if [[ -f "$BUNDLE/1/dcpserve.gz" ]]; then
+        BIN=/tmp/dcpserve-gpu/dcpserve
+        mkdir -p /tmp/dcpserve-gpu
+        [[ -x "$BIN" ]] || { gunzip -c "$BUNDLE/1/dcpserve.gz" >"$BIN" && chmod +x "$BIN"; }
+    else
+        BIN="$ROOT/target/release/dcpserve"
+    fi
+fi
+if [[ ! -f "models/$MODEL_FILE" && -f "$BUNDLE/1/model.part1" && -f "$BUNDLE/2/model.part2" ]]; then
+    mkdir -p models
+    cat "$BUNDLE/1/model.part1" "$BUNDLE/2/model.part2" >"models/$MODEL_FILE"
+    if [[ "$(sha256sum "models/$MODEL_FILE" | cut -d' ' -f1)" != "$(cat "$BUNDLE/2/model.sha256")" ]]; then
+        say "the reassembled model does not match its checksum"; rm -f "models/$MODEL_FILE"; exit 1
+    fi
+fi
+if [[ ! -f "$BUNDLE/2/model.part2" && -f "$BUNDLE/1/model.part1" && ! -f "models/$MODEL_FILE" ]]; then
+    echo "unpacked gpu-bundle/1; now carry gpu-bundle/2 and run this script again"
+    exit 0
+fi
+[[ -x "$BIN" ]] || { say "no dcpserve binary at $BIN (run scripts/gpu-check.sh --prepare)"; exit 1; }
+
+# --- 1. the device and its libraries -----------------------------------------------
+if [[ "$DEVICE" == cuda ]]; then
+    # The GPU image keeps the CUDA libraries in python3's nvidia-* wheels.
+    libdirs=$(python3 - <<'EOF' 2>/dev/null
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+dirs = sorted({os.path.dirname(p) for r in roots for p in glob.glob(os.path.join(r, "nvidia", "**", "lib*.so*"), recursive=True)})
+print(":".join(dirs))
+EOF
+)
+    export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    say "== device"
+    (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true) | tee -a "$LOG"
+    say "CUDA library folders: ${libdirs:-none found}"
+fi
+say "binary: $BIN ($("$BIN" --version 2>&1))"
+
+status=0
+# --- 2. ops, bandwidth, engine on the fixtures -------------------------------------
+say "== gpu-check ($(elapsed))"
+if [[ "$DEVICE" == cuda ]]; then
+    contexts=32768,131072
+    copy=1024
+else
+    contexts=2048,8192
+    copy=64
+fi
+timeout 240 "$BIN" gpu-check --device "$DEVICE" --report "$REPORT" --fixtures fixtures \
+    --contexts "$contexts" --copy-mib "$copy" >>"$LOG" 2>"$REPORT/gpu-check.stderr" || status=1
+cat "$REPORT/gpu-check.txt" 2>/dev/null || tail -20 "$REPORT/gpu-check.stderr"
+
+# --- 3. serve the default model: Paris ---------------------------------------------
+say "== serve ($(elapsed))"
+PORT=18734
+"$BIN" serve "models/$MODEL_FILE" --device "$DEVICE" --port "$PORT" \
+    >"$REPORT/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null' EXIT
+up=0
+for _ in $(seq 1 120); do
+    if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then up=1; break; fi
+    kill -0 $SERVER 2>/dev/null || break
+    sleep 1
+done
+if [[ $up == 1 ]]; then
+    answer=$(curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
+        -d '{"messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":24,"temperature":0}')
+    say "chat: $answer"
+    if grep -q Paris <<<"$answer"; then say "Paris: yes"; else say "Paris: NO"; status=1; fi
+
+    # --- 4. throughput at concurrency 1, 32, 128 -----------------------------------
+    for c in 1 32 128; do
+        say "== bench, concurrency $c ($(elapsed))"
+        n=$((c > 8 ? 2 * c : 16))
+        timeout 120 "$BIN" bench --base-url "http://127.0.0.1:$PORT" --num-prompts "$n" \
+            --max-concurrency "$c" --random-input-len 256 --random-output-len 128 --ignore-eos \
+            >"$REPORT/bench-c$c.txt" 2>&1 || status=1
+        grep -iE "output token throughput|output tok/s|request throughput" "$REPORT/bench-c$c.txt" | tee -a "$LOG"
+    done
+else
+    say "the server did not come up:"; tail -20 "$REPORT/serve.log" | tee -a "$LOG"; status=1
+fi
+kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
+
+# --- 5. the planner against the KV tokens the server logged ------------------------
+if [[ "$DEVICE" == cuda ]]; then
+    say "== plan ($(elapsed))"
+    grep -m1 "KV cache" "$REPORT/serve.log" | tee -a "$LOG"
+    "$BIN" plan --model "models/$MODEL_FILE" --hardware h200 --gpus 1 2>&1 | tee -a "$LOG" | tail -15
+fi
+say "== done in $(elapsed), status $status"
+exit $status
