@@ -225,6 +225,22 @@ pub trait Backend: Send + Sync {
         out: Self::ViewMut<'_>,
         precision: Precision,
     ) -> Result<(), KernelError>;
+    /// Several products of the same input: `outs[i] = x[m, cols] · ws[i]ᵀ` (the q/k/v or
+    /// gate/up projections). A backend may run them together (the CPU backend does
+    /// for decode-sized `m`: one parallel region instead of one per product); the
+    /// default runs [`matmul`](Backend::matmul) for each.
+    fn matmul_each(
+        &self,
+        x: Self::View<'_>,
+        m: usize,
+        products: Vec<(&Self::Matrix, Self::ViewMut<'_>)>,
+        precision: Precision,
+    ) -> Result<(), KernelError> {
+        for (w, out) in products {
+            self.matmul(x, m, w, out, precision)?;
+        }
+        Ok(())
+    }
     /// RMSNorm over rows of `weight.len()`: `out = x / sqrt(mean(x²) + eps) · weight`.
     fn rms_norm(
         &self,

@@ -179,6 +179,35 @@ impl Backend for CpuBackend {
         matmul_with_precision(&self.pool, x, m, w, out, precision)
     }
 
+    fn matmul_each(
+        &self,
+        x: &[f32],
+        m: usize,
+        mut products: Vec<(&WeightMatrix, &mut [f32])>,
+        precision: Precision,
+    ) -> Result<(), KernelError> {
+        // The int8 path quantizes x per product; the fused path is exact whatever the
+        // precision, so only it runs the products together.
+        let int8 = self.int8.is_some()
+            && !crate::cpu::scalar_forced()
+            && products.iter().any(|(w, _)| int8_supported(w.format()));
+        if !int8
+            && crate::cpu::matmul::matmul_each_small(
+                &self.pool,
+                x,
+                m,
+                &mut products,
+                crate::cpu::use_avx512(),
+            )?
+        {
+            return Ok(());
+        }
+        for (w, out) in products {
+            self.matmul(x, m, w, out, precision)?;
+        }
+        Ok(())
+    }
+
     fn rms_norm(
         &self,
         x: &[f32],

@@ -795,5 +795,8 @@ pub(crate) mod avx {
     }
 }
 
+mod each;
+pub(crate) use each::matmul_each_small;
+
 #[cfg(test)]
 mod tests;

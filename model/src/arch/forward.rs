@@ -260,25 +260,14 @@ impl<B: Backend> DecoderModel<B> {
             let normed = dev.view_mut(&mut ws.t.normed, 0..nh)?;
             dev.rms_norm(x, whole(dev, &lw.input_norm)?, eps, normed)?;
             let normed = dev.view(&ws.t.normed, 0..nh)?;
-            dev.matmul(
+            dev.matmul_each(
                 normed,
                 n,
-                &lw.q_proj,
-                dev.view_mut(&mut ws.t.q, 0..nqd)?,
-                exact,
-            )?;
-            dev.matmul(
-                normed,
-                n,
-                &lw.k_proj,
-                dev.view_mut(&mut ws.t.k, 0..nkvd)?,
-                exact,
-            )?;
-            dev.matmul(
-                normed,
-                n,
-                &lw.v_proj,
-                dev.view_mut(&mut ws.t.v, 0..nkvd)?,
+                vec![
+                    (&lw.q_proj, dev.view_mut(&mut ws.t.q, 0..nqd)?),
+                    (&lw.k_proj, dev.view_mut(&mut ws.t.k, 0..nkvd)?),
+                    (&lw.v_proj, dev.view_mut(&mut ws.t.v, 0..nkvd)?),
+                ],
                 exact,
             )?;
             if let (Some(qb), Some(kb), Some(vb)) = (&lw.q_bias, &lw.k_bias, &lw.v_bias) {
@@ -353,18 +342,13 @@ impl<B: Backend> DecoderModel<B> {
             let normed = dev.view_mut(&mut ws.t.normed, 0..nh)?;
             dev.rms_norm(x, whole(dev, &lw.post_attention_norm)?, eps, normed)?;
             let normed = dev.view(&ws.t.normed, 0..nh)?;
-            dev.matmul(
+            dev.matmul_each(
                 normed,
                 n,
-                &lw.gate_proj,
-                dev.view_mut(&mut ws.t.gate, 0..ni)?,
-                exact,
-            )?;
-            dev.matmul(
-                normed,
-                n,
-                &lw.up_proj,
-                dev.view_mut(&mut ws.t.up, 0..ni)?,
+                vec![
+                    (&lw.gate_proj, dev.view_mut(&mut ws.t.gate, 0..ni)?),
+                    (&lw.up_proj, dev.view_mut(&mut ws.t.up, 0..ni)?),
+                ],
                 exact,
             )?;
             let (gate, up) = (dev.view(&ws.t.gate, 0..ni)?, dev.view(&ws.t.up, 0..ni)?);
