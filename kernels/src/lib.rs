@@ -14,6 +14,7 @@
 pub mod backend;
 pub mod comm;
 pub mod cpu;
+pub mod cuda;
 pub mod dcp;
 pub mod dtype;
 pub mod error;
@@ -38,6 +39,7 @@ pub use comm::{
 pub use cpu::int8_matmul::{matmul_int8, CpuMatmul, Int8Isa};
 pub use cpu::kv_store::{KvMut, KvRef, KvStore};
 pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
+pub use cuda::{cuda_device_count, CudaBackend};
 pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};
 pub use dtype::{DType, QK_K};
 pub use error::KernelError;

@@ -1,0 +1,150 @@
+//! Finding the CUDA libraries before touching them, and the device queries.
+//!
+//! cudarc loads libcuda, NVRTC and cuBLAS lazily and *panics* when one is missing, so
+//! every entry point of the backend first checks here that the library loads and turns
+//! its absence into [`KernelError::Unavailable`] with a hint. Libraries installed
+//! outside the loader's search path (the `nvidia-*` Python wheels) are found through
+//! [`NVRTC_LIB_DIR_ENV`] and [`CUDA_LIB_DIR_ENV`]: they are opened by full path once,
+//! after which cudarc's own load by name finds them already loaded (the dynamic loader
+//! matches a library's soname).
+
+use std::ffi::CString;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use cudarc::driver::{sys::cudaError_enum, CudaContext, DriverError};
+
+use crate::error::KernelError;
+
+/// Directory (or `:`-separated directories) holding `libnvrtc.so.13` and
+/// `libnvrtc-builtins.so.13.*`, e.g. what `scripts/install-nvrtc.sh` prints.
+pub const NVRTC_LIB_DIR_ENV: &str = "DCPSERVE_NVRTC_LIB_DIR";
+
+/// Directory (or `:`-separated directories) holding other CUDA libraries
+/// (`libcublas.so.13`, `libcublasLt.so.13`, and NVRTC too), e.g. a Python
+/// environment's `site-packages/nvidia/cu13/lib`.
+pub const CUDA_LIB_DIR_ENV: &str = "DCPSERVE_CUDA_LIB_DIR";
+
+/// File name prefixes opened from those directories, dependencies first (NVRTC loads
+/// its builtins by name at compile time, cuBLAS needs cuBLASLt).
+const PRELOAD: [&str; 4] = [
+    "libnvrtc-builtins.so",
+    "libnvrtc.so",
+    "libcublasLt.so",
+    "libcublas.so",
+];
+
+/// Opens the libraries found in the directories the environment names, once per
+/// process. Handles are kept open for the life of the process on purpose.
+fn preload_from_env() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let dirs: Vec<String> = [NVRTC_LIB_DIR_ENV, CUDA_LIB_DIR_ENV]
+            .iter()
+            .filter_map(|v| std::env::var(v).ok())
+            .flat_map(|v| v.split(':').map(str::to_owned).collect::<Vec<_>>())
+            .filter(|d| !d.is_empty())
+            .collect();
+        for prefix in PRELOAD {
+            for dir in &dirs {
+                if let Some(path) = find_lib(Path::new(dir), prefix) {
+                    dlopen_global(&path);
+                }
+            }
+        }
+    });
+}
+
+/// The first file in `dir` named `prefix*` (sorted, so `.so.13` before `.so.13.x`).
+fn find_lib(dir: &Path, prefix: &str) -> Option<std::path::PathBuf> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .collect();
+    names.sort();
+    names.into_iter().next()
+}
+
+fn dlopen_global(path: &Path) {
+    let Some(c) = path.to_str().and_then(|s| CString::new(s).ok()) else {
+        return;
+    };
+    // SAFETY: a NUL-terminated path; the handle is deliberately never closed. A failure
+    // is reported later, by the presence check of the library that needed it.
+    unsafe {
+        libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+    }
+}
+
+/// Checks that the CUDA driver library loads.
+pub(crate) fn require_driver() -> Result<(), KernelError> {
+    preload_from_env();
+    // SAFETY: only tries to open the library.
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(KernelError::Unavailable(
+        "no CUDA driver found (libcuda.so.1 could not be loaded): --device cuda needs an \
+         NVIDIA GPU and its driver"
+            .into(),
+    ))
+}
+
+/// Checks that NVRTC (the runtime compiler of the kernels) loads.
+pub(crate) fn require_nvrtc() -> Result<(), KernelError> {
+    preload_from_env();
+    // SAFETY: only tries to open the library.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(KernelError::Unavailable(format!(
+        "NVRTC not found (libnvrtc.so.13 could not be loaded): run scripts/install-nvrtc.sh \
+         and set {NVRTC_LIB_DIR_ENV} to the directory it prints, or add the CUDA 13 NVRTC \
+         library directory to LD_LIBRARY_PATH"
+    )))
+}
+
+/// Checks that cuBLAS loads.
+pub(crate) fn require_cublas() -> Result<(), KernelError> {
+    preload_from_env();
+    // SAFETY: only tries to open the library.
+    if unsafe { cudarc::cublas::sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(KernelError::Unavailable(format!(
+        "cuBLAS not found (libcublas.so.13 could not be loaded): set {CUDA_LIB_DIR_ENV} to \
+         the directory holding libcublas.so.13 and libcublasLt.so.13 (e.g. a Python \
+         environment's site-packages/nvidia/cu13/lib), or add it to LD_LIBRARY_PATH"
+    )))
+}
+
+/// A driver error as a [`KernelError::Device`], saying what was being done.
+pub(crate) fn driver_err(what: &str, e: DriverError) -> KernelError {
+    KernelError::Device(format!("{what}: {e:?}"))
+}
+
+/// Number of CUDA devices the driver shows this process (`CUDA_VISIBLE_DEVICES`
+/// applies): 0 when the driver loads but finds no device, an
+/// [`KernelError::Unavailable`] error (never a panic) when there is no driver at all.
+///
+/// ```
+/// // On a machine without an NVIDIA driver this is an error, not a panic.
+/// match dcpserve_kernels::cuda::cuda_device_count() {
+///     Ok(n) => println!("{n} CUDA devices"),
+///     Err(e) => println!("no CUDA: {e}"),
+/// }
+/// ```
+pub fn cuda_device_count() -> Result<usize, KernelError> {
+    require_driver()?;
+    match CudaContext::device_count() {
+        Ok(n) => Ok(n.max(0) as usize),
+        Err(DriverError(cudaError_enum::CUDA_ERROR_NO_DEVICE)) => Ok(0),
+        Err(e) => Err(driver_err("counting CUDA devices", e)),
+    }
+}
