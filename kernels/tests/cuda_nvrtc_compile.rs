@@ -6,6 +6,8 @@
 //! through `DCPSERVE_NVRTC_LIB_DIR` or the loader path. Without it the test fails when
 //! `CI` is set, and otherwise prints a visible `skipped` line and passes.
 
+use std::io::Write;
+
 use dcpserve_kernels::cuda::{compile_kernels, SOURCES};
 use dcpserve_kernels::KernelError;
 
@@ -14,7 +16,9 @@ fn compile_or_skip(arch: &str) -> Option<Vec<dcpserve_kernels::cuda::CompiledSou
     match compile_kernels(arch) {
         Ok(all) => Some(all),
         Err(KernelError::Unavailable(why)) if std::env::var_os("CI").is_none() => {
-            eprintln!(
+            // Straight to stderr, past the test harness's capture, so it is seen.
+            let _ = writeln!(
+                std::io::stderr(),
                 "skipped: NVRTC not found, run scripts/install-nvrtc.sh and set \
                  DCPSERVE_NVRTC_LIB_DIR to the directory it prints ({why})"
             );

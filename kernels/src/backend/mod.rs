@@ -470,7 +470,12 @@ macro_rules! test_on_every_backend {
                     match $crate::cuda::CudaBackend::new(0) {
                         Ok(dev) => super::$name(&dev),
                         Err($crate::KernelError::Unavailable(why)) => {
-                            eprintln!("skipped: no CUDA device ({why})");
+                            // Straight to stderr, past the harness's capture.
+                            use ::std::io::Write as _;
+                            let _ = ::std::writeln!(
+                                ::std::io::stderr(),
+                                "skipped: no CUDA device ({why})"
+                            );
                         }
                         Err(e) => panic!("CUDA backend failed to start: {e}"),
                     }
