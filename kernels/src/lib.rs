@@ -6,7 +6,8 @@
 //! (de)quantization, an AVX-512 matmul (with a portable scalar fallback), element-wise
 //! ops and RoPE (incl. YaRN and Llama 3 scaling), paged attention and MLA latent
 //! attention returning log-sum-exp for decode context parallelism, MoE routing and
-//! sampling. A CUDA backend plugs in next to it (see [`backend`]). [`DType`] is the one
+//! sampling. [`CudaBackend`] ([`cuda`]) implements it on an NVIDIA GPU (cudarc, NVRTC
+//! kernels, cuBLAS; the libraries are loaded at run time, so it builds everywhere). [`DType`] is the one
 //! element type of weights and buffers. DCP's placement, layout, merge and attention
 //! step live in [`dcp`]; the communicators and their bootstrap from group specs in
 //! [`comm`].

@@ -17,7 +17,7 @@ const ATT_THREADS: u32 = 128;
 /// Widest key or value row the kernel holds in registers (`32 · ATT_PER_LANE`).
 const ATT_MAX_DIM: usize = 640;
 /// Fewest keys per split worth a block of its own.
-const SPLIT_MIN: usize = 512;
+const SPLIT_MIN: usize = 256;
 /// Blocks that keep an H200's 132 SMs busy.
 const TARGET_BLOCKS: usize = 264;
 /// Most splits of one token's keys.

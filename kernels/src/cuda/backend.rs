@@ -46,15 +46,12 @@ impl Backend for CudaBackend {
     }
 
     fn zeros(&self, len: usize) -> Result<CudaSlice<f32>, KernelError> {
-        self.stream
-            .alloc_zeros::<f32>(len)
-            .map_err(|e| driver_err("allocating", e))
+        self.alloc_f32(len, true)
     }
 
     fn alloc(&self, len: usize) -> Result<CudaSlice<f32>, KernelError> {
-        // SAFETY: the trait leaves an alloc's contents unspecified; f32 has no invalid
-        // bit patterns, and the caller writes before it reads.
-        unsafe { self.stream.alloc::<f32>(len) }.map_err(|e| driver_err("allocating", e))
+        // The trait leaves an alloc's contents unspecified: no clearing.
+        self.alloc_f32(len, false)
     }
 
     fn upload(&self, host: &[f32]) -> Result<CudaSlice<f32>, KernelError> {

@@ -9,7 +9,7 @@
 //! matches a library's soname).
 
 use std::ffi::CString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use cudarc::driver::{sys::cudaError_enum, CudaContext, DriverError};
@@ -34,25 +34,64 @@ const PRELOAD: [&str; 4] = [
     "libcublas.so",
 ];
 
-/// Opens the libraries found in the directories the environment names, once per
-/// process. Handles are kept open for the life of the process on purpose.
+/// Opens the libraries found in the directories the environment names (then in the
+/// usual places of the `nvidia-*` wheels and of `scripts/install-nvrtc.sh`), once per
+/// process: each library from the first directory that has it, so no two copies are
+/// loaded. Handles are kept open for the life of the process on purpose.
 fn preload_from_env() {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
-        let dirs: Vec<String> = [NVRTC_LIB_DIR_ENV, CUDA_LIB_DIR_ENV]
+        let mut dirs: Vec<PathBuf> = [NVRTC_LIB_DIR_ENV, CUDA_LIB_DIR_ENV]
             .iter()
             .filter_map(|v| std::env::var(v).ok())
-            .flat_map(|v| v.split(':').map(str::to_owned).collect::<Vec<_>>())
-            .filter(|d| !d.is_empty())
+            .flat_map(|v| v.split(':').map(PathBuf::from).collect::<Vec<_>>())
+            .filter(|d| !d.as_os_str().is_empty())
             .collect();
+        dirs.extend(default_dirs());
         for prefix in PRELOAD {
-            for dir in &dirs {
-                if let Some(path) = find_lib(Path::new(dir), prefix) {
-                    dlopen_global(&path);
-                }
+            if let Some(path) = dirs.iter().find_map(|d| find_lib(d, prefix)) {
+                dlopen_global(&path);
             }
         }
     });
+}
+
+/// Where CUDA 13 libraries usually are when the loader does not know them: the
+/// `nvidia/cu13/lib` directory of Python's `nvidia-*` wheels (system, user and conda
+/// site-packages) and the cache `scripts/install-nvrtc.sh` installs into.
+fn default_dirs() -> Vec<PathBuf> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let mut bases = vec![
+        PathBuf::from("/usr/local/lib"),
+        PathBuf::from("/usr/lib"),
+        PathBuf::from("/opt/conda/lib"),
+    ];
+    if let Some(h) = &home {
+        bases.push(h.join(".local/lib"));
+    }
+    let mut out = Vec::new();
+    for base in bases {
+        let Ok(entries) = std::fs::read_dir(&base) else {
+            continue;
+        };
+        for e in entries.filter_map(|e| e.ok()) {
+            if e.file_name().to_string_lossy().starts_with("python3") {
+                for pkgs in ["site-packages", "dist-packages"] {
+                    out.push(e.path().join(pkgs).join("nvidia/cu13/lib"));
+                }
+            }
+        }
+    }
+    if let Some(h) = &home {
+        if let Ok(entries) = std::fs::read_dir(h.join(".cache/dcpserve-nvrtc")) {
+            out.extend(
+                entries
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.path().join("nvidia/cu13/lib")),
+            );
+        }
+    }
+    out
 }
 
 /// The first file in `dir` named `prefix*` (sorted, so `.so.13` before `.so.13.x`).

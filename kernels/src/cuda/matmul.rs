@@ -163,6 +163,10 @@ impl CudaBackend {
     /// i.e. `C = op(A)·B` with `A = W` (k×n column-major, transposed), `B = x` (k×m).
     fn gemm(&self, a: GemmArgs<'_, '_, '_>) -> Result<(), KernelError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
+        // cuBLAS works in the calling thread's current context.
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))?;
         let blas_guard = self.blas.lock().unwrap_or_else(|p| p.into_inner());
         let handle = *blas_guard.handle();
         let (op_t, op_n) = (

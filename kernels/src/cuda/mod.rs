@@ -165,6 +165,24 @@ impl CudaBackend {
             .map_err(|e| driver_err("synchronizing the stream", e))
     }
 
+    /// A buffer of `len` f32s, zeroed or not; a zero-length one without asking the
+    /// driver for zero bytes (which it refuses).
+    pub(crate) fn alloc_f32(
+        &self,
+        len: usize,
+        zeroed: bool,
+    ) -> Result<CudaSlice<f32>, KernelError> {
+        let r = if len == 0 {
+            self.stream.null::<f32>()
+        } else if zeroed {
+            self.stream.alloc_zeros::<f32>(len)
+        } else {
+            // SAFETY: f32 has no invalid bit patterns; callers write before reading.
+            unsafe { self.stream.alloc::<f32>(len) }
+        };
+        r.map_err(|e| driver_err("allocating device memory", e))
+    }
+
     /// Copies small host metadata (positions, slots, tables) to the device.
     pub(crate) fn upload_meta<T: DeviceRepr>(
         &self,
