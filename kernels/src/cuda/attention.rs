@@ -23,6 +23,21 @@ const TARGET_BLOCKS: usize = 264;
 /// Most splits of one token's keys.
 const MAX_SPLITS: usize = 64;
 
+/// Flash-decoding's split of the keys: `(splits, keys per split)`. Keys are split only
+/// when the query rows alone leave SMs idle and each split keeps at least `SPLIT_MIN`
+/// keys; every token's keys `[s·chunk, (s+1)·chunk)` go to split `s`.
+fn split_plan(rows: usize, max_kv: usize) -> (usize, usize) {
+    let splits = if rows > 0 && rows < TARGET_BLOCKS && max_kv >= 2 * SPLIT_MIN {
+        TARGET_BLOCKS
+            .div_ceil(rows)
+            .min(max_kv / SPLIT_MIN)
+            .clamp(1, MAX_SPLITS)
+    } else {
+        1
+    };
+    (splits, max_kv.div_ceil(splits).max(1))
+}
+
 /// One attention launch, GQA or latent, after validation.
 struct Job<'a> {
     q: CudaRef<'a>,
@@ -222,16 +237,7 @@ impl CudaBackend {
         }
         let rows = job.token_seq.len() * job.n_heads;
         let max_kv = job.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
-        // Flash-decoding: split the keys only when the rows alone leave SMs idle.
-        let splits = if rows < TARGET_BLOCKS && max_kv >= 2 * SPLIT_MIN {
-            TARGET_BLOCKS
-                .div_ceil(rows)
-                .min(max_kv / SPLIT_MIN)
-                .clamp(1, MAX_SPLITS)
-        } else {
-            1
-        };
-        let chunk = max_kv.div_ceil(splits).max(1);
+        let (splits, chunk) = split_plan(rows, max_kv);
         let chunk = u32::try_from(chunk)
             .map_err(|_| KernelError::Shape("attention: context too long".into()))?;
 
@@ -396,5 +402,39 @@ impl CudaBackend {
         // SAFETY: lengths checked.
         unsafe { b.launch(per_row(n, 128)?) }.map_err(|e| launch_err("scale_by_lse_share", e))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_cover_every_key_and_only_when_sms_idle() {
+        // Decode of one sequence: split, each split at least SPLIT_MIN keys.
+        for (rows, kv) in [(1, 600), (4, 100_000), (32, 4096), (9, 600)] {
+            let (s, chunk) = split_plan(rows, kv);
+            assert!(s > 1 && s <= MAX_SPLITS, "{rows} {kv}: {s}");
+            assert!(
+                s * chunk >= kv && (s - 1) * chunk < kv,
+                "{rows} {kv}: {s}·{chunk}"
+            );
+            assert!(chunk >= SPLIT_MIN);
+        }
+        // Short contexts and busy grids: one pass.
+        assert_eq!(split_plan(1, 300), (1, 300));
+        assert_eq!(split_plan(TARGET_BLOCKS, 100_000).0, 1);
+        assert_eq!(split_plan(0, 0), (1, 1));
+    }
+
+    #[test]
+    fn block_tables_are_checked_against_the_cache() {
+        let (a, b): (&[u32], &[u32]) = (&[0, 1], &[2]);
+        assert!(check_tables(&[0, 1], &[8, 3], &[a, b], 4, 3).is_ok());
+        // Too few blocks for the length, a block id outside the cache, a bad sequence.
+        assert!(check_tables(&[1], &[5], &[a, b], 4, 3).is_err());
+        assert!(check_tables(&[0], &[8], &[a, b], 4, 1).is_err());
+        assert!(check_tables(&[2], &[1], &[a, b], 4, 3).is_err());
+        assert!(check_tables(&[0], &[1, 2], &[a], 4, 3).is_err());
     }
 }

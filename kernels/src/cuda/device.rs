@@ -168,6 +168,38 @@ pub(crate) fn driver_err(what: &str, e: DriverError) -> KernelError {
     KernelError::Device(format!("{what}: {e:?}"))
 }
 
+/// The CUDA version the installed driver supports, `(major, minor)` (e.g. `(13, 0)`).
+///
+/// ```
+/// // Without a driver: an error, not a panic.
+/// if let Ok((major, minor)) = dcpserve_kernels::cuda::cuda_driver_version() {
+///     println!("driver supports CUDA {major}.{minor}");
+/// }
+/// ```
+pub fn cuda_driver_version() -> Result<(u32, u32), KernelError> {
+    require_driver()?;
+    let mut v = 0i32;
+    // SAFETY: a valid out-pointer; the call needs no initialization.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .map_err(|e| driver_err("reading the driver version", e))?;
+    let v = v.max(0) as u32;
+    Ok((v / 1000, v % 1000 / 10))
+}
+
+/// Checks that the driver runs CUDA 13 code: the kernels are CUBINs from NVRTC 13 and
+/// the bindings are CUDA 13.0's.
+pub(crate) fn require_cuda13() -> Result<(), KernelError> {
+    let (major, minor) = cuda_driver_version()?;
+    if major < 13 {
+        return Err(KernelError::Unavailable(format!(
+            "the NVIDIA driver supports CUDA {major}.{minor}; the CUDA backend needs a \
+             driver for CUDA 13 or newer"
+        )));
+    }
+    Ok(())
+}
+
 /// Number of CUDA devices the driver shows this process (`CUDA_VISIBLE_DEVICES`
 /// applies): 0 when the driver loads but finds no device, an
 /// [`KernelError::Unavailable`] error (never a panic) when there is no driver at all.

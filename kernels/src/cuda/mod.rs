@@ -39,14 +39,14 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
 
 pub use cudarc::driver::{CudaView, CudaViewMut};
-pub use device::{cuda_device_count, CUDA_LIB_DIR_ENV, NVRTC_LIB_DIR_ENV};
+pub use device::{cuda_device_count, cuda_driver_version, CUDA_LIB_DIR_ENV, NVRTC_LIB_DIR_ENV};
 pub use matmul::CudaMatrix;
 pub use memory::{CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
 pub use module::{compile_kernels, CompiledSource, KernelSource, SOURCES};
 pub use ops::CudaRope;
 
 use crate::error::KernelError;
-use device::{driver_err, require_cublas, require_driver, require_nvrtc};
+use device::{driver_err, require_cublas, require_cuda13, require_driver, require_nvrtc};
 use module::{cached_kernels, Kernels};
 
 /// Threads per block of the element-wise kernels.
@@ -87,7 +87,8 @@ impl CudaBackend {
     /// A backend on device `ordinal` (as `CUDA_VISIBLE_DEVICES` numbers them), with its
     /// own stream on the device's primary context. Compiles the kernels on first use
     /// in the process (NVRTC, for the device's architecture). Errors:
-    /// [`KernelError::Unavailable`] without a driver, a device, NVRTC or cuBLAS;
+    /// [`KernelError::Unavailable`] without a driver (for CUDA 13 or newer), a device,
+    /// NVRTC or cuBLAS;
     /// [`KernelError::Device`] when the driver fails.
     pub fn new(ordinal: usize) -> Result<CudaBackend, KernelError> {
         require_driver()?;
@@ -98,6 +99,7 @@ impl CudaBackend {
                 std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
             )));
         }
+        require_cuda13()?;
         require_nvrtc()?;
         require_cublas()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("creating a context", e))?;
