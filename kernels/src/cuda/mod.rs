@@ -15,11 +15,16 @@
 //!   for the device's architecture once per process ([`compile_kernels`]).
 //! * One context (the device's primary context, shared by every backend on that GPU)
 //!   and one stream per backend: several backends (ranks) may share a GPU, each
-//!   ordering its own work. Every op is enqueued on that stream; step metadata
-//!   (positions, slots, block tables) is uploaded per call.
+//!   ordering its own work. Every op is enqueued on that stream (collectives belong on
+//!   [`CudaBackend::stream`] too: cudarc's cross-stream event tracking is off for the
+//!   backend's context); step metadata (positions, slots, block tables) is uploaded
+//!   per call.
 //! * Stated limitations: `route_experts` and `sample` download the logits and run the
 //!   CPU functions; attention reads each KV head once per query head (no GQA sharing
-//!   inside a block yet).
+//!   inside a block yet); metadata is copied from pageable host memory, which makes the
+//!   host wait for the stream at each upload (a pinned staging buffer would not);
+//!   `Precision::Exact` products with bf16 weights use a simple kernel, fast for decode
+//!   but not for large prefill batches (`Precision::Fast` uses cuBLAS tensor cores).
 //!
 //! Libraries: `libcuda.so.1` from the driver; `libnvrtc.so.13` and `libcublas.so.13`
 //! from the loader path or from [`NVRTC_LIB_DIR_ENV`] / [`CUDA_LIB_DIR_ENV`].
@@ -103,6 +108,11 @@ impl CudaBackend {
         require_nvrtc()?;
         require_cublas()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("creating a context", e))?;
+        // SAFETY: every buffer of this backend is allocated, used and freed on its one
+        // stream, so cudarc's cross-stream events (a few driver calls per kernel
+        // argument) order nothing; users of the buffers on another stream (none in
+        // dcpserve: NCCL goes on `stream()`) must synchronize with an event themselves.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx
             .new_stream()
             .map_err(|e| driver_err("creating a stream", e))?;
