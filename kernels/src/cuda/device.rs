@@ -202,7 +202,8 @@ pub(crate) fn require_cuda13() -> Result<(), KernelError> {
 
 /// Number of CUDA devices the driver shows this process (`CUDA_VISIBLE_DEVICES`
 /// applies): 0 when the driver loads but finds no device, an
-/// [`KernelError::Unavailable`] error (never a panic) when there is no driver at all.
+/// [`KernelError::Unavailable`] error (never a panic) when there is no driver at all
+/// or it cannot initialize.
 ///
 /// ```
 /// // On a machine without an NVIDIA driver this is an error, not a panic.
@@ -216,6 +217,10 @@ pub fn cuda_device_count() -> Result<usize, KernelError> {
     match CudaContext::device_count() {
         Ok(n) => Ok(n.max(0) as usize),
         Err(DriverError(cudaError_enum::CUDA_ERROR_NO_DEVICE)) => Ok(0),
-        Err(e) => Err(driver_err("counting CUDA devices", e)),
+        // The driver library loads but cannot start (no kernel module, a container
+        // without the GPU, a driver/library mismatch): no usable device here.
+        Err(e) => Err(KernelError::Unavailable(format!(
+            "the CUDA driver failed to initialize ({e:?}): no usable NVIDIA GPU"
+        ))),
     }
 }
