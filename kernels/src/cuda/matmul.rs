@@ -142,11 +142,21 @@ impl CudaBackend {
             }
             (Weights::Bf16(wd), Precision::Exact) => {
                 let xv = x.cuda();
+                // Vector loads need whole 8-element groups and 16-byte aligned rows of x
+                // (a view may start anywhere in its buffer; weights start allocations).
+                let (xp, _sx) = xv.device_ptr(&self.stream);
+                let vec = i32::from(k.is_multiple_of(8) && xp.is_multiple_of(16));
                 let mut b = self
                     .stream
                     .launch_builder(self.kernel("matmul_bf16_exact")?);
                 let (mu, nu, ku) = (mi as u32, ni as u32, ki as u32);
-                b.arg(&xv).arg(wd).arg(out).arg(&mu).arg(&nu).arg(&ku);
+                b.arg(&xv)
+                    .arg(wd)
+                    .arg(out)
+                    .arg(&mu)
+                    .arg(&nu)
+                    .arg(&ku)
+                    .arg(&vec);
                 let cfg = LaunchConfig {
                     grid_dim: (nu.div_ceil(MM_WARPS), mu.div_ceil(MM_TOKENS), 1),
                     block_dim: (MM_WARPS * 32, 1, 1),
