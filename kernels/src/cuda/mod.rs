@@ -24,7 +24,10 @@
 //!   inside a block yet); metadata is copied from pageable host memory, which makes the
 //!   host wait for the stream at each upload (a pinned staging buffer would not);
 //!   `Precision::Exact` products with bf16 weights use a simple kernel, fast for decode
-//!   but not for large prefill batches (`Precision::Fast` uses cuBLAS tensor cores).
+//!   but not for large prefill batches (`Precision::Fast` uses cuBLAS tensor cores);
+//!   prefill attention is one block per (token, head) without tiling or tensor cores.
+//!   Nothing here has run on a GPU yet: the kernels compile (NVRTC, CI), the CUDA arms
+//!   of the op tests await a device (`scripts/gpu-check-cuda.sh`).
 //!
 //! Libraries: `libcuda.so.1` from the driver; `libnvrtc.so.13` and `libcublas.so.13`
 //! from the loader path or from [`NVRTC_LIB_DIR_ENV`] / [`CUDA_LIB_DIR_ENV`].
