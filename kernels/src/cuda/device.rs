@@ -163,6 +163,28 @@ pub(crate) fn require_cublas() -> Result<(), KernelError> {
     )))
 }
 
+/// Keeps memory freed to the device's default pool (stream-ordered `cuMemFreeAsync`)
+/// reserved instead of returning it to the driver at every synchronization, so the
+/// per-call metadata and scratch allocations reuse it. Best effort: a driver without
+/// memory pools allocates synchronously and this changes nothing.
+pub(crate) fn keep_pool_memory(ctx: &CudaContext) {
+    use cudarc::driver::sys::{self, CUmemPool_attribute};
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: valid out-pointers and a live device of a live context; errors ignored.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS
+            && !pool.is_null()
+        {
+            let _ = sys::cuMemPoolSetAttribute(
+                pool,
+                CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut threshold as *mut u64 as *mut std::ffi::c_void,
+            );
+        }
+    }
+}
+
 /// A driver error as a [`KernelError::Device`], saying what was being done.
 pub(crate) fn driver_err(what: &str, e: DriverError) -> KernelError {
     KernelError::Device(format!("{what}: {e:?}"))

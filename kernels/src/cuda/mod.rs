@@ -54,7 +54,9 @@ pub use module::{compile_kernels, CompiledSource, KernelSource, SOURCES};
 pub use ops::CudaRope;
 
 use crate::error::KernelError;
-use device::{driver_err, require_cublas, require_cuda13, require_driver, require_nvrtc};
+use device::{
+    driver_err, keep_pool_memory, require_cublas, require_cuda13, require_driver, require_nvrtc,
+};
 use module::{cached_kernels, Kernels};
 
 /// Threads per block of the element-wise kernels.
@@ -116,6 +118,9 @@ impl CudaBackend {
         // argument) order nothing; users of the buffers on another stream (none in
         // dcpserve: NCCL goes on `stream()`) must synchronize with an event themselves.
         unsafe { ctx.disable_event_tracking() };
+        if ctx.has_async_alloc() {
+            keep_pool_memory(&ctx);
+        }
         let stream = ctx
             .new_stream()
             .map_err(|e| driver_err("creating a stream", e))?;
