@@ -31,6 +31,13 @@ pub enum KernelError {
         /// The offending row length.
         cols: usize,
     },
+    /// A device backend cannot run on this machine: no driver, no device, or a device
+    /// library (NVRTC, cuBLAS) that could not be loaded. Tests skip on it.
+    #[error("device unavailable: {0}")]
+    Unavailable(String),
+    /// The device, its driver or a device library reported an error.
+    #[error("device error: {0}")]
+    Device(String),
     /// An index or range lies outside the valid bounds.
     #[error("{what} out of range: {value} (limit {limit})")]
     OutOfRange {

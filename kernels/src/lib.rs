@@ -6,7 +6,8 @@
 //! (de)quantization, an AVX-512 matmul (with a portable scalar fallback), element-wise
 //! ops and RoPE (incl. YaRN and Llama 3 scaling), paged attention and MLA latent
 //! attention returning log-sum-exp for decode context parallelism, MoE routing and
-//! sampling. A CUDA backend plugs in next to it (see [`backend`]). [`DType`] is the one
+//! sampling. [`CudaBackend`] ([`cuda`]) implements it on an NVIDIA GPU (cudarc, NVRTC
+//! kernels, cuBLAS; the libraries are loaded at run time, so it builds everywhere). [`DType`] is the one
 //! element type of weights and buffers. DCP's placement, layout, merge and attention
 //! step live in [`dcp`]; the communicators and their bootstrap from group specs in
 //! [`comm`].
@@ -14,6 +15,7 @@
 pub mod backend;
 pub mod comm;
 pub mod cpu;
+pub mod cuda;
 pub mod dcp;
 pub mod dtype;
 pub mod error;
@@ -38,6 +40,7 @@ pub use comm::{
 pub use cpu::int8_matmul::{matmul_int8, CpuMatmul, Int8Isa};
 pub use cpu::kv_store::{KvMut, KvRef, KvStore};
 pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
+pub use cuda::{cuda_device_count, CudaBackend};
 pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};
 pub use dtype::{DType, QK_K};
 pub use error::KernelError;

@@ -10,12 +10,13 @@
 //! * [`CpuBackend`](crate::CpuBackend) (`kernels/src/cpu/`): host memory, the buffer is
 //!   a `Vec<f32>` and views are plain slices, so every op is a direct call of today's
 //!   CPU kernel with no copy.
-//! * CUDA (`kernels/src/cuda/`, the next issue): buffers are cudarc `CudaSlice<f32>`
-//!   with `CudaView` / `CudaViewMut` as the view types, matmul through cuBLAS
-//!   (GEMM for f32/bf16 weights, NVRTC-compiled dequantizing kernels for the GGML
-//!   formats), and the remaining ops as NVRTC kernels launched on the rank's stream.
-//!   Its arm joins [`test_on_every_backend!`](crate::test_on_every_backend) so every
-//!   op test below runs on it too.
+//! * [`CudaBackend`](crate::cuda::CudaBackend) (`kernels/src/cuda/`): buffers are
+//!   cudarc `CudaSlice<f32>` with [`CudaRef`](crate::cuda::CudaRef) (a `Copy` handle
+//!   making `CudaView`s) / `CudaViewMut` as the view types, weights as f32 or bf16
+//!   (GGML formats decoded to bf16 at upload), matmul through cuBLAS, and the
+//!   remaining ops as NVRTC-compiled kernels launched on the rank's stream. Its arm
+//!   of [`test_on_every_backend!`](crate::test_on_every_backend) runs every op test
+//!   below where a GPU is present and prints `skipped` elsewhere.
 //!
 //! Collectives are not part of this trait: they belong to the
 //! [`Communicator`](crate::Communicator), which an NCCL (GPU) or MPI (between
@@ -201,8 +202,15 @@ pub trait Backend: Send + Sync {
     fn kv_download(&self, src: Self::KvView<'_>, host: &mut [f32]) -> Result<(), KernelError>;
     /// Places a host weight matrix on the device, keeping its [`DType`].
     fn upload_matrix(&self, w: &WeightMatrix) -> Result<Self::Matrix, KernelError>;
-    /// `(rows, cols, dtype)` of a device matrix.
+    /// `(rows, cols, dtype)` of a device matrix, `dtype` being the host format it was
+    /// uploaded from.
     fn matrix_shape(&self, w: &Self::Matrix) -> (usize, usize, DType);
+    /// The element type the device keeps a matrix in, whose values products and
+    /// gathers use: the uploaded format on the CPU; `F32` or `BF16` on CUDA, which
+    /// decodes every other format to bf16 at upload.
+    fn matrix_storage(&self, w: &Self::Matrix) -> DType {
+        self.matrix_shape(w).2
+    }
     /// RoPE tables for `head_dim`-wide vectors (Hugging Face `rope_theta` and
     /// `rope_scaling`, incl. YaRN), precomputed for positions `0..max_positions`.
     fn rope_table(
@@ -446,8 +454,9 @@ pub trait HostViews: Backend {
 
 /// Runs generic test bodies on every backend present: for each `name`, a module `name`
 /// with one `#[test]` per backend calling `name(&backend)`, where `name` is a
-/// `fn<B: Backend>(&B)` in the invoking module. CPU always; the CUDA arm joins when
-/// that backend lands (and runs only where a GPU is present).
+/// `fn<B: Backend>(&B)` in the invoking module. CPU always; CUDA on device 0 where a
+/// driver and a GPU are present, otherwise its test prints
+/// `skipped: no CUDA device (<reason>)` to stderr and passes.
 ///
 /// ```
 /// use dcpserve_kernels::{test_on_every_backend, Backend, CpuBackend};
@@ -471,6 +480,22 @@ macro_rules! test_on_every_backend {
                 #[test]
                 fn cpu() {
                     super::$name(&$crate::CpuBackend::new(2));
+                }
+
+                #[test]
+                fn cuda() {
+                    match $crate::cuda::CudaBackend::new(0) {
+                        Ok(dev) => super::$name(&dev),
+                        Err($crate::KernelError::Unavailable(why)) => {
+                            // Straight to stderr, past the harness's capture.
+                            use ::std::io::Write as _;
+                            let _ = ::std::writeln!(
+                                ::std::io::stderr(),
+                                "skipped: no CUDA device ({why})"
+                            );
+                        }
+                        Err(e) => panic!("CUDA backend failed to start: {e}"),
+                    }
                 }
             }
         )+

@@ -112,7 +112,12 @@ fn matmul_every_dtype<B: Backend>(dev: &B) {
         let host_w = w32.to_format(dtype).unwrap();
         let w = dev.upload_matrix(&host_w).unwrap();
         assert_eq!(dev.matrix_shape(&w), (n, k, dtype));
-        let wf = host_w.to_f32_vec(); // the values the matmul must use, exactly
+        // The values the matmul must use, exactly: those of the device's storage type
+        // (CUDA keeps non-f32 weights as bf16).
+        let wf = host_w
+            .to_format(dev.matrix_storage(&w))
+            .unwrap()
+            .to_f32_vec();
         for m in [1, 3, 9] {
             let x = rng.vec(m * k);
             let xb = dev.upload(&x).unwrap();
@@ -297,7 +302,10 @@ fn embedding_gather<B: Backend>(dev: &B) {
     for dtype in DTYPES {
         let host_t = t32.to_format(dtype).unwrap();
         let table = dev.upload_matrix(&host_t).unwrap();
-        let rows = host_t.to_f32_vec();
+        let rows = host_t
+            .to_format(dev.matrix_storage(&table))
+            .unwrap()
+            .to_f32_vec();
         let ids = [3u32, 0, 5, 3];
         let mut out = dev.zeros(ids.len() * hidden).unwrap();
         dev.embedding(&table, &ids, all_mut(dev, &mut out)).unwrap();

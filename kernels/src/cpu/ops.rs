@@ -310,6 +310,22 @@ impl RopeTable {
         &self.inv_freq
     }
 
+    /// Positions the cos/sin tables cover (later ones are computed on the fly).
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// The factor cos and sin are scaled by (YaRN's attention factor; 1 otherwise).
+    pub fn attention_factor(&self) -> f32 {
+        self.attention_factor
+    }
+
+    /// The precomputed `(cos, sin)` tables, `[max_positions, head_dim / 2]` each, scaled
+    /// by the attention factor (a device backend uploads them).
+    pub fn tables(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
+
     /// Rotates `x` = `[n_heads, head_dim]` (one token) in place for position `pos`.
     /// `interleaved` rotates pairs `(2i, 2i+1)` (GGUF llama layout); otherwise pairs
     /// `(i, i + d/2)` (Hugging Face `rotate_half`).

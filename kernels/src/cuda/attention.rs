@@ -1,0 +1,440 @@
+//! Attention on the device (`kernels/attention.cu`): paged GQA and MLA latent attention
+//! with output and log-sum-exp, split along the keys for long contexts and merged by
+//! LSE, and the LSE merge and share ops of decode context parallelism.
+
+use cudarc::driver::{
+    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+
+use crate::backend::{LatentAttentionParams, PagedAttentionParams};
+use crate::cuda::device::driver_err;
+use crate::cuda::memory::{dtype_code, CudaKvRef, CudaRef};
+use crate::cuda::{launch_err, per_row, CudaBackend};
+use crate::error::{check_len, KernelError};
+
+/// Threads per attention block (`ATT_WARPS · 32` in the kernel).
+const ATT_THREADS: u32 = 128;
+/// Widest key or value row the kernel holds in registers (`32 · ATT_PER_LANE`).
+const ATT_MAX_DIM: usize = 640;
+/// Fewest keys per split worth a block of its own.
+const SPLIT_MIN: usize = 256;
+/// Blocks that keep an H200's 132 SMs busy.
+const TARGET_BLOCKS: usize = 264;
+/// Most splits of one token's keys.
+const MAX_SPLITS: usize = 64;
+
+/// Flash-decoding's split of the keys: `(splits, keys per split)`. Keys are split only
+/// when the query rows alone leave SMs idle and each split keeps at least `SPLIT_MIN`
+/// keys; every token's keys `[s·chunk, (s+1)·chunk)` go to split `s`.
+fn split_plan(rows: usize, max_kv: usize) -> (usize, usize) {
+    let splits = if rows > 0 && rows < TARGET_BLOCKS && max_kv >= 2 * SPLIT_MIN {
+        TARGET_BLOCKS
+            .div_ceil(rows)
+            .min(max_kv / SPLIT_MIN)
+            .clamp(1, MAX_SPLITS)
+    } else {
+        1
+    };
+    (splits, max_kv.div_ceil(splits).max(1))
+}
+
+/// One attention launch, GQA or latent, after validation.
+struct Job<'a> {
+    q: CudaRef<'a>,
+    k: CudaKvRef<'a>,
+    v: CudaKvRef<'a>,
+    kv_row_stride: usize,
+    n_heads: usize,
+    heads_per_kv: usize,
+    d: usize,
+    dv: usize,
+    block_size: usize,
+    scale: f32,
+    token_seq: &'a [u32],
+    token_kv_len: &'a [u32],
+    block_tables: &'a [&'a [u32]],
+}
+
+/// Checks every token's sequence and block table against a cache of `n_blocks` blocks
+/// (as the CPU kernels do: the tables must cover each token's kv length).
+fn check_tables(
+    token_seq: &[u32],
+    token_kv_len: &[u32],
+    block_tables: &[&[u32]],
+    block_size: usize,
+    n_blocks: usize,
+) -> Result<(), KernelError> {
+    check_len(
+        "attention token_kv_len",
+        token_seq.len(),
+        token_kv_len.len(),
+    )?;
+    let mut need = vec![0usize; block_tables.len()];
+    for (&s, &l) in token_seq.iter().zip(token_kv_len) {
+        let slot = need.get_mut(s as usize).ok_or(KernelError::OutOfRange {
+            what: "token_seq",
+            value: s as usize,
+            limit: block_tables.len(),
+        })?;
+        *slot = (*slot).max((l as usize).div_ceil(block_size));
+    }
+    for (bt, &nb) in block_tables.iter().zip(&need) {
+        if nb > bt.len() {
+            return Err(KernelError::OutOfRange {
+                what: "kv_len blocks",
+                value: nb,
+                limit: bt.len() + 1,
+            });
+        }
+        if let Some(&bad) = bt[..nb].iter().find(|&&id| id as usize >= n_blocks) {
+            return Err(KernelError::OutOfRange {
+                what: "block id",
+                value: bad as usize,
+                limit: n_blocks,
+            });
+        }
+    }
+    Ok(())
+}
+
+impl CudaBackend {
+    pub(crate) fn paged_attention_op(
+        &self,
+        q: CudaRef<'_>,
+        p: &PagedAttentionParams<'_>,
+        k_cache: CudaKvRef<'_>,
+        v_cache: CudaKvRef<'_>,
+        out: &mut CudaViewMut<'_, f32>,
+        lse: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        let n = p.token_seq.len();
+        let (nq, nkv, hd) = (p.n_q_heads, p.n_kv_heads, p.head_dim);
+        if nkv == 0 || nq % nkv != 0 || p.block_size == 0 {
+            return Err(KernelError::Shape(format!(
+                "n_q_heads={nq} must be a multiple of n_kv_heads={nkv} > 0, block_size={} > 0",
+                p.block_size
+            )));
+        }
+        check_len("attention q", n * nq * hd, q.len())?;
+        check_len("attention out", n * nq * hd, out.len())?;
+        check_len("attention lse", n * nq, lse.len())?;
+        check_len("attention v_cache", k_cache.len(), v_cache.len())?;
+        if k_cache.dtype() != v_cache.dtype() {
+            return Err(KernelError::Shape(format!(
+                "K cache is {}, V cache {}: both must have one element type",
+                k_cache.dtype(),
+                v_cache.dtype()
+            )));
+        }
+        let row = nkv * hd;
+        let n_blocks = if row == 0 {
+            0
+        } else {
+            k_cache.len() / (row * p.block_size)
+        };
+        check_tables(
+            p.token_seq,
+            p.token_kv_len,
+            p.block_tables,
+            p.block_size,
+            n_blocks,
+        )?;
+        if n == 0 || hd == 0 || nq == 0 {
+            return self.fill_op(lse, f32::NEG_INFINITY);
+        }
+        self.attend(
+            Job {
+                q,
+                k: k_cache,
+                v: v_cache,
+                kv_row_stride: row,
+                n_heads: nq,
+                heads_per_kv: nq / nkv,
+                d: hd,
+                dv: hd,
+                block_size: p.block_size,
+                scale: p.scale,
+                token_seq: p.token_seq,
+                token_kv_len: p.token_kv_len,
+                block_tables: p.block_tables,
+            },
+            out,
+            lse,
+        )
+    }
+
+    pub(crate) fn latent_attention_op(
+        &self,
+        q: CudaRef<'_>,
+        p: &LatentAttentionParams<'_>,
+        cache: CudaKvRef<'_>,
+        out: &mut CudaViewMut<'_, f32>,
+        lse: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        let n = p.token_seq.len();
+        let bad = |what: String| Err(KernelError::Shape(format!("latent attention: {what}")));
+        if p.dim == 0 || p.v_dim > p.dim || p.block_size == 0 {
+            return bad(format!(
+                "dim {} / v_dim {} / block_size {}",
+                p.dim, p.v_dim, p.block_size
+            ));
+        }
+        if p.token_kv_len.len() != n
+            || q.len() != n * p.n_heads * p.dim
+            || out.len() != n * p.n_heads * p.v_dim
+            || lse.len() != n * p.n_heads
+        {
+            return bad(format!(
+                "buffer sizes disagree for {n} tokens of {} heads",
+                p.n_heads
+            ));
+        }
+        let n_blocks = cache.len() / (p.dim * p.block_size);
+        check_tables(
+            p.token_seq,
+            p.token_kv_len,
+            p.block_tables,
+            p.block_size,
+            n_blocks,
+        )
+        .map_err(|e| KernelError::Shape(format!("latent attention: {e}")))?;
+        if n == 0 || p.n_heads == 0 {
+            return Ok(());
+        }
+        self.attend(
+            Job {
+                q,
+                k: cache,
+                v: cache,
+                kv_row_stride: p.dim,
+                n_heads: p.n_heads,
+                heads_per_kv: p.n_heads,
+                d: p.dim,
+                dv: p.v_dim,
+                block_size: p.block_size,
+                scale: p.scale,
+                token_seq: p.token_seq,
+                token_kv_len: p.token_kv_len,
+                block_tables: p.block_tables,
+            },
+            out,
+            lse,
+        )
+    }
+
+    /// Launches the attention kernel (and the merge of its splits).
+    fn attend(
+        &self,
+        job: Job<'_>,
+        out: &mut CudaViewMut<'_, f32>,
+        lse: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        if job.d > ATT_MAX_DIM || job.dv > ATT_MAX_DIM {
+            return Err(KernelError::Shape(format!(
+                "CUDA attention handles rows up to {ATT_MAX_DIM} wide, got {} / {}",
+                job.d, job.dv
+            )));
+        }
+        let rows = job.token_seq.len() * job.n_heads;
+        let max_kv = job.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
+        let (splits, chunk) = split_plan(rows, max_kv);
+        let chunk = u32::try_from(chunk)
+            .map_err(|_| KernelError::Shape("attention: context too long".into()))?;
+
+        // Step metadata: one flat block table with per-sequence offsets.
+        let mut offsets = Vec::with_capacity(job.block_tables.len());
+        let mut flat = Vec::new();
+        for bt in job.block_tables {
+            offsets.push(flat.len() as u64);
+            flat.extend_from_slice(bt);
+        }
+        let seq = self.upload_meta(job.token_seq)?;
+        let lens = self.upload_meta(job.token_kv_len)?;
+        let flat = self.upload_meta(&flat)?;
+        let offsets = self.upload_meta(&offsets)?;
+
+        let (kb, vb) = (job.k.bytes(), job.v.bytes());
+        let dt = dtype_code(job.k.dtype());
+        let kv_scale = job.k.scale();
+        let qv = job.q.cuda();
+        let dims = [job.n_heads, job.heads_per_kv, job.d, job.dv, job.block_size].map(|v| v as u32);
+        let stride = job.kv_row_stride as u64;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(rows)
+                    .map_err(|_| KernelError::Shape("attention: too many rows".into()))?,
+                splits as u32,
+                1,
+            ),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = self.kernel("attention_partial")?;
+        let launch = |op: u64, lp: u64, split_rows: u64| {
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&qv)
+                .arg(&kb)
+                .arg(&vb)
+                .arg(&dt)
+                .arg(&kv_scale)
+                .arg(&stride);
+            b.arg(&seq).arg(&lens).arg(&flat).arg(&offsets);
+            for d in &dims {
+                b.arg(d);
+            }
+            b.arg(&job.scale)
+                .arg(&chunk)
+                .arg(&op)
+                .arg(&lp)
+                .arg(&split_rows);
+            // SAFETY: tables and lengths were validated against the caches; each block
+            // writes its own output row of its split.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(|e| launch_err("attention", e))
+        };
+        if splits == 1 {
+            let (op, _so) = out.device_ptr_mut(&self.stream);
+            let (lp, _sl) = lse.device_ptr_mut(&self.stream);
+            return launch(op, lp, 0);
+        }
+        let pout = self.alloc_partial(splits * rows * job.dv)?;
+        let plse = self.alloc_partial(splits * rows)?;
+        {
+            let (op, _so) = pout.device_ptr(&self.stream);
+            let (lp, _sl) = plse.device_ptr(&self.stream);
+            launch(op, lp, rows as u64)?;
+        }
+        let outs: Vec<CudaView<'_, f32>> = (0..splits)
+            .map(|s| pout.slice(s * rows * job.dv..(s + 1) * rows * job.dv))
+            .collect();
+        let lses: Vec<CudaView<'_, f32>> = (0..splits)
+            .map(|s| plse.slice(s * rows..(s + 1) * rows))
+            .collect();
+        self.merge_views(&outs, &lses, rows, job.dv, out, lse)
+    }
+
+    fn alloc_partial(&self, n: usize) -> Result<CudaSlice<f32>, KernelError> {
+        // SAFETY: every element is written by the attention kernel before it is read.
+        unsafe { self.stream.alloc::<f32>(n.max(1)) }
+            .map_err(|e| driver_err("allocating attention partials", e))
+    }
+
+    /// The LSE merge of partials given as cudarc views (pointer arrays on the device).
+    pub(crate) fn merge_views(
+        &self,
+        partial_out: &[CudaView<'_, f32>],
+        partial_lse: &[CudaView<'_, f32>],
+        n_rows: usize,
+        head_dim: usize,
+        out: &mut CudaViewMut<'_, f32>,
+        lse: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        check_len(
+            "merge_partials partial_lse count",
+            partial_out.len(),
+            partial_lse.len(),
+        )?;
+        for (o, l) in partial_out.iter().zip(partial_lse) {
+            check_len("merge_partials partial_out", n_rows * head_dim, o.len())?;
+            check_len("merge_partials partial_lse", n_rows, l.len())?;
+        }
+        check_len("merge_partials out", n_rows * head_dim, out.len())?;
+        check_len("merge_partials lse_out", n_rows, lse.len())?;
+        if n_rows == 0 {
+            return Ok(());
+        }
+        let optrs: Vec<_> = partial_out
+            .iter()
+            .map(|v| v.device_ptr(&self.stream))
+            .collect();
+        let lptrs: Vec<_> = partial_lse
+            .iter()
+            .map(|v| v.device_ptr(&self.stream))
+            .collect();
+        let oaddr: Vec<u64> = optrs.iter().map(|(p, _)| *p).collect();
+        let laddr: Vec<u64> = lptrs.iter().map(|(p, _)| *p).collect();
+        let (oaddr, laddr) = (self.upload_meta(&oaddr)?, self.upload_meta(&laddr)?);
+        let (parts, rows, hd) = (partial_out.len() as u32, n_rows as u64, head_dim as u32);
+        let mut b = self.stream.launch_builder(self.kernel("merge_lse_f32")?);
+        b.arg(&oaddr).arg(&laddr).arg(&parts).arg(&rows);
+        b.arg(&hd).arg(out).arg(lse);
+        // SAFETY: every part holds n_rows rows (checked).
+        unsafe { b.launch(per_row(n_rows, 128)?) }.map_err(|e| launch_err("merge_lse", e))?;
+        drop((optrs, lptrs));
+        Ok(())
+    }
+
+    pub(crate) fn merge_lse_op(
+        &self,
+        partial_out: &[CudaRef<'_>],
+        partial_lse: &[CudaRef<'_>],
+        n_rows: usize,
+        head_dim: usize,
+        out: &mut CudaViewMut<'_, f32>,
+        lse: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        let outs: Vec<_> = partial_out.iter().map(|v| v.cuda()).collect();
+        let lses: Vec<_> = partial_lse.iter().map(|v| v.cuda()).collect();
+        self.merge_views(&outs, &lses, n_rows, head_dim, out, lse)
+    }
+
+    pub(crate) fn scale_by_lse_share_op(
+        &self,
+        out: &mut CudaViewMut<'_, f32>,
+        lse: CudaRef<'_>,
+        all_lse: CudaRef<'_>,
+        parts: usize,
+        head_dim: usize,
+    ) -> Result<(), KernelError> {
+        let n = lse.len();
+        check_len("scale_by_lse_share out", n * head_dim, out.len())?;
+        check_len("scale_by_lse_share all_lse", parts * n, all_lse.len())?;
+        if n == 0 || head_dim == 0 {
+            return Ok(());
+        }
+        let (lv, av) = (lse.cuda(), all_lse.cuda());
+        let mut b = self
+            .stream
+            .launch_builder(self.kernel("scale_by_lse_share_f32")?);
+        let (parts, n64, hd) = (parts as u32, n as u64, head_dim as u32);
+        b.arg(out).arg(&lv).arg(&av).arg(&parts).arg(&n64).arg(&hd);
+        // SAFETY: lengths checked.
+        unsafe { b.launch(per_row(n, 128)?) }.map_err(|e| launch_err("scale_by_lse_share", e))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_cover_every_key_and_only_when_sms_idle() {
+        // Decode of one sequence: split, each split at least SPLIT_MIN keys.
+        for (rows, kv) in [(1, 600), (4, 100_000), (32, 4096), (9, 600)] {
+            let (s, chunk) = split_plan(rows, kv);
+            assert!(s > 1 && s <= MAX_SPLITS, "{rows} {kv}: {s}");
+            assert!(
+                s * chunk >= kv && (s - 1) * chunk < kv,
+                "{rows} {kv}: {s}·{chunk}"
+            );
+            assert!(chunk >= SPLIT_MIN);
+        }
+        // Short contexts and busy grids: one pass.
+        assert_eq!(split_plan(1, 300), (1, 300));
+        assert_eq!(split_plan(TARGET_BLOCKS, 100_000).0, 1);
+        assert_eq!(split_plan(0, 0), (1, 1));
+    }
+
+    #[test]
+    fn block_tables_are_checked_against_the_cache() {
+        let (a, b): (&[u32], &[u32]) = (&[0, 1], &[2]);
+        assert!(check_tables(&[0, 1], &[8, 3], &[a, b], 4, 3).is_ok());
+        // Too few blocks for the length, a block id outside the cache, a bad sequence.
+        assert!(check_tables(&[1], &[5], &[a, b], 4, 3).is_err());
+        assert!(check_tables(&[0], &[8], &[a, b], 4, 1).is_err());
+        assert!(check_tables(&[2], &[1], &[a, b], 4, 3).is_err());
+        assert!(check_tables(&[0], &[1, 2], &[a], 4, 3).is_err());
+    }
+}

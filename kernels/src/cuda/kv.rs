@@ -1,0 +1,132 @@
+//! KV-cache storage ops of the CUDA backend: allocation, stores converted to the
+//! cache's element type (`kernels/kv.cu`), and reads back as f32.
+
+use cudarc::driver::PushKernelArg;
+
+use crate::cuda::memory::{dtype_code, CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
+use crate::cuda::{grid, launch_err, CudaBackend};
+use crate::error::{check_len, KernelError};
+use crate::kv_dtype::KvCacheDType;
+
+use crate::cuda::device::driver_err;
+
+impl CudaBackend {
+    pub(crate) fn kv_zeros_op(
+        &self,
+        dtype: KvCacheDType,
+        len: usize,
+    ) -> Result<CudaKvBuffer, KernelError> {
+        let bytes = self
+            .stream
+            .alloc_zeros::<u8>((len * dtype.bytes()).max(1))
+            .map_err(|e| driver_err("allocating a KV cache", e))?;
+        Ok(CudaKvBuffer {
+            bytes,
+            len,
+            dtype,
+            scale: dtype.default_scale(),
+        })
+    }
+
+    /// Stores row `t` of `rows` (`width` wide) at slot `slots[t]` of `cache`
+    /// (`usize::MAX` skips it); returns the rows stored.
+    pub(crate) fn kv_store_rows(
+        &self,
+        cache: &mut CudaKvMut<'_>,
+        width: usize,
+        slots: &[usize],
+        rows: CudaRef<'_>,
+    ) -> Result<usize, KernelError> {
+        check_len("rows to store", slots.len() * width, rows.len())?;
+        if width == 0 {
+            return Ok(0);
+        }
+        let n_slots = cache.len() / width;
+        let mut stored = 0;
+        let mut dev_slots = Vec::with_capacity(slots.len());
+        for &s in slots {
+            if s == usize::MAX {
+                dev_slots.push(u64::MAX);
+                continue;
+            }
+            if s >= n_slots {
+                return Err(KernelError::OutOfRange {
+                    what: "cache slot",
+                    value: s,
+                    limit: n_slots,
+                });
+            }
+            dev_slots.push(s as u64);
+            stored += 1;
+        }
+        if stored == 0 {
+            return Ok(0);
+        }
+        let dev_slots = self.upload_meta(&dev_slots)?;
+        let rv = rows.cuda();
+        let (dt, inv) = (dtype_code(cache.dtype), 1.0 / cache.scale);
+        let mut b = self.stream.launch_builder(self.kernel("kv_write_rows")?);
+        b.arg(&rv).arg(&dev_slots).arg(&mut cache.bytes);
+        let (n, w) = (slots.len() as u64, width as u64);
+        b.arg(&n).arg(&w).arg(&dt).arg(&inv);
+        // SAFETY: every stored slot was checked against the cache.
+        unsafe { b.launch(grid(slots.len() * width)) }.map_err(|e| launch_err("write_rows", e))?;
+        Ok(stored)
+    }
+
+    /// `write_kv`: K and V rows of `n_kv_heads · head_dim` into their caches.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn write_kv_op(
+        &self,
+        mut k_cache: CudaKvMut<'_>,
+        mut v_cache: CudaKvMut<'_>,
+        n_kv_heads: usize,
+        head_dim: usize,
+        slots: &[usize],
+        k: CudaRef<'_>,
+        v: CudaRef<'_>,
+    ) -> Result<(), KernelError> {
+        let row = n_kv_heads * head_dim;
+        check_len("write_kv k", slots.len() * row, k.len())?;
+        check_len("write_kv v", slots.len() * row, v.len())?;
+        check_len("write_kv v_cache", k_cache.len(), v_cache.len())?;
+        if row == 0 {
+            return Ok(());
+        }
+        // Check every slot before storing anything, as the CPU fails before writing.
+        let n_slots = k_cache.len() / row;
+        if let Some(&bad) = slots.iter().find(|&&s| s != usize::MAX && s >= n_slots) {
+            return Err(KernelError::OutOfRange {
+                what: "kv slot",
+                value: bad,
+                limit: n_slots,
+            });
+        }
+        self.kv_store_rows(&mut k_cache, row, slots, k)?;
+        self.kv_store_rows(&mut v_cache, row, slots, v)?;
+        Ok(())
+    }
+
+    pub(crate) fn kv_download_op(
+        &self,
+        src: CudaKvRef<'_>,
+        host: &mut [f32],
+    ) -> Result<(), KernelError> {
+        check_len("kv_download host", src.len(), host.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let mut tmp = unsafe { self.stream.alloc::<f32>(src.len()) }
+            .map_err(|e| driver_err("allocating a download buffer", e))?;
+        let bytes = src.bytes();
+        let (dt, scale, n) = (dtype_code(src.dtype()), src.scale(), src.len() as u64);
+        let mut b = self.stream.launch_builder(self.kernel("kv_to_f32")?);
+        b.arg(&bytes).arg(&mut tmp).arg(&n).arg(&dt).arg(&scale);
+        // SAFETY: `tmp` holds n elements, the view n of the cache's type.
+        unsafe { b.launch(grid(src.len())) }.map_err(|e| launch_err("kv_to_f32", e))?;
+        self.stream
+            .memcpy_dtoh(&tmp, host)
+            .map_err(|e| driver_err("downloading", e))?;
+        self.synchronize()
+    }
+}

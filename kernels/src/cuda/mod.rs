@@ -1,0 +1,254 @@
+//! The CUDA backend: [`CudaBackend`] implements [`Backend`](crate::Backend) on one
+//! NVIDIA GPU through cudarc (driver API, NVRTC, cuBLAS), all loaded at run time, so
+//! this module builds and lints everywhere and fails with
+//! [`KernelError::Unavailable`] (never a panic) where there is no driver or device.
+//!
+//! * Memory: buffers are cudarc [`CudaSlice<f32>`]; [`CudaRef`] (read-only, `Copy`) and
+//!   [`CudaViewMut<f32>`] are the views; KV caches are [`CudaKvBuffer`]s of any
+//!   [`KvCacheDType`](crate::KvCacheDType) (bf16 is the usual choice on a GPU).
+//! * Weights: f32 matrices stay f32; every other format (f16, bf16, the GGML quants) is
+//!   decoded on the host and stored as bf16 at upload ([`CudaMatrix`]). `matmul` uses
+//!   cuBLAS (SGEMM for f32; bf16 tensor-core GEMM with f32 accumulation under
+//!   [`Precision::Fast`](crate::Precision::Fast)) and an exact bf16-weight kernel under
+//!   [`Precision::Exact`](crate::Precision::Exact).
+//! * Kernels: CUDA C in `kernels/src/cuda/kernels/*.cu`, compiled by NVRTC to a CUBIN
+//!   for the device's architecture once per process ([`compile_kernels`]).
+//! * One context (the device's primary context, shared by every backend on that GPU)
+//!   and one stream per backend: several backends (ranks) may share a GPU, each
+//!   ordering its own work. Every op is enqueued on that stream (collectives belong on
+//!   [`CudaBackend::stream`] too: cudarc's cross-stream event tracking is off for the
+//!   backend's context); step metadata (positions, slots, block tables) is uploaded
+//!   per call.
+//! * Stated limitations: `route_experts` and `sample` download the logits and run the
+//!   CPU functions; attention reads each KV head once per query head (no GQA sharing
+//!   inside a block yet); metadata is copied from pageable host memory, which makes the
+//!   host wait for the stream at each upload (a pinned staging buffer would not);
+//!   `Precision::Exact` products with bf16 weights use a simple kernel, fast for decode
+//!   but not for large prefill batches (`Precision::Fast` uses cuBLAS tensor cores);
+//!   prefill attention is one block per (token, head) without tiling or tensor cores.
+//!   Nothing here has run on a GPU yet: the kernels compile (NVRTC, CI), the CUDA arms
+//!   of the op tests await a device (`scripts/gpu-check-cuda.sh`).
+//!
+//! Libraries: `libcuda.so.1` from the driver; `libnvrtc.so.13` and `libcublas.so.13`
+//! from the loader path or from [`NVRTC_LIB_DIR_ENV`] / [`CUDA_LIB_DIR_ENV`].
+
+mod attention;
+mod backend;
+mod device;
+mod kv;
+mod matmul;
+mod memory;
+mod module;
+mod ops;
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
+
+pub use cudarc::driver::{CudaView, CudaViewMut};
+pub use device::{cuda_device_count, cuda_driver_version, CUDA_LIB_DIR_ENV, NVRTC_LIB_DIR_ENV};
+pub use matmul::CudaMatrix;
+pub use memory::{CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
+pub use module::{compile_kernels, CompiledSource, KernelSource, SOURCES};
+pub use ops::CudaRope;
+
+use crate::error::KernelError;
+use device::{
+    driver_err, keep_pool_memory, require_cublas, require_cuda13, require_driver, require_nvrtc,
+};
+use module::{cached_kernels, Kernels};
+
+/// Threads per block of the element-wise kernels.
+const BLOCK: u32 = 256;
+
+/// One GPU as a [`Backend`](crate::Backend): a context, a stream, the loaded kernels
+/// and a cuBLAS handle bound to the stream.
+///
+/// ```
+/// use dcpserve_kernels::cuda::CudaBackend;
+/// use dcpserve_kernels::KernelError;
+/// match CudaBackend::new(0) {
+///     Ok(gpu) => println!("{} on {}", dcpserve_kernels::Backend::name(&gpu), gpu.device_name()),
+///     // No driver or no GPU: a clear error, never a panic.
+///     Err(KernelError::Unavailable(why)) => println!("no CUDA: {why}"),
+///     Err(e) => panic!("{e}"),
+/// }
+/// ```
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    /// cuBLAS handles are not safe to use from two threads at once; the trait is `Sync`.
+    blas: Mutex<CudaBlas>,
+    name: String,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("ordinal", &self.ctx.ordinal())
+            .field("device", &self.name)
+            .finish()
+    }
+}
+
+impl CudaBackend {
+    /// A backend on device `ordinal` (as `CUDA_VISIBLE_DEVICES` numbers them), with its
+    /// own stream on the device's primary context. Compiles the kernels on first use
+    /// in the process (NVRTC, for the device's architecture). Errors:
+    /// [`KernelError::Unavailable`] without a driver (for CUDA 13 or newer), a device,
+    /// NVRTC or cuBLAS;
+    /// [`KernelError::Device`] when the driver fails.
+    pub fn new(ordinal: usize) -> Result<CudaBackend, KernelError> {
+        require_driver()?;
+        let count = cuda_device_count()?;
+        if ordinal >= count {
+            return Err(KernelError::Unavailable(format!(
+                "no CUDA device {ordinal}: the driver shows {count} (CUDA_VISIBLE_DEVICES={})",
+                std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
+            )));
+        }
+        require_cuda13()?;
+        require_nvrtc()?;
+        require_cublas()?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("creating a context", e))?;
+        // SAFETY: every buffer of this backend is allocated, used and freed on its one
+        // stream, so cudarc's cross-stream events (a few driver calls per kernel
+        // argument) order nothing; users of the buffers on another stream (none in
+        // dcpserve: NCCL goes on `stream()`) must synchronize with an event themselves.
+        unsafe { ctx.disable_event_tracking() };
+        if ctx.has_async_alloc() {
+            keep_pool_memory(&ctx);
+        }
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| driver_err("creating a stream", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| driver_err("reading the compute capability", e))?;
+        let compiled = cached_kernels(&format!("sm_{major}{minor}"))?;
+        let kernels = Kernels::load(&ctx, &compiled)?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            kernels,
+            blas: Mutex::new(blas),
+            name,
+        })
+    }
+
+    /// The stream every op of this backend is enqueued on (NCCL collectives of the
+    /// same rank go on it too, so they order with the kernels).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device's (primary) context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The device's name, e.g. `NVIDIA H200`.
+    pub fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    /// Total device memory in bytes.
+    pub fn total_memory(&self) -> Result<usize, KernelError> {
+        self.ctx
+            .total_mem()
+            .map_err(|e| driver_err("reading the memory size", e))
+    }
+
+    /// Free device memory in bytes (all processes' use counted).
+    pub fn free_memory(&self) -> Result<usize, KernelError> {
+        self.ctx
+            .mem_get_info()
+            .map(|(free, _)| free)
+            .map_err(|e| driver_err("reading free memory", e))
+    }
+
+    /// Waits until every op enqueued so far has finished (and reports an error a
+    /// kernel hit).
+    pub fn synchronize(&self) -> Result<(), KernelError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_err("synchronizing the stream", e))
+    }
+
+    /// A buffer of `len` f32s, zeroed or not; a zero-length one without asking the
+    /// driver for zero bytes (which it refuses).
+    pub(crate) fn alloc_f32(
+        &self,
+        len: usize,
+        zeroed: bool,
+    ) -> Result<CudaSlice<f32>, KernelError> {
+        let r = if len == 0 {
+            self.stream.null::<f32>()
+        } else if zeroed {
+            self.stream.alloc_zeros::<f32>(len)
+        } else {
+            // SAFETY: f32 has no invalid bit patterns; callers write before reading.
+            unsafe { self.stream.alloc::<f32>(len) }
+        };
+        r.map_err(|e| driver_err("allocating device memory", e))
+    }
+
+    /// Copies small host metadata (positions, slots, tables) to the device.
+    pub(crate) fn upload_meta<T: DeviceRepr>(
+        &self,
+        host: &[T],
+    ) -> Result<CudaSlice<T>, KernelError> {
+        if host.is_empty() {
+            // Zero-length allocations are refused by the driver; one element is harmless.
+            return unsafe { self.stream.alloc::<T>(1) }
+                .map_err(|e| driver_err("allocating metadata", e));
+        }
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| driver_err("uploading metadata", e))
+    }
+
+    pub(crate) fn kernel(
+        &self,
+        name: &'static str,
+    ) -> Result<&cudarc::driver::CudaFunction, KernelError> {
+        self.kernels.get(name)
+    }
+}
+
+/// A grid-stride launch over `n` elements.
+pub(crate) fn grid(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(BLOCK as usize).clamp(1, 1 << 16) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One block of `threads` per row.
+pub(crate) fn per_row(rows: usize, threads: u32) -> Result<LaunchConfig, KernelError> {
+    let rows = u32::try_from(rows)
+        .ok()
+        .filter(|&r| r <= i32::MAX as u32)
+        .ok_or_else(|| KernelError::Shape(format!("{rows} rows exceed one CUDA grid")))?;
+    Ok(LaunchConfig {
+        grid_dim: (rows, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+pub(crate) fn launch_err(what: &str, e: cudarc::driver::DriverError) -> KernelError {
+    driver_err(&format!("launching {what}"), e)
+}
