@@ -14,6 +14,7 @@
 pub mod backend;
 pub mod comm;
 pub mod cpu;
+pub mod cuda_comm;
 pub mod dcp;
 pub mod dtype;
 pub mod error;
