@@ -28,8 +28,8 @@ struct Sources {
 unsafe impl DeviceRepr for Sources {}
 
 /// NVRTC's PTX of [`SUM_SOURCE`], compiled on first use (a failure is kept: it will not
-/// succeed on a second try in the same process).
-fn ptx() -> Result<&'static Ptx, KernelError> {
+/// succeed on a second try in the same process). Needs NVRTC only, no driver or GPU.
+pub(crate) fn ptx() -> Result<&'static Ptx, KernelError> {
     static PTX: OnceLock<Result<Ptx, String>> = OnceLock::new();
     PTX.get_or_init(|| {
         check_lib(CudaLib::Nvrtc).map_err(|e| e.to_string())?;

@@ -95,6 +95,22 @@ fn sum_source_names_the_kernels() {
     assert!(SUM_SOURCE.contains("#define DCP_MAX_SOURCES 16"));
 }
 
+#[test]
+fn sum_kernel_compiles_with_nvrtc() {
+    // NVRTC needs no GPU: where the library is found (e.g. PyPI's nvidia-cuda-nvrtc on
+    // LD_LIBRARY_PATH), sum.cu must compile.
+    if let Err(e) = probe::check_lib(CudaLib::Nvrtc) {
+        say(&format!("sum_kernel_compiles_with_nvrtc: skipped: {e}"));
+        return;
+    }
+    let ptx = super::sum_kernel::ptx().expect("sum.cu compiles");
+    let text = ptx.to_src();
+    assert!(
+        text.contains("dcp_sum_f32") && text.contains("dcp_sum_bf16"),
+        "{text}"
+    );
+}
+
 /// Runs `f(rank, collectives, stream)` on one thread per rank; returns each rank's result.
 fn on_ranks<C: Sync, R: Send>(comms: &[C], f: impl Fn(usize, &C) -> R + Sync) -> Vec<R> {
     std::thread::scope(|s| {
