@@ -67,7 +67,7 @@ pub use nccl::NcclCollectives;
 #[cfg(feature = "mpi")]
 pub use nccl_init::nccl_unique_id_over_mpi;
 pub use nccl_init::{nccl_preflight, new_nccl_unique_id, NCCL_UNIQUE_ID_BYTES};
-pub use probe::{check_driver, visible_device_count, CudaLib};
+pub use probe::{check_driver, cuda_devices_for_ranks, visible_device_count, CudaLib};
 pub use sum_kernel::SUM_SOURCE;
 
 #[cfg(test)]

@@ -126,3 +126,19 @@ pub fn visible_device_count() -> Result<usize, KernelError> {
     })?;
     Ok(usize::try_from(n).unwrap_or(0))
 }
+
+/// What `--device cuda` checks at engine start, before any weight is read: the number
+/// of visible GPUs (at least one), or a message fit to show a user as it is, e.g. `no
+/// CUDA driver found (libcuda.so.1 could not be loaded); this machine has no NVIDIA GPU
+/// driver`.
+pub fn cuda_devices_for_ranks() -> Result<usize, String> {
+    match visible_device_count() {
+        Ok(0) => Err(
+            "the CUDA driver shows no GPU to this process (check CUDA_VISIBLE_DEVICES and nvidia-smi)"
+                .into(),
+        ),
+        Ok(n) => Ok(n),
+        Err(KernelError::Comm(m)) => Err(m),
+        Err(other) => Err(other.to_string()),
+    }
+}
