@@ -2,26 +2,26 @@
 //!
 //! cudarc's safe `Comm` is not used: its `Drop` panics when `ncclCommAbort` fails and it
 //! offers no abort of a live communicator, and a rank's group must be breakable from the
-//! supervisor's thread when a peer dies. The raw handle lives here behind a mutex that
-//! serializes enqueues with [`NcclCollectives::abort`].
+//! supervisor's thread when a peer dies. The raw handle lives here in an `AtomicPtr`;
+//! calls are serialized by a mutex, which [`NcclCollectives::abort`] waits for only
+//! briefly: a call stuck inside NCCL (connection setup waiting for a dead peer) is what
+//! `ncclCommAbort` exists to unblock, so abort goes ahead without the lock then.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result as nccl_result;
-use cudarc::nccl::sys::{ncclComm_t, ncclRedOp_t};
+use cudarc::nccl::sys::{ncclComm, ncclComm_t, ncclRedOp_t};
 
 use super::elem::{drv, nccl, GpuCommElem};
 use crate::comm::elems::check_all_to_all;
 use crate::error::{check_len, KernelError};
 
-/// An NCCL communicator handle; null once aborted or destroyed.
-pub(crate) struct RawComm(pub(crate) ncclComm_t);
-
-// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are
-// not concurrent; every use goes through the `Mutex<RawComm>` of its owner.
-unsafe impl Send for RawComm {}
+/// How long [`NcclCollectives::abort`] waits for a call in progress before aborting
+/// under it.
+const ABORT_WAIT: Duration = Duration::from_secs(1);
 
 /// One rank's NCCL communicator, enqueuing on the rank's stream.
 ///
@@ -29,7 +29,11 @@ unsafe impl Send for RawComm {}
 /// semantics); a call between [`NcclCollectives::group_start`] and
 /// [`NcclCollectives::group_end`] is fused with the others of the group.
 pub struct NcclCollectives {
-    comm: Mutex<RawComm>,
+    /// The communicator; null once aborted or destroyed. An NCCL communicator may be
+    /// used from any thread as long as its calls are not concurrent (`calls`).
+    comm: AtomicPtr<ncclComm>,
+    /// Held for the duration of every call on `comm`.
+    calls: Mutex<()>,
     stream: Arc<CudaStream>,
     rank: usize,
     size: usize,
@@ -47,7 +51,8 @@ impl NcclCollectives {
         size: usize,
     ) -> Self {
         Self {
-            comm: Mutex::new(RawComm(comm)),
+            comm: AtomicPtr::new(comm),
+            calls: Mutex::new(()),
             stream,
             rank,
             size,
@@ -78,14 +83,15 @@ impl NcclCollectives {
         what: &str,
         f: impl FnOnce(ncclComm_t) -> Result<R, KernelError>,
     ) -> Result<R, KernelError> {
-        let comm = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
-        if comm.0.is_null() || self.aborted.load(Ordering::Acquire) {
+        let _call = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        let comm = self.comm.load(Ordering::Acquire);
+        if comm.is_null() || self.aborted.load(Ordering::Acquire) {
             return Err(KernelError::Comm(format!(
                 "{what}: the NCCL group was aborted (a rank of the group failed)"
             )));
         }
         self.stream.context().bind_to_thread().map_err(drv(what))?;
-        f(comm.0)
+        f(comm)
     }
 
     fn cu_stream(&self) -> cudarc::nccl::sys::cudaStream_t {
@@ -361,25 +367,40 @@ impl NcclCollectives {
     /// supervisor does, as with the in-process communicator).
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::Release);
-        let mut comm = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
-        if !comm.0.is_null() {
-            // SAFETY: a live communicator, aborted once; the handle is nulled so it is
-            // neither used nor destroyed again. An error leaves nothing to do.
-            let _ = unsafe { nccl_result::comm_abort(comm.0) };
-            comm.0 = std::ptr::null_mut();
+        let _call = self.wait_for_calls(ABORT_WAIT);
+        let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !comm.is_null() {
+            // SAFETY: a live communicator, aborted once (the swap leaves no other owner);
+            // later calls find it null. When a call is still inside NCCL, this is the
+            // documented way to unblock it. An error leaves nothing to do.
+            let _ = unsafe { nccl_result::comm_abort(comm) };
+        }
+    }
+
+    /// The call lock, if no call holds it for longer than `patience`.
+    fn wait_for_calls(&self, patience: Duration) -> Option<MutexGuard<'_, ()>> {
+        let start = Instant::now();
+        loop {
+            match self.calls.try_lock() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < patience => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
         }
     }
 }
 
 impl Drop for NcclCollectives {
     fn drop(&mut self) {
-        let comm = self.comm.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if !comm.0.is_null() {
+        let comm = std::mem::replace(self.comm.get_mut(), std::ptr::null_mut());
+        if !comm.is_null() {
             let _ = self.stream.context().bind_to_thread();
             // SAFETY: a live communicator, destroyed once, after its last use (we own it).
             // Errors on the way out are not actionable.
-            let _ = unsafe { nccl_result::comm_destroy(comm.0) };
-            comm.0 = std::ptr::null_mut();
+            let _ = unsafe { nccl_result::comm_destroy(comm) };
         }
     }
 }
