@@ -17,10 +17,13 @@
 //! ```
 //!
 //! and `rank::compute_thread`'s `Device::Cuda` arm calls `run_rank(args, backend, comms,
-//! …)`, as the CPU arm does. `connect_gpu` builds, per micro-batch, the world and DCP
-//! groups of `specs` as `cuda_comm::choose_gpu_collectives` says (NCCL from a
-//! `Transport::Nccl` unique id, or device-local copies registered by group id), wrapped
-//! in the `Collectives<CudaBackend>` glue described in `cuda_comm`'s module doc.
+//! …)`, as the CPU arm does. `connect_gpu` mirrors `RankCommSpecs::connect`: for each
+//! micro-batch's world and DCP group spec, `cuda_comm::join_gpu_group(spec.id.0,
+//! spec.group_rank(rank), spec.ranks.len(), stream, …)` (which picks NCCL or device-local
+//! copies and says why: log it), wrapped as `Arc<dyn Collectives<CudaBackend>>` through
+//! the glue described in `cuda_comm`'s module doc. The world group of a layout with more
+//! ranks than GPUs on several GPUs (e.g. 4 ranks on 2 GPUs) has no transport yet
+//! (`GpuCommKind::Unsupported`).
 
 use std::convert::Infallible;
 

@@ -19,30 +19,33 @@
 //!
 //! `CudaBackend` (in `crate::cuda`) has `View<'a> = CudaView<'a, f32>`,
 //! `ViewMut<'a> = CudaViewMut<'a, f32>` and one `Arc<CudaStream>` (`stream()`). The glue
-//! is one enum and one forwarding impl, in `cuda_comm/glue.rs`:
+//! is one forwarding impl on [`GpuCollectives`] (either transport), in
+//! `cuda_comm/glue.rs`:
 //!
 //! ```text
-//! pub enum GpuCollectives { Nccl(NcclCollectives), DeviceLocal(DeviceLocalCollectives) }
 //! impl Collectives<CudaBackend> for GpuCollectives {
-//!     fn rank(&self) -> usize              { match self { Nccl(c) => c.rank(), DeviceLocal(c) => c.rank() } }
-//!     fn size(&self) -> usize              { …same… }
-//!     fn group_start(&self)                { …c.group_start() }
-//!     fn group_end(&self) -> Result<…>     { …c.group_end() }
-//!     fn all_gather(&self, _dev: &CudaBackend, input, out)        { …c.all_gather::<f32>(input, out) }
-//!     fn all_reduce_sum(&self, _dev, data)                         { …c.all_reduce_sum::<f32>(data) }
-//!     fn reduce_scatter_sum(&self, _dev, input, out)               { …c.reduce_scatter_sum::<f32>(input, out) }
-//!     fn all_gather_varying(&self, _dev, input, counts, out)       { …c.all_gather_varying::<f32>(input, counts, out) }
-//!     fn all_to_all(&self, _dev, input, out)                       { …c.all_to_all::<f32>(input, out) }
-//!     fn abort(&self)                                              { …c.abort() }
+//!     fn rank(&self) -> usize          { GpuCollectives::rank(self) }
+//!     fn size(&self) -> usize          { GpuCollectives::size(self) }
+//!     fn group_start(&self)            { GpuCollectives::group_start(self) }
+//!     fn group_end(&self) -> Result<…> { GpuCollectives::group_end(self) }
+//!     fn all_gather(&self, _dev: &CudaBackend, input, out)  { GpuCollectives::all_gather::<f32>(self, input, out) }
+//!     fn all_reduce_sum(&self, _dev, data)                   { GpuCollectives::all_reduce_sum::<f32>(self, data) }
+//!     fn reduce_scatter_sum(&self, _dev, input, out)         { GpuCollectives::reduce_scatter_sum::<f32>(self, input, out) }
+//!     fn all_gather_varying(&self, _dev, input, counts, out) { GpuCollectives::all_gather_varying::<f32>(self, input, counts, out) }
+//!     fn all_to_all(&self, _dev, input, out)                 { GpuCollectives::all_to_all::<f32>(self, input, out) }
+//!     fn abort(&self)                                        { GpuCollectives::abort(self) }
 //! }
 //! ```
 //!
-//! `dev` is not needed: the collectives hold the same stream as the backend (build them
-//! with `backend.stream().clone()`; a debug assertion `Arc::ptr_eq(dev.stream(),
-//! c.stream())` in the glue catches a mix-up). A group is built per rank group by
-//! `choose_gpu_collectives(&ordinals)`: `Nccl` → `NcclCollectives::group(&streams)`
-//! (one process) or `from_unique_id` (a `Transport::Nccl { unique_id }` spec, one call
-//! per rank on its own thread); `DeviceLocal` → `DeviceLocalCollectives::group(&streams)`.
+//! `dev` is not needed: the collectives hold the same stream as the backend (built with
+//! `backend.stream().clone()`; a `debug_assert!(Arc::ptr_eq(dev.stream(), self.stream()))`
+//! in the glue catches a mix-up). A rank gets its handle for each group of its
+//! `RankCommSpecs` with [`join_gpu_group`]`(spec.id.0, group_rank, size, stream, …)`
+//! (threads of one process: the last rank to arrive picks NCCL or device-local copies
+//! with [`choose_gpu_collectives`] and builds the group), or, for a group spread over
+//! processes, [`NcclCollectives::from_unique_id`] with the id of a
+//! `Transport::Nccl { unique_id }` spec ([`new_nccl_unique_id`] on the owner, sent over MPI
+//! by `nccl_unique_id_over_mpi`).
 //!
 //! # Without a GPU
 //!
@@ -54,6 +57,7 @@
 mod choose;
 mod device_local;
 mod elem;
+mod join;
 mod nccl;
 mod nccl_init;
 pub mod probe;
@@ -63,6 +67,7 @@ mod sum_kernel;
 pub use choose::{choose_gpu_collectives, GpuCommKind};
 pub use device_local::{device_local_preflight, DeviceLocalCollectives};
 pub use elem::GpuCommElem;
+pub use join::{join_gpu_group, GpuCollectives};
 pub use nccl::NcclCollectives;
 #[cfg(feature = "mpi")]
 pub use nccl_init::nccl_unique_id_over_mpi;

@@ -308,3 +308,40 @@ fn nccl_collectives_on_distinct_gpus() {
         assert_eq!(varying, &want_var);
     }
 }
+
+#[test]
+fn ranks_sharing_a_gpu_join_a_device_local_group() {
+    // Two rank threads, one GPU: the group they meet in is device-local.
+    let Some(_) = devices("ranks_sharing_a_gpu_join_a_device_local_group") else {
+        return;
+    };
+    let ctx = cudarc::driver::CudaContext::new(0).expect("GPU 0");
+    let streams: Vec<_> = (0..2).map(|_| ctx.new_stream().expect("stream")).collect();
+    let got = std::thread::scope(|s| {
+        let hs: Vec<_> = streams
+            .iter()
+            .enumerate()
+            .map(|(r, st)| {
+                let st = st.clone();
+                s.spawn(move || join_gpu_group(7_001, r, 2, st, std::time::Duration::from_secs(60)))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("join thread"))
+            .collect::<Vec<_>>()
+    });
+    for (r, g) in got.into_iter().enumerate() {
+        let (c, kind) = g.expect("joined");
+        assert_eq!(c.rank(), r);
+        assert!(
+            matches!(
+                kind,
+                GpuCommKind::DeviceLocal {
+                    device: 0,
+                    ranks: 2
+                }
+            ),
+            "{kind}"
+        );
+    }
+}
