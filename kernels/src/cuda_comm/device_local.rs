@@ -18,7 +18,9 @@
 //!
 //! Sums run in rank order (`((x0 + x1) + x2) + …`, f32 accumulation, bf16 rounded once),
 //! and every rank runs the same kernel on the same inputs: identical bits on every rank.
-//! Ranks must be threads of one process (no CUDA IPC between processes here).
+//! Ranks must be threads of one process (no CUDA IPC between processes here) whose
+//! streams live in the device's primary context (`CudaContext::new(ordinal)`, as every
+//! rank backend makes it): a kernel may read the peers' buffers only within one context.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
