@@ -78,6 +78,12 @@ impl DeviceLocalCollectives {
                 s.context().ordinal()
             )));
         }
+        let ctx = streams[0].context().cu_ctx();
+        if streams.iter().any(|s| s.context().cu_ctx() != ctx) {
+            return Err(KernelError::Comm(format!(
+                "device-local ranks on GPU {ordinal} must share its primary context (CudaContext::new)"
+            )));
+        }
         let event = |s: &Arc<CudaStream>| {
             s.context()
                 .new_event(None)
