@@ -70,6 +70,12 @@ impl EngineBuilder {
         self
     }
 
+    /// Where the ranks compute (`--device`): the CPU, or CUDA GPUs (checked at start).
+    pub fn device(mut self, device: dcpserve_kernels::Device) -> Self {
+        self.config.device = device;
+        self
+    }
+
     /// How quantized weights are multiplied on the CPU (int8 activations or f32).
     pub fn cpu_matmul(mut self, mode: dcpserve_kernels::CpuMatmul) -> Self {
         self.config.cpu_matmul = mode;

@@ -136,6 +136,10 @@ struct EngineArgs {
     /// Weight precision: auto (bf16, or quantized weights kept quantized), float32, bfloat16.
     #[arg(long, default_value = "auto")]
     dtype: String,
+    /// Where the ranks compute: cpu, or cuda (rank r on visible GPU r mod count; the
+    /// CUDA backend has not run on a GPU yet).
+    #[arg(long, default_value = "cpu")]
+    device: dcpserve::Device,
     /// Quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights on the CPU: int8 (activations quantized to
     /// int8 per 32-block, VNNI/AVX2 integer dot products), f32 (weights decoded to
     /// f32), or auto (f32 unless DCPSERVE_CPU_MATMUL=int8; int8 costs accuracy).
@@ -217,6 +221,7 @@ impl EngineArgs {
         }
         let cfg = EngineConfig {
             dtype: self.dtype.parse::<DType>()?,
+            device: self.device,
             cpu_matmul: self.cpu_matmul.parse::<dcpserve::CpuMatmul>()?,
             kv_cache_dtype: dcpserve::parse_kv_cache_dtype(&self.kv_cache_dtype)?,
             block_size: self.block_size,
@@ -372,4 +377,30 @@ fn asks_for_mpi(args: &[String]) -> bool {
         || args
             .iter()
             .any(|a| a == "--distributed-executor-backend=mpi")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cli, Command};
+    use clap::Parser;
+
+    #[test]
+    fn device_flag_parses_for_generate() {
+        let cli =
+            Cli::try_parse_from(["dcpserve", "generate", "--prompt", "x", "--device", "cuda"])
+                .unwrap();
+        let Command::Generate(a) = cli.command else {
+            panic!("not generate");
+        };
+        assert_eq!(a.engine.device, dcpserve::Device::Cuda);
+        let cli = Cli::try_parse_from(["dcpserve", "generate", "--prompt", "x"]).unwrap();
+        let Command::Generate(a) = cli.command else {
+            panic!("not generate");
+        };
+        assert_eq!(a.engine.device, dcpserve::Device::Cpu, "cpu by default");
+        assert!(
+            Cli::try_parse_from(["dcpserve", "generate", "--prompt", "x", "--device", "gpu"])
+                .is_err()
+        );
+    }
 }

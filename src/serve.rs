@@ -77,6 +77,10 @@ pub struct ServeArgs {
     /// --dtype float32, else bfloat16), float32, bfloat16, fp8 (= fp8_e4m3), fp8_e5m2.
     #[arg(long)]
     pub kv_cache_dtype: Option<String>,
+    /// Where the ranks compute: cpu (default) or cuda (rank r on visible GPU r mod count;
+    /// the CUDA backend has not run on a GPU yet).
+    #[arg(long)]
+    pub device: Option<dcpserve_kernels::Device>,
     /// Quantized weights on the CPU: auto (= f32 unless DCPSERVE_CPU_MATMUL=int8), int8
     /// (int8 activations, VNNI/AVX2 integer dot products) or f32 (weights decoded).
     #[arg(long)]
@@ -161,6 +165,7 @@ impl ServeArgs {
             dtype: self.dtype.clone(),
             kv_cache_dtype: self.kv_cache_dtype.clone(),
             cpu_matmul: self.cpu_matmul.clone(),
+            device: self.device,
             enable_prefix_caching: if self.no_enable_prefix_caching {
                 Some(false)
             } else if self.enable_prefix_caching {
@@ -456,7 +461,25 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::normalize_args;
+    use super::{normalize_args, ServeArgs};
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn device_flag_reaches_the_engine_config() {
+        let cli = Cli::try_parse_from(["serve", "--device", "cuda"]).unwrap();
+        let e = cli.serve.model_entry().engine_config().unwrap();
+        assert_eq!(e.device, dcpserve_kernels::Device::Cuda);
+        let cli = Cli::try_parse_from(["serve"]).unwrap();
+        let e = cli.serve.model_entry().engine_config().unwrap();
+        assert_eq!(e.device, dcpserve_kernels::Device::Cpu, "cpu by default");
+        assert!(Cli::try_parse_from(["serve", "--device", "tpu"]).is_err());
+    }
 
     #[test]
     fn vllm_short_flags_become_long_ones() {

@@ -22,7 +22,8 @@ use std::sync::Arc;
 use dcpserve_kernels::comm::{connect, CommGroupSpec, GroupId, GroupOwner};
 use dcpserve_kernels::dcp::{Layout, MergeExchange};
 use dcpserve_kernels::{
-    BatonComm, Communicator, ComputeBaton, HostCollectives, KernelError, LinkModel, ModeledLink,
+    Backend, BatonComm, Communicator, ComputeBaton, CpuBackend, HostCollectives, KernelError,
+    LinkModel, ModeledLink,
 };
 use dcpserve_model::arch::RankComms;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -98,13 +99,22 @@ impl RankCommSpecs {
     }
 }
 
-/// What one rank computes with.
-#[derive(Clone)]
-pub struct RankChannels {
+/// What one rank computes with: collectives on its backend's buffers (host
+/// communicators for the CPU backend, [`RankCommSpecs::connect`]).
+pub struct RankChannels<B: Backend = CpuBackend> {
     /// One set of communicators per micro-batch.
-    pub micro_batches: Vec<RankComms>,
+    pub micro_batches: Vec<RankComms<B>>,
     /// Shared by the rank's micro-batch threads when there are two.
     pub baton: Option<Arc<ComputeBaton>>,
+}
+
+impl<B: Backend> Clone for RankChannels<B> {
+    fn clone(&self) -> Self {
+        Self {
+            micro_batches: self.micro_batches.clone(),
+            baton: self.baton.clone(),
+        }
+    }
 }
 
 /// The communicator groups of one rank group, laid out before any rank starts: the

@@ -17,11 +17,13 @@
 mod attention;
 pub mod block_manager;
 pub mod collective;
+mod host_buffers;
 pub mod kv_manager_actor;
 pub mod placement;
 pub mod plan;
 pub mod process_map;
 pub mod rank;
+mod rank_cuda;
 pub mod rank_group;
 mod rank_turns;
 pub mod remote;

@@ -13,13 +13,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use dcpserve_kernels::{CpuBackend, CpuMatmul, KvCacheDType};
+use dcpserve_kernels::{Backend, CpuBackend, CpuMatmul, Device, KvCacheDType};
 use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, TurnPoints, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 
 use crate::collective::{RankChannels, RankCommSpecs};
+use crate::host_buffers::into_host;
 use crate::placement::Placement;
 pub use crate::plan::StepReport;
 use crate::plan::{
@@ -59,6 +60,8 @@ pub struct RankArgs {
     pub comm_specs: RankCommSpecs,
     pub files: Arc<ModelFiles>,
     pub precision: WeightPrecision,
+    /// Where the rank computes: its backend (CPU, or the GPU `rank mod visible` for CUDA).
+    pub device: Device,
     /// How the rank's CPU backend multiplies by quantized weights.
     pub cpu_matmul: CpuMatmul,
     pub placement: Placement,
@@ -206,6 +209,8 @@ impl Actor for RankActor {
     }
 }
 
+/// The rank's compute thread: builds the rank's backend for its device, then loads and
+/// serves on it ([`run_rank`], generic over the backend).
 fn compute_thread(
     args: RankArgs,
     comms: RankChannels,
@@ -213,7 +218,35 @@ fn compute_thread(
     ready: oneshot::Sender<Result<(), String>>,
     myself: ActorRef<RankMsg>,
 ) {
-    let model = match load_model(&args) {
+    match args.device {
+        Device::Cpu => {
+            let backend = CpuBackend::new(args.threads.max(1)).with_cpu_matmul(args.cpu_matmul);
+            run_rank(args, backend, comms, jobs, ready, myself)
+        }
+        // At merge: `Ok((backend, gpu_comms)) => run_rank(args, backend, gpu_comms, jobs,
+        // ready, myself)`; see `crate::rank_cuda`.
+        Device::Cuda => match crate::rank_cuda::cuda_rank_backend(args.rank, &args.comm_specs) {
+            Ok(never) => match never {},
+            Err(e) => {
+                let _ = ready.send(Err(format!("rank {}: {e}", args.rank)));
+            }
+        },
+    }
+}
+
+/// Loads the rank's shard onto `backend` and serves its micro-batches until their job
+/// queues close.
+fn run_rank<B: Backend>(
+    args: RankArgs,
+    backend: B,
+    comms: RankChannels<B>,
+    jobs: Vec<flume::Receiver<Job>>,
+    ready: oneshot::Sender<Result<(), String>>,
+    myself: ActorRef<RankMsg>,
+) where
+    B::Buffer: 'static,
+{
+    let model = match load_model(&args, backend) {
         Ok(m) => m,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -269,10 +302,10 @@ fn compute_thread(
 }
 
 /// Loads this rank's shard (and its MTP layer when asked), turning panics into errors.
-fn load_model(args: &RankArgs) -> Result<RankModel, String> {
+fn load_model<B: Backend>(args: &RankArgs, backend: B) -> Result<RankModel<B>, String> {
     let loaded = catch_unwind(AssertUnwindSafe(|| {
         let mut m = RankModel::load_shard(
-            CpuBackend::new(args.threads.max(1)).with_cpu_matmul(args.cpu_matmul),
+            backend,
             args.files.config.clone(),
             args.files.tensors.as_ref(),
             args.precision,
@@ -298,16 +331,19 @@ fn load_model(args: &RankArgs) -> Result<RankModel, String> {
 }
 
 /// What a rank's compute threads share.
-struct RankCompute<'a> {
+struct RankCompute<'a, B: Backend> {
     args: &'a RankArgs,
     /// Communicators per micro-batch (one compute thread each), and the baton they share.
-    comms: &'a RankChannels,
-    model: &'a RankModel,
-    cache: &'a RankCache,
+    comms: &'a RankChannels<B>,
+    model: &'a RankModel<B>,
+    cache: &'a RankCache<B>,
     myself: &'a ActorRef<RankMsg>,
 }
 
-impl RankCompute<'_> {
+impl<B: Backend> RankCompute<'_, B>
+where
+    B::Buffer: 'static,
+{
     /// Runs micro-batch `mb`'s jobs until the queue closes or a step fails.
     fn serve(&self, mb: usize, jobs: flume::Receiver<Job>) {
         let args = self.args;
@@ -390,9 +426,9 @@ impl RankCompute<'_> {
                         let all: Vec<usize> = (0..batch.tokens.len()).collect();
                         self.model
                             .forward_rank_hidden(comms, &input, self.cache, &all)
-                            .map(|(out, h)| {
-                                hidden.keep(&batch, &h);
-                                out
+                            .and_then(|(out, h)| {
+                                hidden.keep(&batch, &into_host(self.model.backend(), h)?);
+                                Ok(out)
                             })
                     };
                     match masks {
@@ -418,12 +454,15 @@ impl RankCompute<'_> {
                     if args.rank != 0 {
                         return Ok(());
                     }
+                    // Only the answering rank brings the logits to the host.
+                    let logits = into_host(self.model.backend(), out.logits)
+                        .map_err(|e| format!("logits to the host: {e}"))?;
                     let result = match plan.output {
                         OutputKind::Sampled => {
-                            StepResult::Sampled(seqs.sample(&plan, &out.logits, out.vocab_size)?)
+                            StepResult::Sampled(seqs.sample(&plan, &logits, out.vocab_size)?)
                         }
                         OutputKind::Logits => StepResult::Logits {
-                            logits: out.logits,
+                            logits,
                             vocab_size: out.vocab_size,
                         },
                     };

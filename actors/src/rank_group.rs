@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use dcpserve_config::MergeExchange;
 use dcpserve_kernels::dcp::Layout;
-use dcpserve_kernels::{CpuMatmul, KvCacheDType, LinkModel};
+use dcpserve_kernels::{CpuMatmul, Device, KvCacheDType, LinkModel};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
@@ -49,6 +49,8 @@ impl Executor {
 pub struct RankGroupSpec {
     pub files: Arc<ModelFiles>,
     pub precision: WeightPrecision,
+    /// Where the ranks compute (`--device`).
+    pub device: Device,
     /// How the ranks' CPU backends multiply by quantized weights.
     pub cpu_matmul: CpuMatmul,
     pub layout: Layout,
@@ -257,6 +259,7 @@ fn rank_spec(spec: &RankGroupSpec, groups: &GroupLayout, rank: usize, generation
         comm_specs: groups.rank_specs(&layout, rank, spec.link, spec.dcp_merge),
         model: spec.files.path.clone(),
         precision: spec.precision,
+        device: spec.device,
         cpu_matmul: spec.cpu_matmul,
         placement: layout.placement(rank),
         num_blocks: spec.num_blocks,

@@ -148,6 +148,7 @@ async fn draft_proposer(
             let spec = DraftModelSpec {
                 parallel,
                 precision: args.precision,
+                device: e.device,
                 cpu_matmul: e.cpu_matmul,
                 block_size: e.block_size,
                 num_blocks: cap.num_blocks,
@@ -337,6 +338,7 @@ impl Actor for ModelSupervisor {
             group_spec: RankGroupSpec {
                 files: args.files.clone(),
                 precision: args.precision,
+                device: args.engine.device,
                 cpu_matmul: args.engine.cpu_matmul,
                 layout,
                 num_blocks: sched_cfg.num_blocks,

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use dcpserve_kernels::dcp::MergeExchange;
-use dcpserve_kernels::{CpuMatmul, KvCacheDType};
+use dcpserve_kernels::{CpuMatmul, Device, KvCacheDType};
 
 use crate::parallel::{ConfigError, ParallelConfig};
 use crate::speculative::SpeculativeConfig;
@@ -66,6 +66,9 @@ impl std::str::FromStr for DistributedBackend {
 pub struct EngineConfig {
     pub parallel: ParallelConfig,
     pub dtype: DType,
+    /// Where the ranks compute (`--device`): CPU, or CUDA GPUs (rank `r` on visible GPU
+    /// `r mod count`).
+    pub device: Device,
     /// How the CPU multiplies by quantized (Q8_0/Q4_0/Q4_1) weights: int8 activations
     /// with integer dot products (`int8`, on AVX-512 VNNI / AVX-VNNI / AVX2), dequantized
     /// f32 (`f32`), or `auto` (f32 unless `DCPSERVE_CPU_MATMUL=int8`: int8 costs
@@ -123,6 +126,7 @@ impl Default for EngineConfig {
         Self {
             parallel: ParallelConfig::default(),
             dtype: DType::Auto,
+            device: Device::Cpu,
             cpu_matmul: CpuMatmul::Auto,
             kv_cache_dtype: None,
             block_size: 16,

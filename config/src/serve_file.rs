@@ -77,6 +77,8 @@ pub struct ModelEntry {
     pub max_num_batched_tokens: Option<usize>,
     pub block_size: Option<usize>,
     pub dtype: Option<String>,
+    /// `cpu` (default) or `cuda`, as `--device`.
+    pub device: Option<dcpserve_kernels::Device>,
     /// `auto`, `float32`, `bfloat16`, `fp8` (= `fp8_e4m3`) or `fp8_e5m2`, as vLLM's
     /// `--kv-cache-dtype` (see `EngineConfig::kv_cache_dtype`).
     pub kv_cache_dtype: Option<String>,
@@ -131,6 +133,7 @@ impl ModelEntry {
                 Some(s) => s.parse::<DType>()?,
                 None => DType::Auto,
             },
+            device: self.device.unwrap_or(d.device),
             kv_cache_dtype: match &self.kv_cache_dtype {
                 Some(s) => crate::engine::parse_kv_cache_dtype(s)?,
                 None => None,
@@ -272,6 +275,7 @@ mod tests {
             decode_context_parallel_size = 2
             dtype = "float32"
             kv_cache_dtype = "fp8"
+            device = "cuda"
             [models.sampling]
             temperature = 0.5
             max_tokens = 12
@@ -289,6 +293,8 @@ mod tests {
         assert_eq!(e.kv_cache_dtype(), dcpserve_kernels::KvCacheDType::Fp8E4M3);
         let b = cfg.models[1].engine_config().unwrap();
         assert_eq!(b.kv_cache_dtype, None, "auto when left out");
+        assert_eq!(e.device, dcpserve_kernels::Device::Cuda);
+        assert_eq!(b.device, dcpserve_kernels::Device::Cpu, "cpu when left out");
         assert_eq!(cfg.models[0].sampling.max_tokens, Some(12));
     }
 
@@ -306,5 +312,7 @@ mod tests {
         assert!(e.0.contains("int3"), "{e}");
         let e = ServeConfig::from_toml("[[models]]\nkv_cache_dtype='int4'").unwrap_err();
         assert!(e.0.contains("int4"), "{e}");
+        let e = ServeConfig::from_toml("[[models]]\ndevice='gpu'").unwrap_err();
+        assert!(e.0.contains("gpu") && e.0.contains("cuda"), "{e}");
     }
 }

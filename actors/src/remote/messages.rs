@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dcpserve_kernels::{CpuMatmul, KvCacheDType};
+use dcpserve_kernels::{CpuMatmul, Device, KvCacheDType};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use serde::de::DeserializeOwned;
@@ -83,6 +83,8 @@ pub struct RankSpec {
     /// The model's file or folder: the same path on every host.
     pub model: PathBuf,
     pub precision: WeightPrecision,
+    /// Where the rank computes (`--device`; a CUDA rank picks GPU `rank mod visible`).
+    pub device: Device,
     pub cpu_matmul: CpuMatmul,
     pub placement: Placement,
     pub num_blocks: usize,
@@ -109,6 +111,7 @@ impl RankSpec {
             comm_specs: self.comm_specs,
             files,
             precision: self.precision,
+            device: self.device,
             cpu_matmul: self.cpu_matmul,
             placement: self.placement,
             num_blocks: self.num_blocks,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use dcpserve_config::{MergeExchange, ParallelConfig};
 use dcpserve_kernels::spec_sampling::{target_probs, TargetProbs};
-use dcpserve_kernels::{sample, CpuMatmul, KvCacheDType, Rng, SamplingParams};
+use dcpserve_kernels::{sample, CpuMatmul, Device, KvCacheDType, Rng, SamplingParams};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use futures::future::BoxFuture;
@@ -26,6 +26,8 @@ use crate::rank_group::{RankGroup, RankGroupSpec};
 pub struct DraftModelSpec {
     pub parallel: ParallelConfig,
     pub precision: WeightPrecision,
+    /// Where the draft ranks compute (the target's `--device`).
+    pub device: Device,
     /// How the draft ranks multiply by quantized weights.
     pub cpu_matmul: CpuMatmul,
     pub block_size: usize,
@@ -89,6 +91,7 @@ impl DraftModelProposer {
         let group_spec = RankGroupSpec {
             files,
             precision: spec.precision,
+            device: spec.device,
             cpu_matmul: spec.cpu_matmul,
             layout,
             num_blocks: spec.num_blocks,

@@ -7,9 +7,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use dcpserve_kernels::{Backend, CpuBackend};
 use dcpserve_model::arch::{RankCache, RankComms, RankModel};
 use dcpserve_model::ModelError;
 
+use crate::host_buffers::into_host;
 use crate::placement::Placement;
 use crate::plan::{LocalBatch, MtpOutput, MtpPlan, StepBatch};
 
@@ -70,13 +72,16 @@ impl HiddenStore {
 }
 
 /// What one rank runs an MTP step with.
-pub struct MtpContext<'a> {
-    pub model: &'a RankModel,
-    pub comms: &'a RankComms,
+pub struct MtpContext<'a, B: Backend = CpuBackend> {
+    pub model: &'a RankModel<B>,
+    pub comms: &'a RankComms<B>,
     pub placement: &'a Placement,
 }
 
-impl MtpContext<'_> {
+impl<B: Backend> MtpContext<'_, B>
+where
+    B::Buffer: 'static,
+{
     /// Runs the MTP layer over the rows of every sequence whose previous hidden states
     /// are all kept (the others are left out, identically on every rank), then drops the
     /// consumed rows and, for a chained plan, keeps each sequence's last MTP output as the
@@ -84,7 +89,7 @@ impl MtpContext<'_> {
     pub fn run(
         &self,
         plan: &MtpPlan,
-        cache: &RankCache,
+        cache: &RankCache<B>,
         hidden: &mut HiddenStore,
     ) -> Result<MtpOutput, ModelError> {
         let rows = &plan.rows;
@@ -135,9 +140,14 @@ impl MtpContext<'_> {
         }
         let local = LocalBatch::new(&sub, self.placement);
         let tables: Vec<&[u32]> = sub.block_tables.iter().map(|t| t.as_slice()).collect();
+        let dev = self.model.backend();
+        let prev = dev.upload(&prev)?;
+        let prev = dev.view(&prev, 0..dev.len(&prev))?;
         let (out, y) =
             self.model
-                .forward_mtp(self.comms, &local.input(&sub, &tables), &prev, cache)?;
+                .forward_mtp(self.comms, &local.input(&sub, &tables), prev, cache)?;
+        let y = into_host(dev, y)?;
+        let logits = into_host(dev, out.logits)?;
         for (k, &seq) in sub.seq_ids.iter().enumerate() {
             let last = sub.logits_for[k];
             let pos = sub.positions[last];
@@ -148,7 +158,7 @@ impl MtpContext<'_> {
         }
         Ok(MtpOutput {
             served: sub.seq_ids,
-            logits: out.logits,
+            logits,
             vocab_size: out.vocab_size,
         })
     }

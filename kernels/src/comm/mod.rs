@@ -19,7 +19,7 @@
 
 pub mod bootstrap;
 mod collectives;
-mod elems;
+pub(crate) mod elems;
 mod in_process;
 #[cfg(feature = "mpi")]
 pub mod mpi;

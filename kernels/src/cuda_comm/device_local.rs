@@ -1,0 +1,389 @@
+//! Collectives of ranks that share one GPU: device-to-device copies and a fixed-order
+//! sum kernel between the ranks' streams, no NCCL (which refuses two ranks of one
+//! communicator on one device).
+//!
+//! One call, on rank `r` of `n`:
+//!
+//! 1. `ready[r]` is recorded on rank `r`'s stream (its buffer is written), and the
+//!    buffer's pointer is published; host barrier A.
+//! 2. Rank `r`'s stream waits on the peers' `ready` events (`cuStreamWaitEvent`: a
+//!    device-side wait, the host does not block) and runs the copies / the sum kernel,
+//!    reading the peers' buffers directly (one context: one address space).
+//! 3. `done[r]` is recorded; host barrier B; rank `r`'s stream waits on every peer's
+//!    `done`, so no rank overwrites its buffer while a peer still reads it.
+//!
+//! The host only meets the other ranks' threads to swap pointers; it never waits for the
+//! GPU. Events are reused from call to call: a wait captures the event's state when it is
+//! enqueued, and barrier A of the next call comes after every wait of this one.
+//!
+//! Sums run in rank order (`((x0 + x1) + x2) + …`, f32 accumulation, bf16 rounded once),
+//! and every rank runs the same kernel on the same inputs: identical bits on every rank.
+//! Ranks must be threads of one process (no CUDA IPC between processes here) whose
+//! streams live in the device's primary context (`CudaContext::new(ordinal)`, as every
+//! rank backend makes it): a kernel may read the peers' buffers only within one context.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+};
+
+use super::elem::{drv, GpuCommElem};
+use super::probe::{check_driver, check_lib, CudaLib};
+use super::rendezvous::{Published, Rendezvous};
+use super::sum_kernel::{SumKernels, MAX_SOURCES};
+use crate::comm::elems::check_all_to_all;
+use crate::error::{check_len, KernelError};
+
+/// State shared by the ranks of one group.
+struct Shared {
+    meet: Rendezvous,
+    /// `ready[r]`: rank `r`'s buffer is written. `done[r]`: rank `r` has read its peers'.
+    ready: Vec<CudaEvent>,
+    done: Vec<CudaEvent>,
+}
+
+/// One rank's handle on a group of ranks sharing one GPU.
+pub struct DeviceLocalCollectives {
+    shared: Arc<Shared>,
+    rank: usize,
+    stream: Arc<CudaStream>,
+    sums: SumKernels,
+    /// The all-reduce's result before it replaces the input (grows, never shrinks).
+    scratch: Mutex<Option<CudaSlice<u8>>>,
+}
+
+/// Checks that the CUDA driver and NVRTC (for the sum kernel) can be loaded.
+pub fn device_local_preflight() -> Result<(), KernelError> {
+    check_driver()?;
+    check_lib(CudaLib::Nvrtc)
+}
+
+impl DeviceLocalCollectives {
+    /// The handles of a group whose rank `i` enqueues on `streams[i]` (each rank's
+    /// backend stream; all on one GPU). Compiles the sum kernel (once per process) and
+    /// loads it for every rank.
+    pub fn group(streams: &[Arc<CudaStream>]) -> Result<Vec<DeviceLocalCollectives>, KernelError> {
+        device_local_preflight()?;
+        let n = streams.len();
+        if n == 0 || n > MAX_SOURCES {
+            return Err(KernelError::Comm(format!(
+                "a device-local group has 1..={MAX_SOURCES} ranks, not {n}"
+            )));
+        }
+        let ordinal = streams[0].context().ordinal();
+        if let Some(s) = streams.iter().find(|s| s.context().ordinal() != ordinal) {
+            return Err(KernelError::Comm(format!(
+                "device-local ranks must share one GPU: GPU {ordinal} and GPU {}",
+                s.context().ordinal()
+            )));
+        }
+        let ctx = streams[0].context().cu_ctx();
+        if streams.iter().any(|s| s.context().cu_ctx() != ctx) {
+            return Err(KernelError::Comm(format!(
+                "device-local ranks on GPU {ordinal} must share its primary context (CudaContext::new)"
+            )));
+        }
+        let event = |s: &Arc<CudaStream>| {
+            s.context()
+                .new_event(None)
+                .map_err(drv("creating an event"))
+        };
+        let shared = Arc::new(Shared {
+            meet: Rendezvous::new(n),
+            ready: streams.iter().map(event).collect::<Result<_, _>>()?,
+            done: streams.iter().map(event).collect::<Result<_, _>>()?,
+        });
+        streams
+            .iter()
+            .enumerate()
+            .map(|(rank, stream)| {
+                Ok(DeviceLocalCollectives {
+                    shared: shared.clone(),
+                    rank,
+                    stream: stream.clone(),
+                    sums: SumKernels::load(stream)?,
+                    scratch: Mutex::new(None),
+                })
+            })
+            .collect()
+    }
+
+    /// A group of `ranks` ranks on GPU `ordinal`, each on a new stream of the device's
+    /// primary context: for tests and device checks.
+    pub fn on_device(
+        ordinal: usize,
+        ranks: usize,
+    ) -> Result<Vec<DeviceLocalCollectives>, KernelError> {
+        device_local_preflight()?;
+        let ctx = CudaContext::new(ordinal).map_err(drv("opening the GPU"))?;
+        let streams = (0..ranks)
+            .map(|_| ctx.new_stream().map_err(drv("creating a stream")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::group(&streams)
+    }
+
+    /// This rank's index in the group.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the group.
+    pub fn size(&self) -> usize {
+        self.shared.ready.len()
+    }
+
+    /// The stream every call enqueues on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Opens a group of calls: nothing to fuse here (each call is its own exchange).
+    pub fn group_start(&self) {}
+
+    /// Closes a group of calls.
+    pub fn group_end(&self) -> Result<(), KernelError> {
+        Ok(())
+    }
+
+    /// Steps 1–3 of the module doc around `body`, which gets the peers' published
+    /// buffers (by rank) once their `ready` events are waited on.
+    fn exchange<T: GpuCommElem>(
+        &self,
+        what: &str,
+        mine: Published,
+        body: impl FnOnce(&[Published]) -> Result<(), KernelError>,
+    ) -> Result<(), KernelError> {
+        let sh = &*self.shared;
+        let n = self.size();
+        let started = self
+            .stream
+            .context()
+            .bind_to_thread()
+            .and_then(|()| sh.ready[self.rank].record(&self.stream));
+        if let Err(e) = started {
+            // The peers would wait at barrier A forever: break the group instead.
+            sh.meet.break_group();
+            return Err(drv(what)(e));
+        }
+        sh.meet.publish(self.rank, mine);
+        sh.meet.wait()?;
+        let peers: Vec<Published> = (0..n).map(|r| sh.meet.slot(r)).collect();
+        let elem = std::mem::size_of::<T>();
+        let mut result = match peers.iter().position(|p| p.elem_bytes != elem) {
+            Some(r) => Err(KernelError::Shape(format!(
+                "{what}: rank {r} moves {}-byte elements, rank {} {elem}-byte ones",
+                peers[r].elem_bytes, self.rank
+            ))),
+            None => Ok(()),
+        };
+        if result.is_ok() {
+            result = (0..n)
+                .filter(|&r| r != self.rank)
+                .try_for_each(|r| self.stream.wait(&sh.ready[r]).map_err(drv(what)));
+        }
+        if result.is_ok() {
+            result = body(&peers);
+        }
+        // Step 3 runs even after a failed body: the peers are waiting at barrier B.
+        let recorded = sh.done[self.rank].record(&self.stream).map_err(drv(what));
+        sh.meet.wait()?;
+        let waited = (0..n)
+            .filter(|&r| r != self.rank)
+            .try_for_each(|r| self.stream.wait(&sh.done[r]).map_err(drv(what)));
+        result.and(recorded).and(waited)
+    }
+
+    /// Enqueues a device-to-device copy of `bytes` bytes on this rank's stream.
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), KernelError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: callers pass ranges inside live buffers of this context whose
+        // producers were waited on (the `ready` events).
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())
+        }
+        .map_err(drv("device-local copy"))
+    }
+
+    /// `out` = every rank's `input`, concatenated in rank order.
+    pub fn all_gather<T: GpuCommElem>(
+        &self,
+        input: CudaView<'_, T>,
+        mut out: CudaViewMut<'_, T>,
+    ) -> Result<(), KernelError> {
+        let c = input.len();
+        check_len("all_gather output", self.size() * c, out.len())?;
+        let es = std::mem::size_of::<T>();
+        let (src, _read) = input.device_ptr(&self.stream);
+        let (dst, _write) = out.device_ptr_mut(&self.stream);
+        let mine = Published {
+            ptr: src,
+            len: c,
+            elem_bytes: es,
+        };
+        self.exchange::<T>("all_gather", mine, |peers| {
+            for (r, p) in peers.iter().enumerate() {
+                check_len("all_gather peer input", c, p.len)?;
+                self.copy(dst + (r * c * es) as u64, p.ptr, c * es)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Element-wise sum over ranks, in place; identical bits on every rank.
+    pub fn all_reduce_sum<T: GpuCommElem>(
+        &self,
+        mut data: CudaViewMut<'_, T>,
+    ) -> Result<(), KernelError> {
+        let n = data.len();
+        let es = std::mem::size_of::<T>();
+        let mut scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        if scratch.as_ref().is_none_or(|s| s.len() < n * es) {
+            // SAFETY: uninitialized bytes, fully written by the sum before being read.
+            *scratch = Some(
+                unsafe { self.stream.alloc::<u8>(n * es) }.map_err(drv("all_reduce scratch"))?,
+            );
+        }
+        let Some(scratch) = scratch.as_mut() else {
+            return Err(KernelError::Comm("all_reduce scratch missing".into()));
+        };
+        let (tmp, _tmp_guard) = scratch.device_ptr_mut(&self.stream);
+        let (ptr, _write) = data.device_ptr_mut(&self.stream);
+        let mine = Published {
+            ptr,
+            len: n,
+            elem_bytes: es,
+        };
+        // The sum goes to scratch first: the peers still read `data` until barrier B.
+        self.exchange::<T>("all_reduce_sum", mine, |peers| {
+            for p in peers {
+                check_len("all_reduce peer data", n, p.len)?;
+            }
+            let srcs: Vec<u64> = peers.iter().map(|p| p.ptr).collect();
+            // SAFETY: `tmp` holds n·es bytes, each source n elements, all waited on.
+            unsafe { self.sums.launch::<T>(&self.stream, tmp, &srcs, n) }
+        })?;
+        // After every peer's `done`: nobody reads `data` any more.
+        self.copy(ptr, tmp, n * es)
+    }
+
+    /// Sum over ranks of `input`, of which this rank receives chunk `rank`.
+    pub fn reduce_scatter_sum<T: GpuCommElem>(
+        &self,
+        input: CudaView<'_, T>,
+        mut out: CudaViewMut<'_, T>,
+    ) -> Result<(), KernelError> {
+        let c = out.len();
+        check_len("reduce_scatter input", self.size() * c, input.len())?;
+        let es = std::mem::size_of::<T>();
+        let (src, _read) = input.device_ptr(&self.stream);
+        let (dst, _write) = out.device_ptr_mut(&self.stream);
+        let mine = Published {
+            ptr: src,
+            len: input.len(),
+            elem_bytes: es,
+        };
+        let at = (self.rank * c * es) as u64;
+        self.exchange::<T>("reduce_scatter_sum", mine, |peers| {
+            for p in peers {
+                check_len("reduce_scatter peer input", self.size() * c, p.len)?;
+            }
+            let srcs: Vec<u64> = peers.iter().map(|p| p.ptr + at).collect();
+            // SAFETY: chunk `rank` of each peer's input and `out` hold c elements.
+            unsafe { self.sums.launch::<T>(&self.stream, dst, &srcs, c) }
+        })
+    }
+
+    /// Copies `root`'s `data` to every rank.
+    pub fn broadcast<T: GpuCommElem>(
+        &self,
+        mut data: CudaViewMut<'_, T>,
+        root: usize,
+    ) -> Result<(), KernelError> {
+        if root >= self.size() {
+            return Err(KernelError::Shape(format!(
+                "broadcast root {root} out of range"
+            )));
+        }
+        let n = data.len();
+        let es = std::mem::size_of::<T>();
+        let (ptr, _write) = data.device_ptr_mut(&self.stream);
+        let mine = Published {
+            ptr,
+            len: n,
+            elem_bytes: es,
+        };
+        self.exchange::<T>("broadcast", mine, |peers| {
+            check_len("broadcast root data", n, peers[root].len)?;
+            if root != self.rank {
+                self.copy(ptr, peers[root].ptr, n * es)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Uneven all-gather: rank `r` contributes `counts[r]` values; `out` is their
+    /// concatenation (one copy per rank, straight to its offset).
+    pub fn all_gather_varying<T: GpuCommElem>(
+        &self,
+        input: CudaView<'_, T>,
+        counts: &[usize],
+        mut out: CudaViewMut<'_, T>,
+    ) -> Result<(), KernelError> {
+        check_len("all_gather_varying counts", self.size(), counts.len())?;
+        check_len("all_gather_varying input", counts[self.rank], input.len())?;
+        check_len("all_gather_varying output", counts.iter().sum(), out.len())?;
+        let es = std::mem::size_of::<T>();
+        let (src, _read) = input.device_ptr(&self.stream);
+        let (dst, _write) = out.device_ptr_mut(&self.stream);
+        let mine = Published {
+            ptr: src,
+            len: input.len(),
+            elem_bytes: es,
+        };
+        self.exchange::<T>("all_gather_varying", mine, |peers| {
+            let mut at = 0;
+            for (p, &c) in peers.iter().zip(counts) {
+                check_len("all_gather_varying peer input", c, p.len)?;
+                self.copy(dst + (at * es) as u64, p.ptr, c * es)?;
+                at += c;
+            }
+            Ok(())
+        })
+    }
+
+    /// All-to-all: chunk `s` of `input` goes to rank `s`; chunk `r` of `out` comes from
+    /// rank `r`.
+    pub fn all_to_all<T: GpuCommElem>(
+        &self,
+        input: CudaView<'_, T>,
+        mut out: CudaViewMut<'_, T>,
+    ) -> Result<(), KernelError> {
+        let n = self.size();
+        check_all_to_all(n, input.len(), out.len())?;
+        let c = input.len() / n;
+        let es = std::mem::size_of::<T>();
+        let (src, _read) = input.device_ptr(&self.stream);
+        let (dst, _write) = out.device_ptr_mut(&self.stream);
+        let mine = Published {
+            ptr: src,
+            len: input.len(),
+            elem_bytes: es,
+        };
+        let my_chunk = (self.rank * c * es) as u64;
+        self.exchange::<T>("all_to_all", mine, |peers| {
+            for (r, p) in peers.iter().enumerate() {
+                check_len("all_to_all peer input", n * c, p.len)?;
+                self.copy(dst + (r * c * es) as u64, p.ptr + my_chunk, c * es)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Breaks the group: every rank waiting in a call, or calling later, fails.
+    pub fn abort(&self) {
+        self.shared.meet.break_group();
+    }
+}

@@ -1,0 +1,406 @@
+//! NCCL collectives on a rank's CUDA stream (cudarc's `nccl` binding, raw layer).
+//!
+//! cudarc's safe `Comm` is not used: its `Drop` panics when `ncclCommAbort` fails and it
+//! offers no abort of a live communicator, and a rank's group must be breakable from the
+//! supervisor's thread when a peer dies. The raw handle lives here in an `AtomicPtr`;
+//! calls are serialized by a mutex, which [`NcclCollectives::abort`] waits for only
+//! briefly: a call stuck inside NCCL (connection setup waiting for a dead peer) is what
+//! `ncclCommAbort` exists to unblock, so abort goes ahead without the lock then.
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use cudarc::nccl::result as nccl_result;
+use cudarc::nccl::sys::{ncclComm, ncclComm_t, ncclRedOp_t};
+
+use super::elem::{drv, nccl, GpuCommElem};
+use crate::comm::elems::check_all_to_all;
+use crate::error::{check_len, KernelError};
+
+/// How long [`NcclCollectives::abort`] waits for a call in progress before aborting
+/// under it.
+const ABORT_WAIT: Duration = Duration::from_secs(1);
+
+/// One rank's NCCL communicator, enqueuing on the rank's stream.
+///
+/// Every call enqueues on [`NcclCollectives::stream`] and returns at once (NCCL's
+/// semantics); a call between [`NcclCollectives::group_start`] and
+/// [`NcclCollectives::group_end`] is fused with the others of the group.
+pub struct NcclCollectives {
+    /// The communicator; null once aborted or destroyed. An NCCL communicator may be
+    /// used from any thread as long as its calls are not concurrent (`calls`).
+    comm: AtomicPtr<ncclComm>,
+    /// Held for the duration of every call on `comm`.
+    calls: Mutex<()>,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    size: usize,
+    aborted: AtomicBool,
+    /// An error of `group_start` (which returns nothing), reported by `group_end`.
+    group_error: Mutex<Option<KernelError>>,
+}
+
+impl NcclCollectives {
+    /// Wraps an initialized communicator of group rank `rank` of `size`.
+    pub(crate) fn from_raw(
+        comm: ncclComm_t,
+        stream: Arc<CudaStream>,
+        rank: usize,
+        size: usize,
+    ) -> Self {
+        Self {
+            comm: AtomicPtr::new(comm),
+            calls: Mutex::new(()),
+            stream,
+            rank,
+            size,
+            aborted: AtomicBool::new(false),
+            group_error: Mutex::new(None),
+        }
+    }
+
+    /// This rank's index in the group.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the group.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The stream every call enqueues on (the rank backend's stream).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Runs `f` with the live communicator and the stream's context current on this
+    /// thread; fails once the group was aborted.
+    fn with_comm<R>(
+        &self,
+        what: &str,
+        f: impl FnOnce(ncclComm_t) -> Result<R, KernelError>,
+    ) -> Result<R, KernelError> {
+        let _call = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        let comm = self.comm.load(Ordering::Acquire);
+        if comm.is_null() || self.aborted.load(Ordering::Acquire) {
+            return Err(KernelError::Comm(format!(
+                "{what}: the NCCL group was aborted (a rank of the group failed)"
+            )));
+        }
+        self.stream.context().bind_to_thread().map_err(drv(what))?;
+        f(comm)
+    }
+
+    fn cu_stream(&self) -> cudarc::nccl::sys::cudaStream_t {
+        self.stream.cu_stream() as _
+    }
+
+    /// Opens a group of calls issued together (`ncclGroupStart`).
+    pub fn group_start(&self) {
+        if let Err(e) = nccl_result::group_start() {
+            *self
+                .group_error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(nccl("ncclGroupStart")(e));
+        }
+    }
+
+    /// Closes the group (`ncclGroupEnd`), reporting an error of the matching
+    /// `group_start` too.
+    pub fn group_end(&self) -> Result<(), KernelError> {
+        let end = nccl_result::group_end()
+            .map(|_| ())
+            .map_err(nccl("ncclGroupEnd"));
+        if let Some(e) = self
+            .group_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            return Err(e);
+        }
+        end
+    }
+
+    /// `out` = every rank's `input`, concatenated in rank order (`ncclAllGather`).
+    pub fn all_gather<T: GpuCommElem>(
+        &self,
+        input: CudaView<'_, T>,
+        mut out: CudaViewMut<'_, T>,
+    ) -> Result<(), KernelError> {
+        check_len("all_gather output", self.size * input.len(), out.len())?;
+        self.with_comm("ncclAllGather", |comm| {
+            let (src, _read) = input.device_ptr(&self.stream);
+            let (dst, _write) = out.device_ptr_mut(&self.stream);
+            // SAFETY: both pointers are live device buffers of the stated lengths on this
+            // context; the guards keep cudarc's events until the call is enqueued.
+            unsafe {
+                nccl_result::all_gather(
+                    src as _,
+                    dst as _,
+                    input.len(),
+                    T::NCCL,
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map(|_| ())
+            .map_err(nccl("ncclAllGather"))
+        })
+    }
+
+    /// Element-wise sum over ranks, in place (`ncclAllReduce`). NCCL's sum order is its
+    /// own: every rank gets the same bits for a given algorithm, not those of the CPU's
+    /// rank-ordered sum.
+    pub fn all_reduce_sum<T: GpuCommElem>(
+        &self,
+        mut data: CudaViewMut<'_, T>,
+    ) -> Result<(), KernelError> {
+        let n = data.len();
+        self.with_comm("ncclAllReduce", |comm| {
+            let (ptr, _write) = data.device_ptr_mut(&self.stream);
+            // SAFETY: in-place all-reduce of a live device buffer of `n` elements.
+            unsafe {
+                nccl_result::all_reduce(
+                    ptr as _,
+                    ptr as _,
+                    n,
+                    T::NCCL,
+                    ncclRedOp_t::ncclSum,
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map(|_| ())
+            .map_err(nccl("ncclAllReduce"))
+        })
+    }
+
+    /// Sum over ranks of `input`, of which this rank receives chunk `rank`
+    /// (`ncclReduceScatter`).
+    pub fn reduce_scatter_sum<T: GpuCommElem>(
+        &self,
+        input: CudaView<'_, T>,
+        mut out: CudaViewMut<'_, T>,
+    ) -> Result<(), KernelError> {
+        check_len("reduce_scatter input", self.size * out.len(), input.len())?;
+        let n = out.len();
+        self.with_comm("ncclReduceScatter", |comm| {
+            let (src, _read) = input.device_ptr(&self.stream);
+            let (dst, _write) = out.device_ptr_mut(&self.stream);
+            // SAFETY: live device buffers of size × n and n elements.
+            unsafe {
+                nccl_result::reduce_scatter(
+                    src as _,
+                    dst as _,
+                    n,
+                    T::NCCL,
+                    ncclRedOp_t::ncclSum,
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map(|_| ())
+            .map_err(nccl("ncclReduceScatter"))
+        })
+    }
+
+    /// Copies `root`'s `data` to every rank (`ncclBroadcast`, in place).
+    pub fn broadcast<T: GpuCommElem>(
+        &self,
+        mut data: CudaViewMut<'_, T>,
+        root: usize,
+    ) -> Result<(), KernelError> {
+        if root >= self.size {
+            return Err(KernelError::Shape(format!(
+                "broadcast root {root} out of range"
+            )));
+        }
+        let n = data.len();
+        self.with_comm("ncclBroadcast", |comm| {
+            let (ptr, _write) = data.device_ptr_mut(&self.stream);
+            // SAFETY: in-place broadcast of a live buffer of n elements.
+            unsafe {
+                nccl_result::broadcast(
+                    ptr as _,
+                    ptr as _,
+                    n,
+                    T::NCCL,
+                    root as i32,
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map(|_| ())
+            .map_err(nccl("ncclBroadcast"))
+        })
+    }
+
+    /// Uneven all-gather: rank `r` contributes `counts[r]` values; `out` is their
+    /// concatenation. NCCL has no all-gather-v: this is one grouped `ncclBroadcast` per
+    /// rank, rank `r` the root of the `counts[r]` values that land at their offset of
+    /// `out` — no padding, no staging buffer, no compaction copy.
+    pub fn all_gather_varying<T: GpuCommElem>(
+        &self,
+        input: CudaView<'_, T>,
+        counts: &[usize],
+        mut out: CudaViewMut<'_, T>,
+    ) -> Result<(), KernelError> {
+        check_len("all_gather_varying counts", self.size, counts.len())?;
+        check_len("all_gather_varying input", counts[self.rank], input.len())?;
+        check_len("all_gather_varying output", counts.iter().sum(), out.len())?;
+        let elem = std::mem::size_of::<T>() as u64;
+        self.with_comm("all_gather_varying", |comm| {
+            let (src, _read) = input.device_ptr(&self.stream);
+            let (dst, _write) = out.device_ptr_mut(&self.stream);
+            nccl_result::group_start().map_err(nccl("ncclGroupStart"))?;
+            let mut at = 0u64;
+            let mut first_err = None;
+            for (root, &c) in counts.iter().enumerate() {
+                if c > 0 {
+                    let send = if root == self.rank { src } else { 0 };
+                    // SAFETY: `dst + at` holds `c` elements of `out`; on the root `src`
+                    // holds them; NCCL ignores the send pointer elsewhere.
+                    let r = unsafe {
+                        nccl_result::broadcast(
+                            send as _,
+                            (dst + at * elem) as _,
+                            c,
+                            T::NCCL,
+                            root as i32,
+                            comm,
+                            self.cu_stream(),
+                        )
+                    };
+                    if let Err(e) = r {
+                        first_err.get_or_insert(nccl("ncclBroadcast")(e));
+                    }
+                }
+                at += c as u64;
+            }
+            // The group must be closed even after a failed enqueue.
+            let end = nccl_result::group_end()
+                .map(|_| ())
+                .map_err(nccl("ncclGroupEnd"));
+            match first_err {
+                Some(e) => Err(e),
+                None => end,
+            }
+        })
+    }
+
+    /// All-to-all: chunk `s` of `input` goes to rank `s`; chunk `r` of `out` comes from
+    /// rank `r`. Grouped `ncclSend`/`ncclRecv` with every peer; this rank's own chunk is
+    /// a device-to-device copy on the stream.
+    pub fn all_to_all<T: GpuCommElem>(
+        &self,
+        input: CudaView<'_, T>,
+        mut out: CudaViewMut<'_, T>,
+    ) -> Result<(), KernelError> {
+        check_all_to_all(self.size, input.len(), out.len())?;
+        let c = input.len() / self.size;
+        let bytes = (c * std::mem::size_of::<T>()) as u64;
+        self.with_comm("all_to_all", |comm| {
+            let (src, _read) = input.device_ptr(&self.stream);
+            let (dst, _write) = out.device_ptr_mut(&self.stream);
+            let me = self.rank as u64;
+            if c > 0 {
+                // SAFETY: chunk `rank` of both buffers, `bytes` long, inside them.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        dst + me * bytes,
+                        src + me * bytes,
+                        bytes as usize,
+                        self.stream.cu_stream(),
+                    )
+                }
+                .map_err(drv("all_to_all own chunk"))?;
+            }
+            if c == 0 || self.size == 1 {
+                return Ok(());
+            }
+            nccl_result::group_start().map_err(nccl("ncclGroupStart"))?;
+            let mut first_err = None;
+            for peer in (0..self.size).filter(|&p| p != self.rank) {
+                let p = peer as u64;
+                // SAFETY: chunk `peer` of each buffer, `c` elements, inside the buffers.
+                let sent = unsafe {
+                    nccl_result::send(
+                        (src + p * bytes) as _,
+                        c,
+                        T::NCCL,
+                        peer as i32,
+                        comm,
+                        self.cu_stream(),
+                    )
+                };
+                // SAFETY: as above.
+                let got = unsafe {
+                    nccl_result::recv(
+                        (dst + p * bytes) as _,
+                        c,
+                        T::NCCL,
+                        peer as i32,
+                        comm,
+                        self.cu_stream(),
+                    )
+                };
+                if let Err(e) = sent.and(got) {
+                    first_err.get_or_insert(nccl("ncclSend/ncclRecv")(e));
+                }
+            }
+            let end = nccl_result::group_end()
+                .map(|_| ())
+                .map_err(nccl("ncclGroupEnd"));
+            match first_err {
+                Some(e) => Err(e),
+                None => end,
+            }
+        })
+    }
+
+    /// Breaks the group (`ncclCommAbort`): NCCL kernels waiting for a dead peer exit, and
+    /// every later call of this rank fails. Call it on every rank's handle (the
+    /// supervisor does, as with the in-process communicator).
+    pub fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        let _call = self.wait_for_calls(ABORT_WAIT);
+        let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !comm.is_null() {
+            // SAFETY: a live communicator, aborted once (the swap leaves no other owner);
+            // later calls find it null. When a call is still inside NCCL, this is the
+            // documented way to unblock it. An error leaves nothing to do.
+            let _ = unsafe { nccl_result::comm_abort(comm) };
+        }
+    }
+
+    /// The call lock, if no call holds it for longer than `patience`.
+    fn wait_for_calls(&self, patience: Duration) -> Option<MutexGuard<'_, ()>> {
+        let start = Instant::now();
+        loop {
+            match self.calls.try_lock() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < patience => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        }
+    }
+}
+
+impl Drop for NcclCollectives {
+    fn drop(&mut self) {
+        let comm = std::mem::replace(self.comm.get_mut(), std::ptr::null_mut());
+        if !comm.is_null() {
+            let _ = self.stream.context().bind_to_thread();
+            // SAFETY: a live communicator, destroyed once, after its last use (we own it).
+            // Errors on the way out are not actionable.
+            let _ = unsafe { nccl_result::comm_destroy(comm) };
+        }
+    }
+}
