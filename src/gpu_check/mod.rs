@@ -16,9 +16,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dcpserve::EngineConfig;
+use dcpserve::{Device, EngineConfig};
 use dcpserve_kernels::backend::compare::compare_with_cpu;
-use dcpserve_kernels::{Backend, CpuBackend};
+use dcpserve_kernels::{Backend, CpuBackend, CudaBackend};
 
 /// Arguments of `dcpserve gpu-check`.
 #[derive(Args, Debug)]
@@ -157,9 +157,22 @@ pub async fn run(args: &GpuCheckArgs) -> Result<()> {
     Ok(())
 }
 
-/// The checks on GPU 0 through the CUDA backend.
-async fn cuda_sections(_args: &GpuCheckArgs) -> Result<(String, Vec<Section>)> {
-    bail!("gpu-check --device cuda: the CUDA backend is not built into this binary")
+/// The checks on GPU 0 through the CUDA backend; the engine cases with `--device cuda`.
+async fn cuda_sections(args: &GpuCheckArgs) -> Result<(String, Vec<Section>)> {
+    let dev = CudaBackend::new(0).map_err(|e| anyhow::anyhow!("gpu-check --device cuda: {e}"))?;
+    let line = format!(
+        "device: cuda, GPU 0 of {}: {} ({:.1} GiB, {:.1} GiB free)",
+        dcpserve_kernels::cuda_device_count().unwrap_or(0),
+        dev.device_name(),
+        dev.total_memory().unwrap_or(0) as f64 / (1u64 << 30) as f64,
+        dev.free_memory().unwrap_or(0) as f64 / (1u64 << 30) as f64,
+    );
+    let checked = |c: EngineConfig| EngineConfig {
+        device: Device::Cuda,
+        ..c
+    };
+    let sections = sections_on(&dev, args, &checked).await?;
+    Ok((line, sections))
 }
 
 #[cfg(test)]

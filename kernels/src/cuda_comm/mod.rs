@@ -15,12 +15,12 @@
 //! for `T` = f32 or bf16 ([`GpuCommElem`]), plus `broadcast`. Every call enqueues on the
 //! stream the collectives were built with — the rank backend's stream — and returns.
 //!
-//! # Glue to the backend trait (added when the CUDA backend is merged)
+//! # Glue to the backend trait
 //!
-//! `CudaBackend` (in `crate::cuda`) has `View<'a> = CudaView<'a, f32>`,
-//! `ViewMut<'a> = CudaViewMut<'a, f32>` and one `Arc<CudaStream>` (`stream()`). The glue
-//! is one forwarding impl on [`GpuCollectives`] (either transport), in
-//! `cuda_comm/glue.rs`:
+//! `CudaBackend` (in `crate::cuda`) has `View<'a> = CudaRef<'a>` (a `Copy` handle whose
+//! `cuda()` is the `CudaView<'a, f32>`), `ViewMut<'a> = CudaViewMut<'a, f32>` and one
+//! `Arc<CudaStream>` (`stream()`). The glue is one forwarding impl on [`GpuCollectives`]
+//! (either transport), in `cuda_comm/glue.rs`, in this shape:
 //!
 //! ```text
 //! impl Collectives<CudaBackend> for GpuCollectives {
@@ -57,6 +57,7 @@
 mod choose;
 mod device_local;
 mod elem;
+mod glue;
 mod join;
 mod nccl;
 mod nccl_init;
