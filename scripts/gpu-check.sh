@@ -7,14 +7,15 @@
 #
 # The GPU machine has no Rust toolchain and no network, and one transfer carries at
 # most 64 MiB, so `--prepare` packs what it needs into gpu-bundle/ (ignored by git):
-#   gpu-bundle/1/dcpserve.gz + the first half of the default model,
+#   gpu-bundle/1/dcpserve.gz, the kernels' test binary, the first half of the model,
 #   gpu-bundle/2/            the second half.
 # Send them in two back-to-back device calls (carry gpu-bundle/1, then gpu-bundle/2
 # with this script as the command); the first call only unpacks.
 #
 # Steps, each with a time limit so the whole run stays under 8 minutes on one H200:
 #   1. nvidia-smi and the CUDA libraries found;
-#   2. `dcpserve gpu-check`: every op against the CPU backend, decode attention at 32k
+#   2. the generic op tests' CUDA arms (against f64 references), then
+#      `dcpserve gpu-check`: every op against the CPU backend, decode attention at 32k
 #      and 128k tokens against a device copy's bandwidth, the engine on the fixtures at
 #      tp=1, tp=2 dcp=2, tp=4 dcp=2 I=16 and MLA tp=4 dcp=4 against the CPU engine;
 #   3. `dcpserve serve` on the default model: the capital-of-France chat must say Paris;
@@ -33,6 +34,14 @@ if [[ "${1:-}" == "--prepare" ]]; then
     grep -qx '/gpu-bundle/' .git/info/exclude 2>/dev/null || echo '/gpu-bundle/' >>.git/info/exclude
     rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/1" "$BUNDLE/2"
     gzip -c target/release/dcpserve >"$BUNDLE/1/dcpserve.gz"
+    # The generic op tests (their `cuda` arms compare each op with an f64 reference).
+    tests=$(cargo test --release -p dcpserve-kernels --lib --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "dcpserve_kernels":
+        print(m["executable"])' | tail -1)
+    gzip -c "$tests" >"$BUNDLE/1/kernels-tests.gz"
     size=$(stat -c %s "models/$MODEL_FILE")
     half=$(((size / 2 / 4096 + 1) * 4096))
     head -c "$half" "models/$MODEL_FILE" >"$BUNDLE/1/model.part1"
@@ -86,7 +95,14 @@ dirs = sorted({os.path.dirname(p) for r in roots for p in glob.glob(os.path.join
 print(":".join(dirs))
 EOF
 )
-    export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # cudarc looks for libnccl.so, the NCCL wheel ships only libnccl.so.2.
+    mkdir -p /tmp/dcpserve-gpu/lib
+    for d in ${libdirs//:/ }; do
+        [[ -e "$d/libnccl.so.2" ]] && ln -sf "$d/libnccl.so.2" /tmp/dcpserve-gpu/lib/libnccl.so
+    done
+    export LD_LIBRARY_PATH="/tmp/dcpserve-gpu/lib:${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export DCPSERVE_CUDA_LIB_DIR="${DCPSERVE_CUDA_LIB_DIR:-$libdirs}"
+    export DCPSERVE_NVRTC_LIB_DIR="${DCPSERVE_NVRTC_LIB_DIR:-$(tr ':' '\n' <<<"$libdirs" | grep -m1 nvrtc || true)}"
     say "== device"
     (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true) | tee -a "$LOG"
     say "CUDA library folders: ${libdirs:-none found}"
@@ -94,7 +110,15 @@ fi
 say "binary: $BIN ($("$BIN" --version 2>&1))"
 
 status=0
-# --- 2. ops, bandwidth, engine on the fixtures -------------------------------------
+# --- 2a. the generic op tests' CUDA arms (each op against an f64 reference) ---------
+if [[ "$DEVICE" == cuda && -f "$BUNDLE/1/kernels-tests.gz" ]]; then
+    say "== op tests, cuda arms ($(elapsed))"
+    gunzip -c "$BUNDLE/1/kernels-tests.gz" >/tmp/dcpserve-gpu/kernels-tests
+    chmod +x /tmp/dcpserve-gpu/kernels-tests
+    timeout 120 /tmp/dcpserve-gpu/kernels-tests --test-threads=1 ::cuda >"$REPORT/op-tests.txt" 2>&1 || status=1
+    grep -E "^test |test result" "$REPORT/op-tests.txt" | tee -a "$LOG"
+fi
+# --- 2b. ops, bandwidth, engine on the fixtures ------------------------------------
 say "== gpu-check ($(elapsed))"
 if [[ "$DEVICE" == cuda ]]; then
     contexts=32768,131072

@@ -12,6 +12,9 @@ cargo fmt --all -- --check
 # The default build (no MPI) and the MPI build both lint clean.
 cargo clippy --workspace --release -- -D warnings
 cargo clippy --workspace --all-targets --release --features mpi -- -D warnings
+# Every CUDA kernel compiles with NVRTC, also here without a GPU (PyPI's wheel, cached).
+DCPSERVE_NVRTC_LIB_DIR="$(bash scripts/install-nvrtc.sh)"
+export DCPSERVE_NVRTC_LIB_DIR
 cargo test --workspace --release --features mpi
 # The HTTP API through the real `openai` Python client (pinned; installed in a venv).
 DCPSERVE_CARGO_FEATURES=mpi bash tests/python/run.sh

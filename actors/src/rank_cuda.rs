@@ -34,37 +34,40 @@ pub(crate) fn cuda_rank_backend(
     let gpu = gpu_for_rank(rank, visible)
         .ok_or("--device cuda: the CUDA driver shows no GPU to this process")?;
     if specs.micro_batches.len() > 1 {
-        return Err("--device cuda: two micro-batches (overlap_micro_batches) are not \
+        return Err(
+            "--device cuda: two micro-batches (overlap_micro_batches) are not \
                     supported on GPU ranks yet"
-            .into());
+                .into(),
+        );
     }
     if specs.link.is_some() {
         return Err("--device cuda: a modeled link is a CPU benchmark setting".into());
     }
     let backend = CudaBackend::new(gpu).map_err(|e| format!("--device cuda, GPU {gpu}: {e}"))?;
-    let join = |spec: &CommGroupSpec, what: &str| -> Result<Arc<dyn Collectives<CudaBackend>>, String> {
-        if !matches!(spec.transport, Transport::SharedMemory) {
-            return Err(format!(
-                "--device cuda: the {what} group spans processes; GPU ranks in several \
+    let join =
+        |spec: &CommGroupSpec, what: &str| -> Result<Arc<dyn Collectives<CudaBackend>>, String> {
+            if !matches!(spec.transport, Transport::SharedMemory) {
+                return Err(format!(
+                    "--device cuda: the {what} group spans processes; GPU ranks in several \
                  processes are not supported yet"
-            ));
-        }
-        let group_rank = spec
-            .group_rank(rank)
-            .ok_or_else(|| format!("rank {rank} is not in its {what} group"))?;
-        let (c, kind) = join_gpu_group(
-            spec.id.0,
-            group_rank,
-            spec.ranks.len(),
-            backend.stream().clone(),
-            JOIN_PATIENCE,
-        )
-        .map_err(|e| format!("--device cuda, {what} group: {e}"))?;
-        if group_rank == 0 {
-            tracing::info!(rank, group = what, "GPU collectives: {kind}");
-        }
-        Ok(Arc::new(c))
-    };
+                ));
+            }
+            let group_rank = spec
+                .group_rank(rank)
+                .ok_or_else(|| format!("rank {rank} is not in its {what} group"))?;
+            let (c, kind) = join_gpu_group(
+                spec.id.0,
+                group_rank,
+                spec.ranks.len(),
+                backend.stream().clone(),
+                JOIN_PATIENCE,
+            )
+            .map_err(|e| format!("--device cuda, {what} group: {e}"))?;
+            if group_rank == 0 {
+                tracing::info!(rank, group = what, "GPU collectives: {kind}");
+            }
+            Ok(Arc::new(c))
+        };
     let micro_batches = specs
         .micro_batches
         .iter()

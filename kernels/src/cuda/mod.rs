@@ -27,7 +27,7 @@
 //!   but not for large prefill batches (`Precision::Fast` uses cuBLAS tensor cores);
 //!   prefill attention is one block per (token, head) without tiling or tensor cores.
 //!   Nothing here has run on a GPU yet: the kernels compile (NVRTC, CI), the CUDA arms
-//!   of the op tests await a device (`scripts/gpu-check-cuda.sh`).
+//!   of the op tests await a device (`scripts/gpu-check.sh` runs them there).
 //!
 //! Libraries: `libcuda.so.1` from the driver; `libnvrtc.so.13` and `libcublas.so.13`
 //! from the loader path or from [`NVRTC_LIB_DIR_ENV`] / [`CUDA_LIB_DIR_ENV`].

@@ -100,7 +100,7 @@ mod tests {
             dev.matmul_each(&x, m, products, Precision::Exact).unwrap();
             assert_eq!(one, all, "m={m}");
         }
-        let mut short = vec![0.0; 3];
+        let mut short = [0.0; 3];
         let err = dev.matmul_each(
             &[0.0; 96],
             1,
