@@ -25,6 +25,7 @@ pub mod kv_dtype;
 pub mod link_model;
 pub mod overlap;
 pub mod sampling_params;
+mod shape_checks;
 
 // The CPU kernel modules, also at the crate root where callers have always found them.
 pub use cpu::{

@@ -69,18 +69,18 @@ fn diff(op: impl Into<String>, got: &[f32], want: &[f32]) -> Result<OpDiff, Kern
     })
 }
 
-/// Deterministic uniform values in `[-1, 1)`.
-struct Lcg(u64);
+/// Deterministic uniform values in `[-1, 1)` (also the op tests' inputs).
+pub(crate) struct Lcg(pub(crate) u64);
 
 impl Lcg {
-    fn next(&mut self) -> f32 {
+    pub(crate) fn next(&mut self) -> f32 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
+    pub(crate) fn vec(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| self.next()).collect()
     }
 }

@@ -9,21 +9,7 @@ use crate::test_on_every_backend;
 
 mod attention;
 
-/// Deterministic uniform values in `[-1, 1)`.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
+use super::compare::Lcg;
 
 fn all<'a, B: Backend>(dev: &B, buf: &'a B::Buffer) -> B::View<'a> {
     dev.view(buf, 0..dev.len(buf)).unwrap()

@@ -12,6 +12,7 @@
 
 use crate::cpu::kv_store::{KvMut, KvRef};
 use crate::dcp::merge::merge_rows;
+use crate::shape_checks::check_block_tables;
 // The attention tests check the merge of split partials through it.
 #[cfg(test)]
 use crate::dcp::merge::merge_partials;
@@ -339,33 +340,13 @@ fn validate(
     } else {
         k_cache.len() / (row * b.block_size)
     };
-    // Check each sequence's table once, up to the longest kv_len any token uses.
-    let mut need = vec![0usize; b.block_tables.len()];
-    for (&s, &l) in b.token_seq.iter().zip(b.token_kv_len) {
-        let slot = need.get_mut(s as usize).ok_or(KernelError::OutOfRange {
-            what: "token_seq",
-            value: s as usize,
-            limit: b.block_tables.len(),
-        })?;
-        *slot = (*slot).max((l as usize).div_ceil(b.block_size));
-    }
-    for (bt, &nb) in b.block_tables.iter().zip(&need) {
-        if nb > bt.len() {
-            return Err(KernelError::OutOfRange {
-                what: "kv_len blocks",
-                value: nb,
-                limit: bt.len() + 1,
-            });
-        }
-        if let Some(&bad) = bt[..nb].iter().find(|&&id| id as usize >= n_blocks) {
-            return Err(KernelError::OutOfRange {
-                what: "block id",
-                value: bad as usize,
-                limit: n_blocks,
-            });
-        }
-    }
-    Ok(())
+    check_block_tables(
+        b.token_seq,
+        b.token_kv_len,
+        b.block_tables,
+        b.block_size,
+        n_blocks,
+    )
 }
 
 /// Attends query heads `g·r..(g + groups)·r` (KV heads `g..g + groups`) of tokens

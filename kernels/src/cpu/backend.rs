@@ -1,5 +1,6 @@
 //! [`CpuBackend`]: the [`Backend`] over host memory, calling the CPU kernels directly.
 
+use crate::shape_checks::rope_token_width;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -285,17 +286,10 @@ impl Backend for CpuBackend {
         offset: usize,
         interleaved: bool,
     ) -> Result<(), KernelError> {
+        let width = rope_token_width(x.len(), positions.len())?;
         if positions.is_empty() {
-            return check_len("rope x", 0, x.len());
+            return Ok(());
         }
-        if !x.len().is_multiple_of(positions.len()) {
-            return Err(KernelError::Shape(format!(
-                "rope: {} values are not {} equal tokens",
-                x.len(),
-                positions.len()
-            )));
-        }
-        let width = x.len() / positions.len();
         for (token, &pos) in x.chunks_exact_mut(width).zip(positions) {
             if offset == 0 && stride == table.head_dim() {
                 table.apply(token, width / stride.max(1), pos, interleaved)?;

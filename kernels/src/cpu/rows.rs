@@ -7,34 +7,7 @@
 use crate::backend::Strided;
 use crate::cpu::kv_store::KvMut;
 use crate::error::{check_len, KernelError};
-
-/// Checks that `rows` rows of `width` values at `layout` fit in `len` values.
-fn check_strided(
-    what: &'static str,
-    layout: Strided,
-    rows: usize,
-    width: usize,
-    len: usize,
-) -> Result<(), KernelError> {
-    if rows == 0 || width == 0 {
-        return Ok(());
-    }
-    if layout.offset + width > layout.stride {
-        return Err(KernelError::Shape(format!(
-            "{what}: {width} values at offset {} overrun rows of {}",
-            layout.offset, layout.stride
-        )));
-    }
-    let end = (rows - 1) * layout.stride + layout.offset + width;
-    if end > len {
-        return Err(KernelError::OutOfRange {
-            what,
-            value: end,
-            limit: len + 1,
-        });
-    }
-    Ok(())
-}
+use crate::shape_checks::check_strided;
 
 /// See [`Backend::copy_strided`](crate::Backend::copy_strided).
 pub fn copy_strided(
@@ -43,8 +16,20 @@ pub fn copy_strided(
     rows: usize,
     width: usize,
 ) -> Result<(), KernelError> {
-    check_strided("strided copy source", s, rows, width, src.len())?;
-    check_strided("strided copy destination", d, rows, width, dst.len())?;
+    check_strided(
+        "strided copy source",
+        (s.stride, s.offset),
+        rows,
+        width,
+        src.len(),
+    )?;
+    check_strided(
+        "strided copy destination",
+        (d.stride, d.offset),
+        rows,
+        width,
+        dst.len(),
+    )?;
     if width == 0 {
         return Ok(());
     }

@@ -2,6 +2,7 @@
 //! with output and log-sum-exp, split along the keys for long contexts and merged by
 //! LSE, and the LSE merge and share ops of decode context parallelism.
 
+use crate::shape_checks::{check_block_tables, check_merge};
 use cudarc::driver::{
     CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
@@ -55,48 +56,6 @@ struct Job<'a> {
     block_tables: &'a [&'a [u32]],
 }
 
-/// Checks every token's sequence and block table against a cache of `n_blocks` blocks
-/// (as the CPU kernels do: the tables must cover each token's kv length).
-fn check_tables(
-    token_seq: &[u32],
-    token_kv_len: &[u32],
-    block_tables: &[&[u32]],
-    block_size: usize,
-    n_blocks: usize,
-) -> Result<(), KernelError> {
-    check_len(
-        "attention token_kv_len",
-        token_seq.len(),
-        token_kv_len.len(),
-    )?;
-    let mut need = vec![0usize; block_tables.len()];
-    for (&s, &l) in token_seq.iter().zip(token_kv_len) {
-        let slot = need.get_mut(s as usize).ok_or(KernelError::OutOfRange {
-            what: "token_seq",
-            value: s as usize,
-            limit: block_tables.len(),
-        })?;
-        *slot = (*slot).max((l as usize).div_ceil(block_size));
-    }
-    for (bt, &nb) in block_tables.iter().zip(&need) {
-        if nb > bt.len() {
-            return Err(KernelError::OutOfRange {
-                what: "kv_len blocks",
-                value: nb,
-                limit: bt.len() + 1,
-            });
-        }
-        if let Some(&bad) = bt[..nb].iter().find(|&&id| id as usize >= n_blocks) {
-            return Err(KernelError::OutOfRange {
-                what: "block id",
-                value: bad as usize,
-                limit: n_blocks,
-            });
-        }
-    }
-    Ok(())
-}
-
 impl CudaBackend {
     pub(crate) fn paged_attention_op(
         &self,
@@ -132,7 +91,7 @@ impl CudaBackend {
         } else {
             k_cache.len() / (row * p.block_size)
         };
-        check_tables(
+        check_block_tables(
             p.token_seq,
             p.token_kv_len,
             p.block_tables,
@@ -190,7 +149,7 @@ impl CudaBackend {
             ));
         }
         let n_blocks = cache.len() / (p.dim * p.block_size);
-        check_tables(
+        check_block_tables(
             p.token_seq,
             p.token_kv_len,
             p.block_tables,
@@ -330,17 +289,16 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
         lse: &mut CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
-        check_len(
-            "merge_partials partial_lse count",
-            partial_out.len(),
-            partial_lse.len(),
+        check_merge(
+            (partial_out.len(), partial_lse.len()),
+            partial_out
+                .iter()
+                .zip(partial_lse)
+                .map(|(o, l)| (o.len(), l.len())),
+            n_rows,
+            head_dim,
+            (out.len(), lse.len()),
         )?;
-        for (o, l) in partial_out.iter().zip(partial_lse) {
-            check_len("merge_partials partial_out", n_rows * head_dim, o.len())?;
-            check_len("merge_partials partial_lse", n_rows, l.len())?;
-        }
-        check_len("merge_partials out", n_rows * head_dim, out.len())?;
-        check_len("merge_partials lse_out", n_rows, lse.len())?;
         if n_rows == 0 {
             return Ok(());
         }
@@ -425,16 +383,5 @@ mod tests {
         assert_eq!(split_plan(1, 300), (1, 300));
         assert_eq!(split_plan(TARGET_BLOCKS, 100_000).0, 1);
         assert_eq!(split_plan(0, 0), (1, 1));
-    }
-
-    #[test]
-    fn block_tables_are_checked_against_the_cache() {
-        let (a, b): (&[u32], &[u32]) = (&[0, 1], &[2]);
-        assert!(check_tables(&[0, 1], &[8, 3], &[a, b], 4, 3).is_ok());
-        // Too few blocks for the length, a block id outside the cache, a bad sequence.
-        assert!(check_tables(&[1], &[5], &[a, b], 4, 3).is_err());
-        assert!(check_tables(&[0], &[8], &[a, b], 4, 1).is_err());
-        assert!(check_tables(&[2], &[1], &[a, b], 4, 3).is_err());
-        assert!(check_tables(&[0], &[1, 2], &[a], 4, 3).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! Element-wise and row ops of the CUDA backend: each validates like the CPU op, then
 //! launches its kernel from `kernels/elementwise.cu` or `kernels/rope_embed.cu`.
 
+use crate::shape_checks::{check_strided, rope_token_width};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, PushKernelArg};
 
 use crate::backend::Strided;
@@ -188,8 +189,20 @@ impl CudaBackend {
         rows: usize,
         width: usize,
     ) -> Result<(), KernelError> {
-        check_strided("strided copy source", s, rows, width, src.len())?;
-        check_strided("strided copy destination", d, rows, width, dst.len())?;
+        check_strided(
+            "strided copy source",
+            (s.stride, s.offset),
+            rows,
+            width,
+            src.len(),
+        )?;
+        check_strided(
+            "strided copy destination",
+            (d.stride, d.offset),
+            rows,
+            width,
+            dst.len(),
+        )?;
         if rows == 0 || width == 0 {
             return Ok(());
         }
@@ -266,17 +279,10 @@ impl CudaBackend {
         offset: usize,
         interleaved: bool,
     ) -> Result<(), KernelError> {
+        let width = rope_token_width(x.len(), positions.len())?;
         if positions.is_empty() {
-            return check_len("rope x", 0, x.len());
+            return Ok(());
         }
-        if !x.len().is_multiple_of(positions.len()) {
-            return Err(KernelError::Shape(format!(
-                "rope: {} values are not {} equal tokens",
-                x.len(),
-                positions.len()
-            )));
-        }
-        let width = x.len() / positions.len();
         let hd = table.head_dim();
         if stride == 0 || stride < offset + hd || !width.is_multiple_of(stride) {
             return Err(KernelError::Shape(format!(
@@ -342,33 +348,4 @@ pub(crate) fn row_indices(
             }
         })
         .collect()
-}
-
-/// Checks that `rows` rows of `width` values at `layout` fit in `len` values (as the
-/// CPU's `rows::copy_strided`).
-fn check_strided(
-    what: &'static str,
-    layout: Strided,
-    rows: usize,
-    width: usize,
-    len: usize,
-) -> Result<(), KernelError> {
-    if rows == 0 || width == 0 {
-        return Ok(());
-    }
-    if layout.offset + width > layout.stride {
-        return Err(KernelError::Shape(format!(
-            "{what}: {width} values at offset {} overrun rows of {}",
-            layout.offset, layout.stride
-        )));
-    }
-    let end = (rows - 1) * layout.stride + layout.offset + width;
-    if end > len {
-        return Err(KernelError::OutOfRange {
-            what,
-            value: end,
-            limit: len + 1,
-        });
-    }
-    Ok(())
 }

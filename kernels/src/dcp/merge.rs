@@ -5,6 +5,7 @@
 //! weight 0, never NaN.
 
 use crate::error::{check_len, KernelError};
+use crate::shape_checks::check_merge;
 
 /// Merges attention partials computed over disjoint KV shards.
 ///
@@ -29,17 +30,16 @@ pub fn merge_partials(
     out: &mut [f32],
     lse_out: &mut [f32],
 ) -> Result<(), KernelError> {
-    check_len(
-        "merge_partials partial_lse count",
-        partial_out.len(),
-        partial_lse.len(),
+    check_merge(
+        (partial_out.len(), partial_lse.len()),
+        partial_out
+            .iter()
+            .zip(partial_lse)
+            .map(|(o, l)| (o.len(), l.len())),
+        n_rows,
+        head_dim,
+        (out.len(), lse_out.len()),
     )?;
-    for (o, l) in partial_out.iter().zip(partial_lse) {
-        check_len("merge_partials partial_out", n_rows * head_dim, o.len())?;
-        check_len("merge_partials partial_lse", n_rows, l.len())?;
-    }
-    check_len("merge_partials out", n_rows * head_dim, out.len())?;
-    check_len("merge_partials lse_out", n_rows, lse_out.len())?;
     merge_rows(
         partial_out.len(),
         |i| partial_out[i],

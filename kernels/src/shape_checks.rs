@@ -1,0 +1,142 @@
+//! Argument checks that every backend makes the same way, so a bad shape gets the same
+//! error from the CPU and the GPU.
+
+use crate::error::{check_len, KernelError};
+
+/// Checks that `rows` rows of `width` values, `stride` apart and starting `offset`
+/// into each row, fit in `len` values.
+pub(crate) fn check_strided(
+    what: &'static str,
+    (stride, offset): (usize, usize),
+    rows: usize,
+    width: usize,
+    len: usize,
+) -> Result<(), KernelError> {
+    if rows == 0 || width == 0 {
+        return Ok(());
+    }
+    if offset + width > stride {
+        return Err(KernelError::Shape(format!(
+            "{what}: {width} values at offset {offset} overrun rows of {stride}"
+        )));
+    }
+    let end = (rows - 1) * stride + offset + width;
+    if end > len {
+        return Err(KernelError::OutOfRange {
+            what,
+            value: end,
+            limit: len + 1,
+        });
+    }
+    Ok(())
+}
+
+/// The width of each token's part of a RoPE input of `len` values for `tokens`
+/// positions (which must divide it).
+pub(crate) fn rope_token_width(len: usize, tokens: usize) -> Result<usize, KernelError> {
+    if tokens == 0 {
+        check_len("rope x", 0, len)?;
+        return Ok(0);
+    }
+    if !len.is_multiple_of(tokens) {
+        return Err(KernelError::Shape(format!(
+            "rope: {len} values are not {tokens} equal tokens"
+        )));
+    }
+    Ok(len / tokens)
+}
+
+/// Checks every token's sequence and block table against a cache of `n_blocks` blocks:
+/// each sequence's table must cover the longest kv length any of its tokens uses.
+pub(crate) fn check_block_tables(
+    token_seq: &[u32],
+    token_kv_len: &[u32],
+    block_tables: &[&[u32]],
+    block_size: usize,
+    n_blocks: usize,
+) -> Result<(), KernelError> {
+    check_len(
+        "attention token_kv_len",
+        token_seq.len(),
+        token_kv_len.len(),
+    )?;
+    // Each sequence's table once, up to the longest kv_len any token uses.
+    let mut need = vec![0usize; block_tables.len()];
+    for (&s, &l) in token_seq.iter().zip(token_kv_len) {
+        let slot = need.get_mut(s as usize).ok_or(KernelError::OutOfRange {
+            what: "token_seq",
+            value: s as usize,
+            limit: block_tables.len(),
+        })?;
+        *slot = (*slot).max((l as usize).div_ceil(block_size));
+    }
+    for (bt, &nb) in block_tables.iter().zip(&need) {
+        if nb > bt.len() {
+            return Err(KernelError::OutOfRange {
+                what: "kv_len blocks",
+                value: nb,
+                limit: bt.len() + 1,
+            });
+        }
+        if let Some(&bad) = bt[..nb].iter().find(|&&id| id as usize >= n_blocks) {
+            return Err(KernelError::OutOfRange {
+                what: "block id",
+                value: bad as usize,
+                limit: n_blocks,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the shapes of an LSE merge: `(outputs, lses)` partials, `parts` gives each
+/// partial's (output, lse) lengths.
+pub(crate) fn check_merge(
+    (outputs, lses): (usize, usize),
+    parts: impl Iterator<Item = (usize, usize)>,
+    n_rows: usize,
+    head_dim: usize,
+    (out_len, lse_len): (usize, usize),
+) -> Result<(), KernelError> {
+    check_len("merge_partials partial_lse count", outputs, lses)?;
+    for (o, l) in parts {
+        check_len("merge_partials partial_out", n_rows * head_dim, o)?;
+        check_len("merge_partials partial_lse", n_rows, l)?;
+    }
+    check_len("merge_partials out", n_rows * head_dim, out_len)?;
+    check_len("merge_partials lse_out", n_rows, lse_len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_tables_must_cover_every_tokens_keys() {
+        let (a, b): (&[u32], &[u32]) = (&[0, 1], &[2]);
+        assert!(check_block_tables(&[0, 1], &[8, 3], &[a, b], 4, 3).is_ok());
+        assert!(check_block_tables(&[1], &[5], &[a, b], 4, 3).is_err());
+        assert!(check_block_tables(&[0], &[8], &[a, b], 4, 1).is_err());
+        assert!(check_block_tables(&[2], &[1], &[a, b], 4, 3).is_err());
+        assert!(check_block_tables(&[0], &[1, 2], &[a], 4, 3).is_err());
+    }
+
+    #[test]
+    fn strided_rows_and_rope_tokens() {
+        assert!(check_strided("s", (8, 2), 3, 6, 24).is_ok());
+        assert!(check_strided("s", (8, 3), 3, 6, 100).is_err());
+        assert!(check_strided("s", (8, 2), 3, 6, 23).is_err());
+        assert_eq!(rope_token_width(12, 3).unwrap(), 4);
+        assert!(rope_token_width(13, 3).is_err());
+        assert!(rope_token_width(1, 0).is_err());
+    }
+
+    #[test]
+    fn merge_shapes() {
+        let ok = check_merge((2, 2), [(8, 2), (8, 2)].into_iter(), 2, 4, (8, 2));
+        assert!(ok.is_ok());
+        assert!(check_merge((2, 1), [(8, 2)].into_iter(), 2, 4, (8, 2)).is_err());
+        assert!(check_merge((1, 1), [(7, 2)].into_iter(), 2, 4, (8, 2)).is_err());
+        assert!(check_merge((1, 1), [(8, 2)].into_iter(), 2, 4, (8, 3)).is_err());
+    }
+}
