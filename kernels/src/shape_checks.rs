@@ -1,7 +1,9 @@
 //! Argument checks that every backend makes the same way, so a bad shape gets the same
 //! error from the CPU and the GPU.
 
+use crate::backend::{PagedAttentionParams, Strided};
 use crate::error::{check_len, KernelError};
+use crate::kv_dtype::KvCacheDType;
 
 /// Checks that `rows` rows of `width` values, `stride` apart and starting `offset`
 /// into each row, fit in `len` values.
@@ -29,6 +31,60 @@ pub(crate) fn check_strided(
         });
     }
     Ok(())
+}
+
+/// Checks both sides of a strided copy (see `Backend::copy_strided`).
+pub(crate) fn check_strided_copy(
+    (src_len, s): (usize, Strided),
+    (dst_len, d): (usize, Strided),
+    rows: usize,
+    width: usize,
+) -> Result<(), KernelError> {
+    let src = "strided copy source";
+    check_strided(src, (s.stride, s.offset), rows, width, src_len)?;
+    let dst = "strided copy destination";
+    check_strided(dst, (d.stride, d.offset), rows, width, dst_len)
+}
+
+/// Checks a paged GQA attention call: head counts, the lengths of `q`, `out` and `lse`
+/// (`q_out_lse`), the K and V caches (`(elements, dtype)` each) and every token's block
+/// table.
+pub(crate) fn check_paged_attention(
+    p: &PagedAttentionParams<'_>,
+    (q_len, out_len, lse_len): (usize, usize, usize),
+    (k_len, k_dtype): (usize, KvCacheDType),
+    (v_len, v_dtype): (usize, KvCacheDType),
+) -> Result<(), KernelError> {
+    let (nq, nkv, hd) = (p.n_q_heads, p.n_kv_heads, p.head_dim);
+    if nkv == 0 || nq % nkv != 0 || p.block_size == 0 {
+        return Err(KernelError::Shape(format!(
+            "n_q_heads={nq} must be a multiple of n_kv_heads={nkv} > 0, block_size={} > 0",
+            p.block_size
+        )));
+    }
+    let n = p.token_seq.len();
+    check_len("attention q", n * nq * hd, q_len)?;
+    check_len("attention out", n * nq * hd, out_len)?;
+    check_len("attention lse", n * nq, lse_len)?;
+    check_len("attention v_cache", k_len, v_len)?;
+    if k_dtype != v_dtype {
+        return Err(KernelError::Shape(format!(
+            "K cache is {k_dtype}, V cache {v_dtype}: both must have one element type"
+        )));
+    }
+    let row = nkv * hd;
+    let n_blocks = if row == 0 {
+        0
+    } else {
+        k_len / (row * p.block_size)
+    };
+    check_block_tables(
+        p.token_seq,
+        p.token_kv_len,
+        p.block_tables,
+        p.block_size,
+        n_blocks,
+    )
 }
 
 /// The width of each token's part of a RoPE input of `len` values for `tokens`

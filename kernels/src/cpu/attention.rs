@@ -10,9 +10,10 @@
 //! split of the KV range. Each K/V row is then streamed from memory once per tile and
 //! reused from L1 for every query row of the tile (see `avx512`).
 
+use crate::backend::PagedAttentionParams;
 use crate::cpu::kv_store::{KvMut, KvRef};
 use crate::dcp::merge::merge_rows;
-use crate::shape_checks::check_block_tables;
+use crate::shape_checks::check_paged_attention;
 // The attention tests check the merge of split partials through it.
 #[cfg(test)]
 use crate::dcp::merge::merge_partials;
@@ -315,37 +316,22 @@ fn validate(
     lse: &[f32],
 ) -> Result<(), KernelError> {
     let n_tokens = b.token_seq.len();
-    let (nq, nkv, hd) = (b.n_q_heads, b.n_kv_heads, b.head_dim);
-    if nkv == 0 || nq % nkv != 0 || b.block_size == 0 {
-        return Err(KernelError::Shape(format!(
-            "n_q_heads={nq} must be a multiple of n_kv_heads={nkv} > 0, block_size={} > 0",
-            b.block_size
-        )));
-    }
     check_len("attention token_kv_len", n_tokens, b.token_kv_len.len())?;
-    check_len("attention q", n_tokens * nq * hd, b.q.len())?;
-    check_len("attention out", n_tokens * nq * hd, out.len())?;
-    check_len("attention lse", n_tokens * nq, lse.len())?;
-    check_len("attention v_cache", k_cache.len(), v_cache.len())?;
-    if k_cache.dtype() != v_cache.dtype() {
-        return Err(KernelError::Shape(format!(
-            "K cache is {}, V cache {}: both must have one element type",
-            k_cache.dtype(),
-            v_cache.dtype()
-        )));
-    }
-    let row = nkv * hd;
-    let n_blocks = if row == 0 {
-        0
-    } else {
-        k_cache.len() / (row * b.block_size)
+    let p = PagedAttentionParams {
+        n_q_heads: b.n_q_heads,
+        n_kv_heads: b.n_kv_heads,
+        head_dim: b.head_dim,
+        block_size: b.block_size,
+        scale: b.scale,
+        token_seq: b.token_seq,
+        token_kv_len: b.token_kv_len,
+        block_tables: b.block_tables,
     };
-    check_block_tables(
-        b.token_seq,
-        b.token_kv_len,
-        b.block_tables,
-        b.block_size,
-        n_blocks,
+    check_paged_attention(
+        &p,
+        (b.q.len(), out.len(), lse.len()),
+        (k_cache.len(), k_cache.dtype()),
+        (v_cache.len(), v_cache.dtype()),
     )
 }
 

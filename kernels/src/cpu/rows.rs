@@ -7,7 +7,7 @@
 use crate::backend::Strided;
 use crate::cpu::kv_store::KvMut;
 use crate::error::{check_len, KernelError};
-use crate::shape_checks::check_strided;
+use crate::shape_checks::check_strided_copy;
 
 /// See [`Backend::copy_strided`](crate::Backend::copy_strided).
 pub fn copy_strided(
@@ -16,20 +16,7 @@ pub fn copy_strided(
     rows: usize,
     width: usize,
 ) -> Result<(), KernelError> {
-    check_strided(
-        "strided copy source",
-        (s.stride, s.offset),
-        rows,
-        width,
-        src.len(),
-    )?;
-    check_strided(
-        "strided copy destination",
-        (d.stride, d.offset),
-        rows,
-        width,
-        dst.len(),
-    )?;
+    check_strided_copy((src.len(), s), (dst.len(), d), rows, width)?;
     if width == 0 {
         return Ok(());
     }

@@ -2,7 +2,7 @@
 //! with output and log-sum-exp, split along the keys for long contexts and merged by
 //! LSE, and the LSE merge and share ops of decode context parallelism.
 
-use crate::shape_checks::{check_block_tables, check_merge};
+use crate::shape_checks::{check_block_tables, check_merge, check_paged_attention};
 use cudarc::driver::{
     CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
@@ -67,37 +67,14 @@ impl CudaBackend {
         lse: &mut CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
         let n = p.token_seq.len();
-        let (nq, nkv, hd) = (p.n_q_heads, p.n_kv_heads, p.head_dim);
-        if nkv == 0 || nq % nkv != 0 || p.block_size == 0 {
-            return Err(KernelError::Shape(format!(
-                "n_q_heads={nq} must be a multiple of n_kv_heads={nkv} > 0, block_size={} > 0",
-                p.block_size
-            )));
-        }
-        check_len("attention q", n * nq * hd, q.len())?;
-        check_len("attention out", n * nq * hd, out.len())?;
-        check_len("attention lse", n * nq, lse.len())?;
-        check_len("attention v_cache", k_cache.len(), v_cache.len())?;
-        if k_cache.dtype() != v_cache.dtype() {
-            return Err(KernelError::Shape(format!(
-                "K cache is {}, V cache {}: both must have one element type",
-                k_cache.dtype(),
-                v_cache.dtype()
-            )));
-        }
-        let row = nkv * hd;
-        let n_blocks = if row == 0 {
-            0
-        } else {
-            k_cache.len() / (row * p.block_size)
-        };
-        check_block_tables(
-            p.token_seq,
-            p.token_kv_len,
-            p.block_tables,
-            p.block_size,
-            n_blocks,
+        check_paged_attention(
+            p,
+            (q.len(), out.len(), lse.len()),
+            (k_cache.len(), k_cache.dtype()),
+            (v_cache.len(), v_cache.dtype()),
         )?;
+        let (nq, nkv, hd) = (p.n_q_heads, p.n_kv_heads, p.head_dim);
+        let row = nkv * hd;
         if n == 0 || hd == 0 || nq == 0 {
             return self.fill_op(lse, f32::NEG_INFINITY);
         }

@@ -1,7 +1,7 @@
 //! Element-wise and row ops of the CUDA backend: each validates like the CPU op, then
 //! launches its kernel from `kernels/elementwise.cu` or `kernels/rope_embed.cu`.
 
-use crate::shape_checks::{check_strided, rope_token_width};
+use crate::shape_checks::{check_strided_copy, rope_token_width};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, PushKernelArg};
 
 use crate::backend::Strided;
@@ -189,20 +189,7 @@ impl CudaBackend {
         rows: usize,
         width: usize,
     ) -> Result<(), KernelError> {
-        check_strided(
-            "strided copy source",
-            (s.stride, s.offset),
-            rows,
-            width,
-            src.len(),
-        )?;
-        check_strided(
-            "strided copy destination",
-            (d.stride, d.offset),
-            rows,
-            width,
-            dst.len(),
-        )?;
+        check_strided_copy((src.len(), s), (dst.len(), d), rows, width)?;
         if rows == 0 || width == 0 {
             return Ok(());
         }
