@@ -170,8 +170,13 @@ kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
 # --- 5. the planner against the KV tokens the server logged ------------------------
 if [[ "$DEVICE" == cuda ]]; then
     say "== plan ($(elapsed))"
-    grep -m1 "KV cache" "$REPORT/serve.log" | tee -a "$LOG"
-    "$BIN" plan --model "models/$MODEL_FILE" --hardware h200 --gpus 1 2>&1 | tee -a "$LOG" | tail -15
+    grep -m2 "KV cache" "$REPORT/serve.log" | tee -a "$LOG"
+    # The same rule and inputs as the engine: bf16 weights (GGUF dequantized at load), a
+    # bf16 cache, the device's memory as the driver reports it.
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+    gb=$(python3 -c "print(${mib:-0} * 1048576 / 1e9)")
+    "$BIN" plan --model "models/$MODEL_FILE" --hardware h200 --gpus 1 --mem-per-gpu-gb "$gb" \
+        --weight-dtype bf16 --kv-dtype bf16 2>&1 | tee -a "$LOG" | tail -15
 fi
 say "== done in $(elapsed), status $status"
 exit $status

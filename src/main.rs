@@ -140,6 +140,10 @@ struct EngineArgs {
     /// CUDA backend has not run on a GPU yet).
     #[arg(long, default_value = "cpu")]
     device: dcpserve::Device,
+    /// With --device cuda: the share of each GPU's memory to use (weights, activations
+    /// and the KV cache sized from what remains), as vLLM's flag.
+    #[arg(long, default_value_t = 0.9)]
+    gpu_memory_utilization: f64,
     /// Quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights on the CPU: int8 (activations quantized to
     /// int8 per 32-block, VNNI/AVX2 integer dot products), f32 (weights decoded to
     /// f32), or auto (f32 unless DCPSERVE_CPU_MATMUL=int8; int8 costs accuracy).
@@ -222,6 +226,7 @@ impl EngineArgs {
         let cfg = EngineConfig {
             dtype: self.dtype.parse::<DType>()?,
             device: self.device,
+            gpu_memory_utilization: self.gpu_memory_utilization,
             cpu_matmul: self.cpu_matmul.parse::<dcpserve::CpuMatmul>()?,
             kv_cache_dtype: dcpserve::parse_kv_cache_dtype(&self.kv_cache_dtype)?,
             block_size: self.block_size,

@@ -81,6 +81,10 @@ pub struct ServeArgs {
     /// the CUDA backend has not run on a GPU yet).
     #[arg(long)]
     pub device: Option<dcpserve_kernels::Device>,
+    /// With --device cuda: the share of each GPU's memory to use (weights, activations
+    /// and the KV cache sized from what remains), as vLLM's flag [default: 0.9].
+    #[arg(long)]
+    pub gpu_memory_utilization: Option<f64>,
     /// Quantized weights on the CPU: auto (= f32 unless DCPSERVE_CPU_MATMUL=int8), int8
     /// (int8 activations, VNNI/AVX2 integer dot products) or f32 (weights decoded).
     #[arg(long)]
@@ -166,6 +170,7 @@ impl ServeArgs {
             kv_cache_dtype: self.kv_cache_dtype.clone(),
             cpu_matmul: self.cpu_matmul.clone(),
             device: self.device,
+            gpu_memory_utilization: self.gpu_memory_utilization,
             enable_prefix_caching: if self.no_enable_prefix_caching {
                 Some(false)
             } else if self.enable_prefix_caching {

@@ -17,6 +17,7 @@
 mod attention;
 pub mod block_manager;
 pub mod collective;
+mod gpu_kv_budget;
 mod host_buffers;
 pub mod kv_manager_actor;
 pub mod placement;

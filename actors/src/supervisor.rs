@@ -5,14 +5,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dcpserve_config::EngineConfig;
+use dcpserve_config::{DType, EngineConfig};
 use dcpserve_kernels::dcp::Layout;
+use dcpserve_kernels::Device;
 use dcpserve_kernels::LinkModel;
 use dcpserve_model::arch::{kv_capacity, KvStorage, MtpLayer, WeightPrecision};
-use dcpserve_model::ModelFiles;
+use dcpserve_model::{ModelConfig, ModelFiles};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::collective::CollectiveMsg;
+use crate::gpu_kv_budget::{kv_budget_per_rank, weights_per_rank, GpuMemory};
 use crate::kv_manager_actor::{KvManagerActor, KvManagerArgs, KvManagerMsg};
 use crate::rank::{RankMsg, StepReport};
 use crate::rank_group::{Executor, RankGroup, RankGroupSpec};
@@ -106,6 +108,30 @@ fn default_kv_bytes(ranks: usize) -> u64 {
         .map(|kb| kb * 1024)
         .unwrap_or(4 << 30);
     (available / 4 / ranks as u64).min(8 << 30)
+}
+
+/// KV-cache bytes per CUDA rank: vLLM's `--gpu-memory-utilization` rule on GPU 0 (the
+/// device with the most ranks when ranks are placed round-robin), stated in the log.
+fn gpu_kv_bytes(
+    e: &EngineConfig,
+    cfg: &ModelConfig,
+    local_ranks: usize,
+) -> Result<u64, ActorProcessingErr> {
+    let visible = dcpserve_kernels::cuda_device_count()
+        .map_err(|err| format!("--device cuda: {err}"))?
+        .max(1);
+    let total = dcpserve_kernels::cuda_total_memory(0)
+        .map_err(|err| format!("--device cuda: {err}"))? as u64;
+    let tp = e.parallel.tensor_parallel_size;
+    let memory = GpuMemory {
+        total,
+        utilization: e.gpu_memory_utilization,
+        weights_per_rank: weights_per_rank(cfg, tp, e.dtype == DType::Float32),
+        ranks: local_ranks.div_ceil(visible),
+    };
+    let (bytes, text) = kv_budget_per_rank(memory)?;
+    tracing::info!("{text}");
+    Ok(bytes)
 }
 
 /// The draft proposer `--speculative-config` asks for, if any. A draft model gets the
@@ -223,9 +249,11 @@ impl Actor for ModelSupervisor {
         // Where the ranks run, checked before any weight is read.
         let executor = executor(e.distributed_executor_backend)?;
         let local_ranks = executor.process_map(tp)?.ranks_per_process;
-        let budget = e
-            .kv_cache_memory_bytes
-            .unwrap_or_else(|| default_kv_bytes(local_ranks));
+        let budget = match (e.kv_cache_memory_bytes, e.device) {
+            (Some(bytes), _) => bytes,
+            (None, Device::Cpu) => default_kv_bytes(local_ranks),
+            (None, Device::Cuda) => gpu_kv_bytes(e, cfg, local_ranks)?,
+        };
         // MLA: one latent row per token per layer on each rank that stores the token;
         // standard attention: K and V of the rank's KV heads.
         // The MTP layer keeps its latents in one more layer of the same cache.

@@ -79,8 +79,13 @@ pub struct EngineConfig {
     pub kv_cache_dtype: Option<KvCacheDType>,
     /// Tokens per KV block on one rank (B); a virtual block holds B × dcp tokens.
     pub block_size: usize,
-    /// KV-cache bytes per rank; `None` derives it from free memory.
+    /// KV-cache bytes per rank; `None` derives it from free memory (CPU) or, on CUDA
+    /// devices, from `gpu_memory_utilization` of the device memory.
     pub kv_cache_memory_bytes: Option<u64>,
+    /// Share of a GPU's memory the engine may use (weights, activations, KV cache), as
+    /// vLLM's `--gpu-memory-utilization`; only with `device = cuda` and no
+    /// `kv_cache_memory_bytes`.
+    pub gpu_memory_utilization: f64,
     /// Longest prompt + output; `None` uses the model's context length.
     pub max_model_len: Option<usize>,
     /// Most sequences in one step.
@@ -131,6 +136,7 @@ impl Default for EngineConfig {
             kv_cache_dtype: None,
             block_size: 16,
             kv_cache_memory_bytes: None,
+            gpu_memory_utilization: 0.9,
             max_model_len: None,
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,

@@ -79,6 +79,8 @@ pub struct ModelEntry {
     pub dtype: Option<String>,
     /// `cpu` (default) or `cuda`, as `--device`.
     pub device: Option<dcpserve_kernels::Device>,
+    /// Share of each GPU's memory to use, as `--gpu-memory-utilization` (default 0.9).
+    pub gpu_memory_utilization: Option<f64>,
     /// `auto`, `float32`, `bfloat16`, `fp8` (= `fp8_e4m3`) or `fp8_e5m2`, as vLLM's
     /// `--kv-cache-dtype` (see `EngineConfig::kv_cache_dtype`).
     pub kv_cache_dtype: Option<String>,
@@ -134,6 +136,9 @@ impl ModelEntry {
                 None => DType::Auto,
             },
             device: self.device.unwrap_or(d.device),
+            gpu_memory_utilization: self
+                .gpu_memory_utilization
+                .unwrap_or(d.gpu_memory_utilization),
             kv_cache_dtype: match &self.kv_cache_dtype {
                 Some(s) => crate::engine::parse_kv_cache_dtype(s)?,
                 None => None,
@@ -276,6 +281,7 @@ mod tests {
             dtype = "float32"
             kv_cache_dtype = "fp8"
             device = "cuda"
+            gpu_memory_utilization = 0.8
             [models.sampling]
             temperature = 0.5
             max_tokens = 12
@@ -291,8 +297,13 @@ mod tests {
         assert_eq!(e.parallel.tensor_parallel_size, 2);
         assert_eq!(e.dtype, DType::Float32);
         assert_eq!(e.kv_cache_dtype(), dcpserve_kernels::KvCacheDType::Fp8E4M3);
+        assert_eq!(e.gpu_memory_utilization, 0.8);
         let b = cfg.models[1].engine_config().unwrap();
         assert_eq!(b.kv_cache_dtype, None, "auto when left out");
+        assert_eq!(
+            b.gpu_memory_utilization, 0.9,
+            "vLLM's default when left out"
+        );
         assert_eq!(e.device, dcpserve_kernels::Device::Cuda);
         assert_eq!(b.device, dcpserve_kernels::Device::Cpu, "cpu when left out");
         assert_eq!(cfg.models[0].sampling.max_tokens, Some(12));

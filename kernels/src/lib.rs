@@ -43,7 +43,7 @@ pub use comm::{
 pub use cpu::int8_matmul::{matmul_int8, CpuMatmul, Int8Isa};
 pub use cpu::kv_store::{KvMut, KvRef, KvStore};
 pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
-pub use cuda::{cuda_device_count, CudaBackend};
+pub use cuda::{cuda_device_count, cuda_total_memory, CudaBackend};
 pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};
 pub use device::Device;
 pub use dtype::{DType, QK_K};

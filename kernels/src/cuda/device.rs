@@ -246,3 +246,18 @@ pub fn cuda_device_count() -> Result<usize, KernelError> {
         ))),
     }
 }
+
+/// Total memory of CUDA device `ordinal` in bytes (for sizing the KV cache before any
+/// rank starts), without compiling kernels or creating a stream.
+pub fn cuda_total_memory(ordinal: usize) -> Result<usize, KernelError> {
+    require_driver()?;
+    let count = cuda_device_count()?;
+    if ordinal >= count {
+        return Err(KernelError::Unavailable(format!(
+            "no CUDA device {ordinal}: the driver shows {count}"
+        )));
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("creating a context", e))?;
+    ctx.total_mem()
+        .map_err(|e| driver_err("reading the device's memory", e))
+}

@@ -47,7 +47,9 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
 
 pub use cudarc::driver::{CudaView, CudaViewMut};
-pub use device::{cuda_device_count, cuda_driver_version, CUDA_LIB_DIR_ENV, NVRTC_LIB_DIR_ENV};
+pub use device::{
+    cuda_device_count, cuda_driver_version, cuda_total_memory, CUDA_LIB_DIR_ENV, NVRTC_LIB_DIR_ENV,
+};
 pub use matmul::CudaMatrix;
 pub use memory::{CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
 pub use module::{compile_kernels, CompiledSource, KernelSource, SOURCES};
