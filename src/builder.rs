@@ -82,6 +82,12 @@ impl EngineBuilder {
         self
     }
 
+    /// How GPU ranks multiply by bf16 weights (default: bf16 tensor-core GEMMs).
+    pub fn gpu_matmul(mut self, mode: dcpserve_kernels::GpuMatmul) -> Self {
+        self.config.gpu_matmul = mode;
+        self
+    }
+
     /// How the KV cache stores values (default `auto`: float32 under `DType::Float32`,
     /// bfloat16 otherwise; see [`EngineConfig::kv_cache_dtype`]).
     pub fn kv_cache_dtype(mut self, dtype: dcpserve_kernels::KvCacheDType) -> Self {

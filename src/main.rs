@@ -144,6 +144,10 @@ struct EngineArgs {
     /// and the KV cache sized from what remains), as vLLM's flag.
     #[arg(long, default_value_t = 0.9)]
     gpu_memory_utilization: f64,
+    /// With --device cuda: bf16 (cuBLAS bf16 tensor-core GEMMs with f32 accumulation, as
+    /// vLLM) or exact (f32 activations times bf16 weights, closest to the CPU engine).
+    #[arg(long, default_value = "bf16")]
+    gpu_matmul: dcpserve::GpuMatmul,
     /// Quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights on the CPU: int8 (activations quantized to
     /// int8 per 32-block, VNNI/AVX2 integer dot products), f32 (weights decoded to
     /// f32), or auto (f32 unless DCPSERVE_CPU_MATMUL=int8; int8 costs accuracy).
@@ -227,6 +231,7 @@ impl EngineArgs {
             dtype: self.dtype.parse::<DType>()?,
             device: self.device,
             gpu_memory_utilization: self.gpu_memory_utilization,
+            gpu_matmul: self.gpu_matmul,
             cpu_matmul: self.cpu_matmul.parse::<dcpserve::CpuMatmul>()?,
             kv_cache_dtype: dcpserve::parse_kv_cache_dtype(&self.kv_cache_dtype)?,
             block_size: self.block_size,

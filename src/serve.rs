@@ -85,6 +85,10 @@ pub struct ServeArgs {
     /// and the KV cache sized from what remains), as vLLM's flag [default: 0.9].
     #[arg(long)]
     pub gpu_memory_utilization: Option<f64>,
+    /// With --device cuda: bf16 (cuBLAS bf16 tensor-core GEMMs, f32 accumulation) or
+    /// exact (f32 activations, closest to the CPU engine) [default: bf16].
+    #[arg(long)]
+    pub gpu_matmul: Option<crate::GpuMatmul>,
     /// Quantized weights on the CPU: auto (= f32 unless DCPSERVE_CPU_MATMUL=int8), int8
     /// (int8 activations, VNNI/AVX2 integer dot products) or f32 (weights decoded).
     #[arg(long)]
@@ -171,6 +175,7 @@ impl ServeArgs {
             cpu_matmul: self.cpu_matmul.clone(),
             device: self.device,
             gpu_memory_utilization: self.gpu_memory_utilization,
+            gpu_matmul: self.gpu_matmul,
             enable_prefix_caching: if self.no_enable_prefix_caching {
                 Some(false)
             } else if self.enable_prefix_caching {

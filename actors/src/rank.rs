@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use dcpserve_kernels::{Backend, CpuBackend, CpuMatmul, Device, KvCacheDType};
+use dcpserve_kernels::{Backend, CpuBackend, CpuMatmul, Device, GpuMatmul, KvCacheDType};
 use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, TurnPoints, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -64,6 +64,8 @@ pub struct RankArgs {
     pub device: Device,
     /// How the rank's CPU backend multiplies by quantized weights.
     pub cpu_matmul: CpuMatmul,
+    /// How the rank's CUDA backend multiplies by bf16 weights.
+    pub gpu_matmul: GpuMatmul,
     pub placement: Placement,
     pub num_blocks: usize,
     /// How the rank's KV cache stores values.
@@ -223,7 +225,7 @@ fn compute_thread(
             let backend = CpuBackend::new(args.threads.max(1)).with_cpu_matmul(args.cpu_matmul);
             run_rank(args, backend, comms, jobs, ready, myself)
         }
-        Device::Cuda => match crate::rank_cuda::cuda_rank_backend(args.rank, &args.comm_specs) {
+        Device::Cuda => match crate::rank_cuda::cuda_rank_backend(args.rank, &args.comm_specs, args.gpu_matmul) {
             Ok((backend, gpu_comms)) => run_rank(args, backend, gpu_comms, jobs, ready, myself),
             Err(e) => {
                 let _ = ready.send(Err(format!("rank {}: {e}", args.rank)));

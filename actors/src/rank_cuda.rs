@@ -15,7 +15,7 @@ use std::time::Duration;
 use dcpserve_kernels::comm::{CommGroupSpec, Transport};
 use dcpserve_kernels::cuda_comm::{cuda_devices_for_ranks, join_gpu_group};
 use dcpserve_kernels::device::gpu_for_rank;
-use dcpserve_kernels::{Collectives, CudaBackend};
+use dcpserve_kernels::{Collectives, CudaBackend, GpuMatmul};
 use dcpserve_model::arch::RankComms;
 
 use crate::collective::{RankChannels, RankCommSpecs};
@@ -29,6 +29,7 @@ const JOIN_PATIENCE: Duration = Duration::from_secs(120);
 pub(crate) fn cuda_rank_backend(
     rank: usize,
     specs: &RankCommSpecs,
+    gpu_matmul: GpuMatmul,
 ) -> Result<(CudaBackend, RankChannels<CudaBackend>), String> {
     let visible = cuda_devices_for_ranks().map_err(|e| format!("--device cuda: {e}"))?;
     let gpu = gpu_for_rank(rank, visible)
@@ -43,7 +44,9 @@ pub(crate) fn cuda_rank_backend(
     if specs.link.is_some() {
         return Err("--device cuda: a modeled link is a CPU benchmark setting".into());
     }
-    let backend = CudaBackend::new(gpu).map_err(|e| format!("--device cuda, GPU {gpu}: {e}"))?;
+    let backend = CudaBackend::new(gpu)
+        .map(|b| b.with_gpu_matmul(gpu_matmul))
+        .map_err(|e| format!("--device cuda, GPU {gpu}: {e}"))?;
     let join =
         |spec: &CommGroupSpec, what: &str| -> Result<Arc<dyn Collectives<CudaBackend>>, String> {
             if !matches!(spec.transport, Transport::SharedMemory) {

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use dcpserve_kernels::dcp::MergeExchange;
-use dcpserve_kernels::{CpuMatmul, Device, KvCacheDType};
+use dcpserve_kernels::{CpuMatmul, Device, GpuMatmul, KvCacheDType};
 
 use crate::parallel::{ConfigError, ParallelConfig};
 use crate::speculative::SpeculativeConfig;
@@ -86,6 +86,10 @@ pub struct EngineConfig {
     /// vLLM's `--gpu-memory-utilization`; only with `device = cuda` and no
     /// `kv_cache_memory_bytes`.
     pub gpu_memory_utilization: f64,
+    /// How GPU ranks multiply by bf16 weights (`--gpu-matmul`): cuBLAS bf16 tensor-core
+    /// GEMMs with f32 accumulation (`bf16`, the default, as vLLM) or f32 activations
+    /// (`exact`, closest to the CPU engine).
+    pub gpu_matmul: GpuMatmul,
     /// Longest prompt + output; `None` uses the model's context length.
     pub max_model_len: Option<usize>,
     /// Most sequences in one step.
@@ -137,6 +141,7 @@ impl Default for EngineConfig {
             block_size: 16,
             kv_cache_memory_bytes: None,
             gpu_memory_utilization: 0.9,
+            gpu_matmul: GpuMatmul::Bf16,
             max_model_len: None,
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,

@@ -81,6 +81,8 @@ pub struct ModelEntry {
     pub device: Option<dcpserve_kernels::Device>,
     /// Share of each GPU's memory to use, as `--gpu-memory-utilization` (default 0.9).
     pub gpu_memory_utilization: Option<f64>,
+    /// `bf16` (default) or `exact`, as `--gpu-matmul`.
+    pub gpu_matmul: Option<dcpserve_kernels::GpuMatmul>,
     /// `auto`, `float32`, `bfloat16`, `fp8` (= `fp8_e4m3`) or `fp8_e5m2`, as vLLM's
     /// `--kv-cache-dtype` (see `EngineConfig::kv_cache_dtype`).
     pub kv_cache_dtype: Option<String>,
@@ -139,6 +141,7 @@ impl ModelEntry {
             gpu_memory_utilization: self
                 .gpu_memory_utilization
                 .unwrap_or(d.gpu_memory_utilization),
+            gpu_matmul: self.gpu_matmul.unwrap_or(d.gpu_matmul),
             kv_cache_dtype: match &self.kv_cache_dtype {
                 Some(s) => crate::engine::parse_kv_cache_dtype(s)?,
                 None => None,
@@ -282,6 +285,7 @@ mod tests {
             kv_cache_dtype = "fp8"
             device = "cuda"
             gpu_memory_utilization = 0.8
+            gpu_matmul = "exact"
             [models.sampling]
             temperature = 0.5
             max_tokens = 12
@@ -298,12 +302,14 @@ mod tests {
         assert_eq!(e.dtype, DType::Float32);
         assert_eq!(e.kv_cache_dtype(), dcpserve_kernels::KvCacheDType::Fp8E4M3);
         assert_eq!(e.gpu_memory_utilization, 0.8);
+        assert_eq!(e.gpu_matmul, dcpserve_kernels::GpuMatmul::Exact);
         let b = cfg.models[1].engine_config().unwrap();
         assert_eq!(b.kv_cache_dtype, None, "auto when left out");
         assert_eq!(
             b.gpu_memory_utilization, 0.9,
             "vLLM's default when left out"
         );
+        assert_eq!(b.gpu_matmul, dcpserve_kernels::GpuMatmul::Bf16);
         assert_eq!(e.device, dcpserve_kernels::Device::Cuda);
         assert_eq!(b.device, dcpserve_kernels::Device::Cpu, "cpu when left out");
         assert_eq!(cfg.models[0].sampling.max_tokens, Some(12));

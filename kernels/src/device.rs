@@ -38,6 +38,47 @@ impl std::fmt::Display for Device {
     }
 }
 
+/// How a GPU rank multiplies activations by bf16 weights (`--gpu-matmul`).
+///
+/// ```
+/// use dcpserve_kernels::device::GpuMatmul;
+/// assert_eq!("exact".parse::<GpuMatmul>().unwrap(), GpuMatmul::Exact);
+/// assert_eq!(GpuMatmul::default(), GpuMatmul::Bf16);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMatmul {
+    /// cuBLAS bf16 tensor-core GEMMs with f32 accumulation, activations rounded to bf16
+    /// (vLLM's way; the default).
+    #[default]
+    Bf16,
+    /// f32 activations times bf16 weights in f32 (no activation rounding): the
+    /// reference path that matches the CPU engine closely, slower for large batches.
+    Exact,
+}
+
+impl std::str::FromStr for GpuMatmul {
+    type Err = KernelError;
+    fn from_str(s: &str) -> Result<Self, KernelError> {
+        match s.trim() {
+            "bf16" => Ok(GpuMatmul::Bf16),
+            "exact" => Ok(GpuMatmul::Exact),
+            other => Err(KernelError::Shape(format!(
+                "unknown GPU matmul `{other}`: expected bf16 or exact"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for GpuMatmul {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GpuMatmul::Bf16 => "bf16",
+            GpuMatmul::Exact => "exact",
+        })
+    }
+}
+
 /// The GPU ordinal of global rank `rank` when `visible` GPUs are visible: `rank mod
 /// visible`, so ranks share GPUs round-robin when there are more ranks than GPUs. The
 /// ordinal counts visible GPUs only: the driver itself applies `CUDA_VISIBLE_DEVICES`.
@@ -66,6 +107,18 @@ mod tests {
         assert_eq!(on(4, 2), vec![Some(0), Some(1), Some(0), Some(1)]);
         assert_eq!(on(2, 8), vec![Some(0), Some(1)]);
         assert_eq!(on(2, 0), vec![None, None]);
+    }
+
+    #[test]
+    fn gpu_matmul_parses_and_prints() {
+        for m in [GpuMatmul::Bf16, GpuMatmul::Exact] {
+            assert_eq!(m.to_string().parse::<GpuMatmul>().unwrap(), m);
+        }
+        assert!("f32"
+            .parse::<GpuMatmul>()
+            .unwrap_err()
+            .to_string()
+            .contains("bf16 or exact"));
     }
 
     #[test]

@@ -159,7 +159,10 @@ pub async fn run(args: &GpuCheckArgs) -> Result<()> {
 
 /// The checks on GPU 0 through the CUDA backend; the engine cases with `--device cuda`.
 async fn cuda_sections(args: &GpuCheckArgs) -> Result<(String, Vec<Section>)> {
-    let dev = CudaBackend::new(0).map_err(|e| anyhow::anyhow!("gpu-check --device cuda: {e}"))?;
+    // Exact products for the op checks (`Precision::Fast` cases cover the tensor cores).
+    let dev = CudaBackend::new(0)
+        .map(|d| d.with_gpu_matmul(dcpserve_kernels::GpuMatmul::Exact))
+        .map_err(|e| anyhow::anyhow!("gpu-check --device cuda: {e}"))?;
     let line = format!(
         "device: cuda, GPU 0 of {}: {} ({:.1} GiB, {:.1} GiB free)",
         dcpserve_kernels::cuda_device_count().unwrap_or(0),

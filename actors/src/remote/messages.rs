@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dcpserve_kernels::{CpuMatmul, Device, KvCacheDType};
+use dcpserve_kernels::{CpuMatmul, Device, GpuMatmul, KvCacheDType};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use serde::de::DeserializeOwned;
@@ -86,6 +86,7 @@ pub struct RankSpec {
     /// Where the rank computes (`--device`; a CUDA rank picks GPU `rank mod visible`).
     pub device: Device,
     pub cpu_matmul: CpuMatmul,
+    pub gpu_matmul: GpuMatmul,
     pub placement: Placement,
     pub num_blocks: usize,
     pub kv_cache_dtype: KvCacheDType,
@@ -113,6 +114,7 @@ impl RankSpec {
             precision: self.precision,
             device: self.device,
             cpu_matmul: self.cpu_matmul,
+            gpu_matmul: self.gpu_matmul,
             placement: self.placement,
             num_blocks: self.num_blocks,
             kv_cache_dtype: self.kv_cache_dtype,

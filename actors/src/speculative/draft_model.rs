@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use dcpserve_config::{MergeExchange, ParallelConfig};
 use dcpserve_kernels::spec_sampling::{target_probs, TargetProbs};
-use dcpserve_kernels::{sample, CpuMatmul, Device, KvCacheDType, Rng, SamplingParams};
+use dcpserve_kernels::{
+    sample, CpuMatmul, Device, GpuMatmul, KvCacheDType, Rng, SamplingParams,
+};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use futures::future::BoxFuture;
@@ -30,6 +32,8 @@ pub struct DraftModelSpec {
     pub device: Device,
     /// How the draft ranks multiply by quantized weights.
     pub cpu_matmul: CpuMatmul,
+    /// How the draft's CUDA ranks multiply by bf16 weights.
+    pub gpu_matmul: GpuMatmul,
     pub block_size: usize,
     /// KV blocks per draft rank.
     pub num_blocks: usize,
@@ -93,6 +97,7 @@ impl DraftModelProposer {
             precision: spec.precision,
             device: spec.device,
             cpu_matmul: spec.cpu_matmul,
+            gpu_matmul: spec.gpu_matmul,
             layout,
             num_blocks: spec.num_blocks,
             kv_cache_dtype: spec.kv_cache_dtype,

@@ -113,6 +113,7 @@ struct Matmul {
     w: WeightMatrix,
     x: Vec<f32>,
     m: usize,
+    precision: Precision,
 }
 
 impl HostOp for Matmul {
@@ -125,7 +126,7 @@ impl HostOp for Matmul {
             self.m,
             &w,
             whole_mut(dev, &mut out)?,
-            Precision::Exact,
+            self.precision,
         )?;
         Ok(vec![download(dev, &out)?])
     }
@@ -437,13 +438,20 @@ pub fn compare_with_cpu<B: Backend>(dev: &B, cpu: &CpuBackend) -> Result<Vec<OpD
     ] {
         let (n, k) = (96, 256);
         let w = WeightMatrix::from_f32(n, k, rng.vec(n * k))?.to_format(dtype)?;
-        for m in [1, 37] {
+        // `Fast` lets both sides round activations to bf16 for bf16 weights (a GPU's
+        // tensor cores, the CPU's `vdpbf16ps`).
+        for (m, precision) in [
+            (1, Precision::Exact),
+            (37, Precision::Exact),
+            (37, Precision::Fast),
+        ] {
             let op = Matmul {
                 w: w.clone(),
                 x: rng.vec(m * k),
                 m,
+                precision,
             };
-            let name = format!("matmul {dtype:?} m={m}");
+            let name = format!("matmul {dtype:?} m={m} {precision:?}");
             compare_op(dev, cpu, &op, &[&name], &mut out)?;
         }
     }

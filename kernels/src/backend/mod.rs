@@ -484,7 +484,10 @@ macro_rules! test_on_every_backend {
 
                 #[test]
                 fn cuda() {
-                    match $crate::cuda::CudaBackend::new(0) {
+                    // Exact products, so `Precision::Exact` means what it does on the CPU.
+                    match $crate::cuda::CudaBackend::new(0)
+                        .map(|d| d.with_gpu_matmul($crate::GpuMatmul::Exact))
+                    {
                         Ok(dev) => super::$name(&dev),
                         Err($crate::KernelError::Unavailable(why)) => {
                             // Straight to stderr, past the harness's capture.

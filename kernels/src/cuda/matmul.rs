@@ -14,6 +14,7 @@ use crate::cuda::{grid, launch_err, CudaBackend};
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::f32_to_bf16;
+use crate::device::GpuMatmul;
 use crate::matmul::Precision;
 use crate::weights::WeightMatrix;
 
@@ -107,6 +108,11 @@ impl CudaBackend {
             i32::try_from(v).map_err(|_| KernelError::Shape(format!("matmul: {v} exceeds cuBLAS")))
         });
         let [mi, ni, ki] = [dims[0].clone()?, dims[1].clone()?, dims[2].clone()?];
+        // `--gpu-matmul bf16` (the default) runs every bf16 product on tensor cores.
+        let precision = match self.gpu_matmul() {
+            GpuMatmul::Bf16 => Precision::Fast,
+            GpuMatmul::Exact => precision,
+        };
         match (&w.data, precision) {
             (Weights::F32(wd), _) => self.gemm(GemmArgs {
                 x: GemmInput::F32(x),

@@ -8,9 +8,10 @@
 //!   [`KvCacheDType`](crate::KvCacheDType) (bf16 is the usual choice on a GPU).
 //! * Weights: f32 matrices stay f32; every other format (f16, bf16, the GGML quants) is
 //!   decoded on the host and stored as bf16 at upload ([`CudaMatrix`]). `matmul` uses
-//!   cuBLAS (SGEMM for f32; bf16 tensor-core GEMM with f32 accumulation under
-//!   [`Precision::Fast`](crate::Precision::Fast)) and an exact bf16-weight kernel under
-//!   [`Precision::Exact`](crate::Precision::Exact).
+//!   cuBLAS (SGEMM for f32; bf16 tensor-core GEMM with f32 accumulation for bf16
+//!   weights, the default [`GpuMatmul::Bf16`] and always under
+//!   [`Precision::Fast`](crate::Precision::Fast)) and, with [`GpuMatmul::Exact`], an
+//!   exact bf16-weight kernel for [`Precision::Exact`](crate::Precision::Exact) products.
 //! * Kernels: CUDA C in `kernels/src/cuda/kernels/*.cu`, compiled by NVRTC to a CUBIN
 //!   for the device's architecture once per process ([`compile_kernels`]).
 //! * One context (the device's primary context, shared by every backend on that GPU)
@@ -55,6 +56,7 @@ pub use memory::{CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
 pub use module::{compile_kernels, CompiledSource, KernelSource, SOURCES};
 pub use ops::CudaRope;
 
+use crate::device::GpuMatmul;
 use crate::error::KernelError;
 use device::{
     driver_err, keep_pool_memory, require_cublas, require_cuda13, require_driver, require_nvrtc,
@@ -84,6 +86,8 @@ pub struct CudaBackend {
     /// cuBLAS handles are not safe to use from two threads at once; the trait is `Sync`.
     blas: Mutex<CudaBlas>,
     name: String,
+    /// How products with bf16 weights run (`--gpu-matmul`).
+    gpu_matmul: GpuMatmul,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -140,7 +144,21 @@ impl CudaBackend {
             kernels,
             blas: Mutex::new(blas),
             name,
+            gpu_matmul: GpuMatmul::default(),
         })
+    }
+
+    /// Sets how products with bf16 weights run: cuBLAS bf16 tensor-core GEMMs (the
+    /// default; every `matmul` then runs as [`Precision::Fast`](crate::Precision::Fast)
+    /// would) or the exact f32-activation kernel (each `matmul` as its caller asks).
+    pub fn with_gpu_matmul(mut self, mode: GpuMatmul) -> Self {
+        self.gpu_matmul = mode;
+        self
+    }
+
+    /// How products with bf16 weights run.
+    pub fn gpu_matmul(&self) -> GpuMatmul {
+        self.gpu_matmul
     }
 
     /// The stream every op of this backend is enqueued on (NCCL collectives of the
