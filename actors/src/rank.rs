@@ -225,12 +225,15 @@ fn compute_thread(
             let backend = CpuBackend::new(args.threads.max(1)).with_cpu_matmul(args.cpu_matmul);
             run_rank(args, backend, comms, jobs, ready, myself)
         }
-        Device::Cuda => match crate::rank_cuda::cuda_rank_backend(args.rank, &args.comm_specs, args.gpu_matmul) {
-            Ok((backend, gpu_comms)) => run_rank(args, backend, gpu_comms, jobs, ready, myself),
-            Err(e) => {
-                let _ = ready.send(Err(format!("rank {}: {e}", args.rank)));
+        Device::Cuda => {
+            match crate::rank_cuda::cuda_rank_backend(args.rank, &args.comm_specs, args.gpu_matmul)
+            {
+                Ok((backend, gpu_comms)) => run_rank(args, backend, gpu_comms, jobs, ready, myself),
+                Err(e) => {
+                    let _ = ready.send(Err(format!("rank {}: {e}", args.rank)));
+                }
             }
-        },
+        }
     }
 }
 

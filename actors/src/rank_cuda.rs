@@ -1,13 +1,13 @@
 //! A CUDA rank's backend and collectives: the rank's GPU (rank r on GPU r mod the
 //! visible count), its [`CudaBackend`] (one context and stream), and one GPU group
 //! handle per communicator group of its [`RankCommSpecs`] — NCCL when the group's
-//! ranks are on distinct GPUs, device-to-device copies when they share one (NCCL
-//! refuses two ranks of a communicator on one device); the choice is logged.
+//! ranks are on distinct GPUs, device-to-device copies when some share one (NCCL
+//! refuses two ranks of a communicator on one device; e.g. 4 ranks on 2 GPUs use peer
+//! copies between the GPUs); the choice is logged.
 //!
 //! Not yet: GPU ranks in several processes (a group spanning processes needs an NCCL
-//! id sent over MPI, `Transport::Nccl`), a world group mixing shared and distinct GPUs
-//! (e.g. 4 ranks on 2 GPUs), two micro-batches (overlap) and modeled links. Each is
-//! refused here with a message saying so.
+//! id sent over MPI, `Transport::Nccl`), two micro-batches (overlap) and modeled links.
+//! Each is refused here with a message saying so.
 
 use std::sync::Arc;
 use std::time::Duration;

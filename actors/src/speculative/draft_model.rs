@@ -8,9 +8,7 @@ use std::sync::Arc;
 
 use dcpserve_config::{MergeExchange, ParallelConfig};
 use dcpserve_kernels::spec_sampling::{target_probs, TargetProbs};
-use dcpserve_kernels::{
-    sample, CpuMatmul, Device, GpuMatmul, KvCacheDType, Rng, SamplingParams,
-};
+use dcpserve_kernels::{sample, CpuMatmul, Device, GpuMatmul, KvCacheDType, Rng, SamplingParams};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use futures::future::BoxFuture;

@@ -11,10 +11,10 @@ use cudarc::driver::{
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::CudaRef;
 use crate::cuda::{grid, launch_err, CudaBackend};
+use crate::device::GpuMatmul;
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::f32_to_bf16;
-use crate::device::GpuMatmul;
 use crate::matmul::Precision;
 use crate::weights::WeightMatrix;
 

@@ -1,4 +1,4 @@
-//! Which GPU communicator a group of ranks gets: NCCL, or device-local copies.
+//! Which GPU communicator a group of ranks gets: NCCL, or in-process device copies.
 
 use std::fmt;
 
@@ -19,11 +19,12 @@ pub enum GpuCommKind {
         /// Ranks in the group.
         ranks: usize,
     },
-    /// Some ranks share a GPU and others do not: neither transport serves the group as
-    /// it is (a hierarchical one, device-local inside a GPU and NCCL between GPUs, is not
-    /// written). Placement `rank mod visible GPUs` produces it for a group larger than
-    /// the GPU count on more than one GPU, e.g. 4 ranks on 2 GPUs: `[0, 1, 0, 1]`.
-    Unsupported {
+    /// Some ranks share a GPU and others do not (placement `rank mod visible GPUs` gives
+    /// it for a group larger than the GPU count on more than one GPU, e.g. 4 ranks on 2
+    /// GPUs: `[0, 1, 0, 1]`): NCCL refuses the shared GPUs, so the ranks (threads of one
+    /// process) use the device-local communicator across GPUs, with peer copies
+    /// (`cuMemcpyPeerAsync`) between GPUs ([`super::DeviceLocalCollectives`]).
+    InProcess {
         /// The device ordinal of each rank, in group order.
         devices: Vec<usize>,
     },
@@ -31,13 +32,14 @@ pub enum GpuCommKind {
 
 /// Picks the communicator for a group whose rank `i` runs on GPU `devices[i]`: NCCL when
 /// the ranks are on distinct GPUs (a group of one included), the device-local
-/// communicator when they all share one GPU. Log the result's [`Display`](fmt::Display):
-/// it says which and why.
+/// communicator otherwise (on one GPU, or across GPUs of which some are shared). Log the
+/// result's [`Display`](fmt::Display): it says which and why.
 ///
 /// ```
 /// use dcpserve_kernels::cuda_comm::{choose_gpu_collectives, GpuCommKind};
 /// assert!(matches!(choose_gpu_collectives(&[0, 1]), GpuCommKind::Nccl { .. }));
 /// assert!(matches!(choose_gpu_collectives(&[0, 0]), GpuCommKind::DeviceLocal { device: 0, ranks: 2 }));
+/// assert!(matches!(choose_gpu_collectives(&[0, 1, 0, 1]), GpuCommKind::InProcess { .. }));
 /// ```
 pub fn choose_gpu_collectives(devices: &[usize]) -> GpuCommKind {
     let mut sorted = devices.to_vec();
@@ -53,7 +55,7 @@ pub fn choose_gpu_collectives(devices: &[usize]) -> GpuCommKind {
             ranks: devices.len(),
         }
     } else {
-        GpuCommKind::Unsupported {
+        GpuCommKind::InProcess {
             devices: devices.to_vec(),
         }
     }
@@ -71,9 +73,9 @@ impl fmt::Display for GpuCommKind {
                 f,
                 "device-local copies: the group's {ranks} ranks share GPU {device} (NCCL refuses two ranks of one communicator on one GPU)"
             ),
-            GpuCommKind::Unsupported { devices } => write!(
+            GpuCommKind::InProcess { devices } => write!(
                 f,
-                "no GPU communicator: the group's ranks are on GPUs {devices:?}, some shared and some not (use a group size that divides into the visible GPUs, or one GPU per rank)"
+                "in-process device copies: the group's ranks are on GPUs {devices:?}, some shared (NCCL refuses two ranks of one communicator on one GPU); peer copies between GPUs"
             ),
         }
     }

@@ -1,6 +1,9 @@
-//! Collectives of ranks that share one GPU: device-to-device copies and a fixed-order
-//! sum kernel between the ranks' streams, no NCCL (which refuses two ranks of one
-//! communicator on one device).
+//! Collectives of GPU ranks that are threads of one process, some of them sharing a GPU:
+//! device-to-device copies and a fixed-order sum kernel between the ranks' streams, no
+//! NCCL (which refuses two ranks of one communicator on one device). Ranks on one GPU
+//! read each other's buffers directly; a peer on another GPU is reached by a peer copy
+//! (`cuMemcpyPeerAsync`, which needs no peer access to be enabled), and the values a sum
+//! needs from such peers are copied next to the summing rank first.
 //!
 //! One call, on rank `r` of `n`:
 //!
@@ -8,7 +11,8 @@
 //!    buffer's pointer is published; host barrier A.
 //! 2. Rank `r`'s stream waits on the peers' `ready` events (`cuStreamWaitEvent`: a
 //!    device-side wait, the host does not block) and runs the copies / the sum kernel,
-//!    reading the peers' buffers directly (one context: one address space).
+//!    reading the buffers of peers on its GPU directly (one context: one address space)
+//!    and copying those of peers on other GPUs.
 //! 3. `done[r]` is recorded; host barrier B; rank `r`'s stream waits on every peer's
 //!    `done`, so no rank overwrites its buffer while a peer still reads it.
 //!
@@ -19,8 +23,9 @@
 //! Sums run in rank order (`((x0 + x1) + x2) + …`, f32 accumulation, bf16 rounded once),
 //! and every rank runs the same kernel on the same inputs: identical bits on every rank.
 //! Ranks must be threads of one process (no CUDA IPC between processes here) whose
-//! streams live in the device's primary context (`CudaContext::new(ordinal)`, as every
+//! streams live in their device's primary context (`CudaContext::new(ordinal)`, as every
 //! rank backend makes it): a kernel may read the peers' buffers only within one context.
+//! Events recorded on one GPU's stream may be waited on by another GPU's stream.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -41,6 +46,8 @@ struct Shared {
     /// `ready[r]`: rank `r`'s buffer is written. `done[r]`: rank `r` has read its peers'.
     ready: Vec<CudaEvent>,
     done: Vec<CudaEvent>,
+    /// Each rank's GPU and context (`CUcontext` as an address), for peer copies.
+    places: Vec<(usize, usize)>,
 }
 
 /// One rank's handle on a group of ranks sharing one GPU.
@@ -51,6 +58,8 @@ pub struct DeviceLocalCollectives {
     sums: SumKernels,
     /// The all-reduce's result before it replaces the input (grows, never shrinks).
     scratch: Mutex<Option<CudaSlice<u8>>>,
+    /// Copies of the summands of peers on other GPUs (grows, never shrinks).
+    staging: Mutex<Option<CudaSlice<u8>>>,
 }
 
 /// Checks that the CUDA driver and NVRTC (for the sum kernel) can be loaded.
@@ -71,18 +80,16 @@ impl DeviceLocalCollectives {
                 "a device-local group has 1..={MAX_SOURCES} ranks, not {n}"
             )));
         }
-        let ordinal = streams[0].context().ordinal();
-        if let Some(s) = streams.iter().find(|s| s.context().ordinal() != ordinal) {
-            return Err(KernelError::Comm(format!(
-                "device-local ranks must share one GPU: GPU {ordinal} and GPU {}",
-                s.context().ordinal()
-            )));
-        }
-        let ctx = streams[0].context().cu_ctx();
-        if streams.iter().any(|s| s.context().cu_ctx() != ctx) {
-            return Err(KernelError::Comm(format!(
-                "device-local ranks on GPU {ordinal} must share its primary context (CudaContext::new)"
-            )));
+        let places: Vec<(usize, usize)> = streams
+            .iter()
+            .map(|s| (s.context().ordinal(), s.context().cu_ctx() as usize))
+            .collect();
+        for &(ordinal, ctx) in &places {
+            if places.iter().any(|&(o, c)| o == ordinal && c != ctx) {
+                return Err(KernelError::Comm(format!(
+                    "device-local ranks on GPU {ordinal} must share its primary context (CudaContext::new)"
+                )));
+            }
         }
         let event = |s: &Arc<CudaStream>| {
             s.context()
@@ -93,6 +100,7 @@ impl DeviceLocalCollectives {
             meet: Rendezvous::new(n),
             ready: streams.iter().map(event).collect::<Result<_, _>>()?,
             done: streams.iter().map(event).collect::<Result<_, _>>()?,
+            places,
         });
         streams
             .iter()
@@ -104,6 +112,7 @@ impl DeviceLocalCollectives {
                     stream: stream.clone(),
                     sums: SumKernels::load(stream)?,
                     scratch: Mutex::new(None),
+                    staging: Mutex::new(None),
                 })
             })
             .collect()
@@ -194,17 +203,72 @@ impl DeviceLocalCollectives {
         result.and(recorded).and(waited)
     }
 
-    /// Enqueues a device-to-device copy of `bytes` bytes on this rank's stream.
-    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), KernelError> {
+    /// Enqueues a copy of `bytes` bytes on this rank's stream, into this rank's `dst`
+    /// from `src` in rank `from`'s memory (a peer copy when `from` is on another GPU).
+    fn copy(&self, dst: u64, from: usize, src: u64, bytes: usize) -> Result<(), KernelError> {
         if bytes == 0 {
             return Ok(());
         }
-        // SAFETY: callers pass ranges inside live buffers of this context whose
-        // producers were waited on (the `ready` events).
+        let (mine, theirs) = (self.shared.places[self.rank], self.shared.places[from]);
+        // SAFETY: callers pass ranges inside live buffers whose producers were waited on
+        // (the `ready` events); the contexts are the ranks' live primary contexts.
         unsafe {
-            cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())
+            if mine.0 == theirs.0 {
+                cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())
+            } else {
+                cudarc::driver::sys::cuMemcpyPeerAsync(
+                    dst,
+                    mine.1 as cudarc::driver::sys::CUcontext,
+                    src,
+                    theirs.1 as cudarc::driver::sys::CUcontext,
+                    bytes,
+                    self.stream.cu_stream(),
+                )
+                .result()
+            }
         }
         .map_err(drv("device-local copy"))
+    }
+
+    /// The addresses the sum kernel reads: the peers' `ptr + offset` (`bytes` long), those
+    /// of peers on other GPUs first copied into this rank's staging buffer.
+    fn summands(
+        &self,
+        peers: &[Published],
+        offset: u64,
+        bytes: usize,
+    ) -> Result<Vec<u64>, KernelError> {
+        let here = self.shared.places[self.rank].0;
+        let remote = (0..peers.len())
+            .filter(|&r| self.shared.places[r].0 != here)
+            .count();
+        if remote == 0 {
+            return Ok(peers.iter().map(|p| p.ptr + offset).collect());
+        }
+        let mut staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+        if staging.as_ref().is_none_or(|s| s.len() < remote * bytes) {
+            // SAFETY: uninitialized bytes, written by the copies below before the sum.
+            *staging = Some(
+                unsafe { self.stream.alloc::<u8>(remote * bytes) }
+                    .map_err(drv("device-local staging"))?,
+            );
+        }
+        let Some(staging) = staging.as_mut() else {
+            return Err(KernelError::Comm("device-local staging missing".into()));
+        };
+        let (base, _guard) = staging.device_ptr_mut(&self.stream);
+        let mut next = base;
+        let mut srcs = Vec::with_capacity(peers.len());
+        for (r, p) in peers.iter().enumerate() {
+            if self.shared.places[r].0 == here {
+                srcs.push(p.ptr + offset);
+            } else {
+                self.copy(next, r, p.ptr + offset, bytes)?;
+                srcs.push(next);
+                next += bytes as u64;
+            }
+        }
+        Ok(srcs)
     }
 
     /// `out` = every rank's `input`, concatenated in rank order.
@@ -226,7 +290,7 @@ impl DeviceLocalCollectives {
         self.exchange::<T>("all_gather", mine, |peers| {
             for (r, p) in peers.iter().enumerate() {
                 check_len("all_gather peer input", c, p.len)?;
-                self.copy(dst + (r * c * es) as u64, p.ptr, c * es)?;
+                self.copy(dst + (r * c * es) as u64, r, p.ptr, c * es)?;
             }
             Ok(())
         })
@@ -261,12 +325,12 @@ impl DeviceLocalCollectives {
             for p in peers {
                 check_len("all_reduce peer data", n, p.len)?;
             }
-            let srcs: Vec<u64> = peers.iter().map(|p| p.ptr).collect();
+            let srcs = self.summands(peers, 0, n * es)?;
             // SAFETY: `tmp` holds n·es bytes, each source n elements, all waited on.
             unsafe { self.sums.launch::<T>(&self.stream, tmp, &srcs, n) }
         })?;
         // After every peer's `done`: nobody reads `data` any more.
-        self.copy(ptr, tmp, n * es)
+        self.copy(ptr, self.rank, tmp, n * es)
     }
 
     /// Sum over ranks of `input`, of which this rank receives chunk `rank`.
@@ -290,7 +354,7 @@ impl DeviceLocalCollectives {
             for p in peers {
                 check_len("reduce_scatter peer input", self.size() * c, p.len)?;
             }
-            let srcs: Vec<u64> = peers.iter().map(|p| p.ptr + at).collect();
+            let srcs = self.summands(peers, at, c * es)?;
             // SAFETY: chunk `rank` of each peer's input and `out` hold c elements.
             unsafe { self.sums.launch::<T>(&self.stream, dst, &srcs, c) }
         })
@@ -318,7 +382,7 @@ impl DeviceLocalCollectives {
         self.exchange::<T>("broadcast", mine, |peers| {
             check_len("broadcast root data", n, peers[root].len)?;
             if root != self.rank {
-                self.copy(ptr, peers[root].ptr, n * es)?;
+                self.copy(ptr, root, peers[root].ptr, n * es)?;
             }
             Ok(())
         })
@@ -345,9 +409,9 @@ impl DeviceLocalCollectives {
         };
         self.exchange::<T>("all_gather_varying", mine, |peers| {
             let mut at = 0;
-            for (p, &c) in peers.iter().zip(counts) {
+            for (r, (p, &c)) in peers.iter().zip(counts).enumerate() {
                 check_len("all_gather_varying peer input", c, p.len)?;
-                self.copy(dst + (at * es) as u64, p.ptr, c * es)?;
+                self.copy(dst + (at * es) as u64, r, p.ptr, c * es)?;
                 at += c;
             }
             Ok(())
@@ -376,7 +440,7 @@ impl DeviceLocalCollectives {
         self.exchange::<T>("all_to_all", mine, |peers| {
             for (r, p) in peers.iter().enumerate() {
                 check_len("all_to_all peer input", n * c, p.len)?;
-                self.copy(dst + (r * c * es) as u64, p.ptr + my_chunk, c * es)?;
+                self.copy(dst + (r * c * es) as u64, r, p.ptr + my_chunk, c * es)?;
             }
             Ok(())
         })

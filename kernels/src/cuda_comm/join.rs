@@ -25,7 +25,7 @@ use crate::error::KernelError;
 pub enum GpuCollectives {
     /// Ranks on distinct GPUs.
     Nccl(NcclCollectives),
-    /// Ranks sharing one GPU.
+    /// Ranks that are threads of this process, some sharing a GPU.
     DeviceLocal(DeviceLocalCollectives),
 }
 
@@ -153,12 +153,13 @@ fn build(
                 .map(|c| Some(GpuCollectives::Nccl(c)))
                 .collect()
         }),
-        GpuCommKind::DeviceLocal { .. } => DeviceLocalCollectives::group(streams).map(|v| {
-            v.into_iter()
-                .map(|c| Some(GpuCollectives::DeviceLocal(c)))
-                .collect()
-        }),
-        GpuCommKind::Unsupported { .. } => Err(KernelError::Comm(kind.to_string())),
+        GpuCommKind::DeviceLocal { .. } | GpuCommKind::InProcess { .. } => {
+            DeviceLocalCollectives::group(streams).map(|v| {
+                v.into_iter()
+                    .map(|c| Some(GpuCollectives::DeviceLocal(c)))
+                    .collect()
+            })
+        }
     };
     (kind, built.map_err(|e| e.to_string()))
 }

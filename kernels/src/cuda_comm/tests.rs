@@ -52,10 +52,13 @@ fn choice_follows_device_sharing() {
     );
     assert_eq!(
         choose_gpu_collectives(&[0, 1, 0, 1]),
-        GpuCommKind::Unsupported {
+        GpuCommKind::InProcess {
             devices: vec![0, 1, 0, 1]
         }
     );
+    assert!(choose_gpu_collectives(&[0, 1, 0, 1])
+        .to_string()
+        .contains("peer copies"));
     let why = choose_gpu_collectives(&[0, 0]).to_string();
     assert!(
         why.contains("device-local") && why.contains("share GPU 0"),
