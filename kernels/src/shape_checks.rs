@@ -46,6 +46,35 @@ pub(crate) fn check_strided_copy(
     check_strided(dst, (d.stride, d.offset), rows, width, dst_len)
 }
 
+/// Checks a `write_kv` call: `k` and `v` (`(k_len, v_len)`) hold one row of
+/// `n_kv_heads · head_dim` per slot, the caches (`(k_cache_len, v_cache_len)`) are
+/// equally long, and every slot but `usize::MAX` (skip) is a slot of the cache. All
+/// checked before anything is stored. Returns the row width.
+pub(crate) fn check_write_kv(
+    (k_cache_len, v_cache_len): (usize, usize),
+    n_kv_heads: usize,
+    head_dim: usize,
+    slots: &[usize],
+    (k_len, v_len): (usize, usize),
+) -> Result<usize, KernelError> {
+    let row = n_kv_heads * head_dim;
+    check_len("write_kv k", slots.len() * row, k_len)?;
+    check_len("write_kv v", slots.len() * row, v_len)?;
+    check_len("write_kv v_cache", k_cache_len, v_cache_len)?;
+    if row == 0 {
+        return Ok(0);
+    }
+    let n_slots = k_cache_len / row;
+    if let Some(&bad) = slots.iter().find(|&&s| s != usize::MAX && s >= n_slots) {
+        return Err(KernelError::OutOfRange {
+            what: "kv slot",
+            value: bad,
+            limit: n_slots,
+        });
+    }
+    Ok(row)
+}
+
 /// Checks a paged GQA attention call: head counts, the lengths of `q`, `out` and `lse`
 /// (`q_out_lse`), the K and V caches (`(elements, dtype)` each) and every token's block
 /// table.
@@ -185,6 +214,30 @@ mod tests {
         assert_eq!(rope_token_width(12, 3).unwrap(), 4);
         assert!(rope_token_width(13, 3).is_err());
         assert!(rope_token_width(1, 0).is_err());
+    }
+
+    #[test]
+    fn write_kv_shapes_and_slots() {
+        // 2 heads of 4: rows of 8; caches of 3 slots.
+        assert_eq!(
+            check_write_kv((24, 24), 2, 4, &[2, usize::MAX], (16, 16)).unwrap(),
+            8
+        );
+        assert!(check_write_kv((24, 24), 2, 4, &[2], (16, 8)).is_err());
+        assert!(check_write_kv((24, 24), 2, 4, &[2], (8, 16)).is_err());
+        assert!(check_write_kv((24, 16), 2, 4, &[2], (8, 8)).is_err());
+        // The first bad slot is named, whatever comes before it.
+        let e = check_write_kv((24, 24), 2, 4, &[0, 5, 3], (24, 24)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            KernelError::OutOfRange {
+                what: "kv slot",
+                value: 5,
+                limit: 3
+            }
+            .to_string()
+        );
+        assert_eq!(check_write_kv((24, 24), 0, 4, &[7], (0, 0)).unwrap(), 0);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::dtype::DType;
 use crate::error::KernelError;
 use crate::kv_dtype::KvCacheDType;
 use crate::matmul::Precision;
+use crate::moe_routing::{RouterParams, RouterScoring};
 use crate::ops::RopeScalingKind;
 use crate::weights::WeightMatrix;
 
@@ -401,6 +402,25 @@ impl HostOp for Latent {
     }
 }
 
+/// MoE routing of a batch of tokens: the chosen expert ids (as f32, so any different
+/// choice shows as a difference) and their weights.
+struct Route {
+    p: RouterParams,
+    logits: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+impl HostOp for Route {
+    fn run<B: Backend>(&self, dev: &B) -> Result<Vec<Vec<f32>>, KernelError> {
+        let logits = dev.upload(&self.logits)?;
+        let bias = self.bias.as_ref().map(|b| dev.upload(b)).transpose()?;
+        let bias = bias.as_ref().map(|b| whole(dev, b)).transpose()?;
+        let r = dev.route_experts(whole(dev, &logits)?, &self.p, bias)?;
+        let ids = r.experts.iter().map(|&e| e as f32).collect();
+        Ok(vec![ids, r.weights])
+    }
+}
+
 fn compare_op<B: Backend, O: HostOp>(
     dev: &B,
     cpu: &CpuBackend,
@@ -522,6 +542,41 @@ pub fn compare_with_cpu<B: Backend>(dev: &B, cpu: &CpuBackend) -> Result<Vec<OpD
             ],
             &mut out,
         )?;
+    }
+    // DeepSeek-V3's routing (sigmoid, 8 groups of 32, the best 4, 8 per token, bias)
+    // and V2's (softmax, 8 groups of 20, the best 3, 6 per token).
+    let tokens = 37;
+    let v3 = RouterParams {
+        n_experts: 256,
+        experts_per_token: 8,
+        n_group: 8,
+        topk_group: 4,
+        group_limited: true,
+        scoring: RouterScoring::Sigmoid,
+        norm_topk_prob: true,
+        routed_scaling_factor: 2.5,
+    };
+    let v2 = RouterParams {
+        n_experts: 160,
+        experts_per_token: 6,
+        topk_group: 3,
+        scoring: RouterScoring::Softmax,
+        norm_topk_prob: false,
+        routed_scaling_factor: 16.0,
+        ..v3
+    };
+    for (name, p, bias) in [("V3", v3, true), ("V2", v2, false)] {
+        let e = p.n_experts;
+        let op = Route {
+            p,
+            logits: rng.vec(tokens * e).iter().map(|v| 4.0 * v).collect(),
+            bias: bias.then(|| rng.vec(e).iter().map(|v| 0.1 * v).collect()),
+        };
+        let (ids, weights) = (
+            format!("route_experts {name} experts"),
+            format!("route_experts {name} weights"),
+        );
+        compare_op(dev, cpu, &op, &[&ids, &weights], &mut out)?;
     }
     Ok(out)
 }

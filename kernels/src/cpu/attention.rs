@@ -13,7 +13,7 @@
 use crate::backend::PagedAttentionParams;
 use crate::cpu::kv_store::{KvMut, KvRef};
 use crate::dcp::merge::merge_rows;
-use crate::shape_checks::check_paged_attention;
+use crate::shape_checks::{check_paged_attention, check_write_kv};
 // The attention tests check the merge of split partials through it.
 #[cfg(test)]
 use crate::dcp::merge::merge_partials;
@@ -67,24 +67,14 @@ pub fn write_kv_typed(
     k: &[f32],
     v: &[f32],
 ) -> Result<(), KernelError> {
-    let row = n_kv_heads * head_dim;
-    check_len("write_kv k", slots.len() * row, k.len())?;
-    check_len("write_kv v", slots.len() * row, v.len())?;
-    check_len("write_kv v_cache", k_cache.len(), v_cache.len())?;
+    let caches = (k_cache.len(), v_cache.len());
+    let row = check_write_kv(caches, n_kv_heads, head_dim, slots, (k.len(), v.len()))?;
     if row == 0 {
         return Ok(());
     }
-    let n_slots = k_cache.len() / row;
     for (t, &s) in slots.iter().enumerate() {
         if s == usize::MAX {
             continue;
-        }
-        if s >= n_slots {
-            return Err(KernelError::OutOfRange {
-                what: "kv slot",
-                value: s,
-                limit: n_slots,
-            });
         }
         k_cache.encode(s * row, &k[t * row..(t + 1) * row]);
         v_cache.encode(s * row, &v[t * row..(t + 1) * row]);

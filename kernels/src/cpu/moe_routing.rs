@@ -51,6 +51,33 @@ fn top_k(values: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
+/// Checks a routing call as every backend does: `logits_len` values of router logits,
+/// an optional correction bias of `bias_len`. Returns the number of tokens (rows).
+pub(crate) fn check_routing(
+    logits_len: usize,
+    p: &RouterParams,
+    bias_len: Option<usize>,
+) -> Result<usize, KernelError> {
+    let e = p.n_experts;
+    let k = p.experts_per_token;
+    let grouped = p.group_limited && p.n_group > 1;
+    if e == 0 || k > e || (grouped && !e.is_multiple_of(p.n_group)) {
+        return Err(KernelError::Shape(format!(
+            "routing: {e} experts in {} groups, {k} per token",
+            p.n_group
+        )));
+    }
+    if !logits_len.is_multiple_of(e) {
+        return Err(KernelError::Shape(format!(
+            "routing: {logits_len} logits are not rows of {e}"
+        )));
+    }
+    if let Some(b) = bias_len {
+        check_len("routing correction_bias", e, b)?;
+    }
+    Ok(logits_len / e)
+}
+
 /// Routes every row of `logits` (`[n_tokens, n_experts]`). `correction_bias`
 /// (`[n_experts]`, V3's `e_score_correction_bias`) is added to the scores for choosing
 /// only; the weights use the unbiased scores.
@@ -69,26 +96,12 @@ pub fn route_experts(
     p: &RouterParams,
     correction_bias: Option<&[f32]>,
 ) -> Result<Routing, KernelError> {
+    check_routing(logits.len(), p, correction_bias.map(<[f32]>::len))?;
     let e = p.n_experts;
     let k = p.experts_per_token;
     let grouped = p.group_limited && p.n_group > 1;
-    if e == 0 || k > e || (grouped && !e.is_multiple_of(p.n_group)) {
-        return Err(KernelError::Shape(format!(
-            "routing: {e} experts in {} groups, {k} per token",
-            p.n_group
-        )));
-    }
-    if !logits.len().is_multiple_of(e) {
-        return Err(KernelError::Shape(format!(
-            "routing: {} logits are not rows of {e}",
-            logits.len()
-        )));
-    }
-    if let Some(b) = correction_bias {
-        check_len("routing correction_bias", e, b.len())?;
-    }
-    let n = logits.len() / e;
     let per_group = e / p.n_group.max(1);
+    let n = logits.len() / e;
     let mut experts = Vec::with_capacity(n * k);
     let mut weights = Vec::with_capacity(n * k);
     for row in logits.chunks_exact(e) {

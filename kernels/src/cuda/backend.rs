@@ -1,5 +1,5 @@
 //! `impl Backend for CudaBackend`: argument plumbing from the trait to the ops of the
-//! sibling modules, and the host fallbacks (routing, sampling).
+//! sibling modules, and the host fallback (sampling).
 
 use std::ops::Range;
 
@@ -15,7 +15,7 @@ use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::KvCacheDType;
 use crate::matmul::Precision;
-use crate::moe_routing::{route_experts, RouterParams, Routing};
+use crate::moe_routing::{RouterParams, Routing};
 use crate::ops::{RopeScalingKind, RopeTable};
 use crate::sampling::{sample, Rng, SamplingParams};
 use crate::weights::WeightMatrix;
@@ -29,8 +29,8 @@ impl CudaBackend {
     }
 }
 
-/// The CUDA backend. `route_experts` and `sample` copy the logits to the host and run
-/// the CPU functions (a stated limitation: one device-to-host copy per call).
+/// The CUDA backend. `sample` copies the logits to the host and runs the CPU
+/// function (a stated limitation: one device-to-host copy per call).
 impl Backend for CudaBackend {
     type Buffer = CudaSlice<f32>;
     type View<'a> = CudaRef<'a>;
@@ -332,16 +332,15 @@ impl Backend for CudaBackend {
         self.scale_by_lse_share_op(&mut out, lse, all_lse, parts, head_dim)
     }
 
-    /// Downloads the router logits (and bias) and routes on the host.
+    /// Routes on the device; only the chosen ids and weights come back (see
+    /// `cuda::routing`).
     fn route_experts(
         &self,
         logits: CudaRef<'_>,
         p: &RouterParams,
         correction_bias: Option<CudaRef<'_>>,
     ) -> Result<Routing, KernelError> {
-        let host = self.to_host(logits)?;
-        let bias = correction_bias.map(|b| self.to_host(b)).transpose()?;
-        route_experts(&host, p, bias.as_deref())
+        self.route_experts_op(logits, p, correction_bias)
     }
 
     /// One block per row on the device; only the token ids come back.

@@ -7,6 +7,7 @@ use crate::cuda::memory::{dtype_code, CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRe
 use crate::cuda::{grid, launch_err, CudaBackend};
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::KvCacheDType;
+use crate::shape_checks::check_write_kv;
 
 use crate::cuda::device::driver_err;
 
@@ -86,21 +87,11 @@ impl CudaBackend {
         k: CudaRef<'_>,
         v: CudaRef<'_>,
     ) -> Result<(), KernelError> {
-        let row = n_kv_heads * head_dim;
-        check_len("write_kv k", slots.len() * row, k.len())?;
-        check_len("write_kv v", slots.len() * row, v.len())?;
-        check_len("write_kv v_cache", k_cache.len(), v_cache.len())?;
+        // Every slot is checked before anything is stored, as on the CPU.
+        let caches = (k_cache.len(), v_cache.len());
+        let row = check_write_kv(caches, n_kv_heads, head_dim, slots, (k.len(), v.len()))?;
         if row == 0 {
             return Ok(());
-        }
-        // Check every slot before storing anything, as the CPU fails before writing.
-        let n_slots = k_cache.len() / row;
-        if let Some(&bad) = slots.iter().find(|&&s| s != usize::MAX && s >= n_slots) {
-            return Err(KernelError::OutOfRange {
-                what: "kv slot",
-                value: bad,
-                limit: n_slots,
-            });
         }
         self.kv_store_rows(&mut k_cache, row, slots, k)?;
         self.kv_store_rows(&mut v_cache, row, slots, v)?;

@@ -20,8 +20,9 @@
 //!   [`CudaBackend::stream`] too: cudarc's cross-stream event tracking is off for the
 //!   backend's context); step metadata (positions, slots, block tables) is uploaded
 //!   per call.
-//! * Stated limitations: `route_experts` and `sample` download the logits and run the
-//!   CPU functions; attention reads each KV head once per query head (no GQA sharing
+//! * Stated limitations: `sample` downloads the logits and runs the CPU function
+//!   (`route_experts` routes on the device up to 1024 experts, wider on the host);
+//!   attention reads each KV head once per query head (no GQA sharing
 //!   inside a block yet); metadata is copied from pageable host memory, which makes the
 //!   host wait for the stream at each upload (a pinned staging buffer would not);
 //!   `Precision::Exact` products with bf16 weights use a simple kernel, fast for decode
@@ -41,6 +42,7 @@ mod matmul;
 mod memory;
 mod module;
 mod ops;
+mod routing;
 
 use std::sync::{Arc, Mutex};
 

@@ -73,6 +73,11 @@ pub const SOURCES: &[KernelSource] = &[
             "scale_by_lse_share_f32",
         ],
     },
+    KernelSource {
+        name: "routing",
+        text: include_str!("kernels/routing.cu"),
+        functions: &["route_experts_f32"],
+    },
 ];
 
 /// One source compiled for one architecture.
