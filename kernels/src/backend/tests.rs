@@ -8,6 +8,7 @@ use crate::ops::YarnParams;
 use crate::test_on_every_backend;
 
 mod attention;
+mod sampling;
 
 use super::compare::Lcg;
 

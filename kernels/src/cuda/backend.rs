@@ -17,6 +17,7 @@ use crate::kv_dtype::KvCacheDType;
 use crate::matmul::Precision;
 use crate::moe_routing::{route_experts, RouterParams, Routing};
 use crate::ops::{RopeScalingKind, RopeTable};
+use crate::row_sampling::{RowDraw, RowDrawn};
 use crate::sampling::{sample, Rng, SamplingParams};
 use crate::weights::WeightMatrix;
 
@@ -387,5 +388,16 @@ impl Backend for CudaBackend {
         }
         let host = self.to_host(logits)?;
         Ok(sample(&host, params, rng))
+    }
+
+    /// On the device (`kernels/sampling.cu`): only tokens and log-probabilities come
+    /// back; see the `sampling` module for the rows it leaves to the host.
+    fn sample_rows(
+        &self,
+        logits: CudaRef<'_>,
+        vocab: usize,
+        draws: &[RowDraw<'_>],
+    ) -> Result<Vec<Option<RowDrawn>>, KernelError> {
+        self.sample_rows_op(logits, vocab, draws)
     }
 }

@@ -40,6 +40,7 @@ mod matmul;
 mod memory;
 mod module;
 mod ops;
+mod sampling;
 
 use std::sync::{Arc, Mutex};
 
@@ -54,6 +55,7 @@ pub use matmul::CudaMatrix;
 pub use memory::{CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
 pub use module::{compile_kernels, CompiledSource, KernelSource, SOURCES};
 pub use ops::CudaRope;
+pub use sampling::{MAX_TOP_LOGPROBS, SORT_CAP};
 
 use crate::error::KernelError;
 use device::{

@@ -73,6 +73,11 @@ pub const SOURCES: &[KernelSource] = &[
             "scale_by_lse_share_f32",
         ],
     },
+    KernelSource {
+        name: "sampling",
+        text: include_str!("kernels/sampling.cu"),
+        functions: &["sample_rows_f32", "row_logprobs_f32"],
+    },
 ];
 
 /// One source compiled for one architecture.
