@@ -301,9 +301,12 @@ pub fn token_logprobs(logits: &[f32], token: u32, k: usize) -> (Option<f32>, Vec
     let mut top: Vec<(u32, f32)> = Vec::new();
     if k > 0 {
         let mut idx: Vec<u32> = (0..lp.len() as u32).collect();
-        idx.select_nth_unstable_by(k - 1, |&a, &b| lp[b as usize].total_cmp(&lp[a as usize]));
+        // Ties by lower id in the selection too: the same tokens whatever the
+        // selection's arrangement (and as a device backend ranks them).
+        let order = |&a: &u32, &b: &u32| lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b));
+        idx.select_nth_unstable_by(k - 1, order);
         idx.truncate(k);
-        idx.sort_by(|&a, &b| lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b)));
+        idx.sort_by(order);
         top = idx.into_iter().map(|i| (i, lp[i as usize])).collect();
     }
     (lp.get(token as usize).copied(), top)
@@ -405,6 +408,40 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(sample(&logits, &k1, &mut rng), argmax(&logits));
         }
+    }
+
+    #[test]
+    fn draws_walk_a_canonical_order() {
+        // Nearly equal weights: a small number picks the first candidate walked, the
+        // most likely one after a top-k cut (not the lowest id).
+        let p = SamplingParams {
+            temperature: 1e5,
+            top_k: 3,
+            ..Default::default()
+        };
+        assert_eq!(
+            sample_with_uniform(&[1.0, 3.0, 2.0, 0.0], &p, 0.1),
+            (1, true)
+        );
+        assert_eq!(
+            sample_with_uniform(&[1.0, 3.0, 2.0, 0.0], &p, 0.9),
+            (0, true)
+        );
+        // Without filters the walk is in index order.
+        let all = SamplingParams {
+            temperature: 1e5,
+            ..Default::default()
+        };
+        assert_eq!(
+            sample_with_uniform(&[1.0, 3.0, 2.0, 0.0], &all, 0.1),
+            (0, true)
+        );
+        // Log-probability ties at the cut keep the lowest ids.
+        let (_, top) = token_logprobs(&[0.0; 40], 0, 3);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1, 2]);
+        let (lp, top) = token_logprobs(&[f32::NEG_INFINITY; 40], 7, 2);
+        assert_eq!(lp, Some(f32::NEG_INFINITY));
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1]);
     }
 
     #[test]

@@ -31,7 +31,8 @@ impl CudaBackend {
 }
 
 /// The CUDA backend. `route_experts` and `sample` copy the logits to the host and run
-/// the CPU functions (a stated limitation: one device-to-host copy per call).
+/// the CPU functions (a stated limitation: one device-to-host copy per call);
+/// `sample_rows` draws on the device.
 impl Backend for CudaBackend {
     type Buffer = CudaSlice<f32>;
     type View<'a> = CudaRef<'a>;
