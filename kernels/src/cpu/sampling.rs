@@ -289,11 +289,12 @@ fn sample_by(logits: &[f32], params: &SamplingParams, uniform: impl FnOnce() -> 
 /// OpenAI `logprobs` / `top_logprobs` of a token).
 ///
 /// ```
-/// use dcpserve_kernels::sampling::token_logprobs;
-/// let (lp, top) = token_logprobs(&[0.0, 1.0, 1.0], 0, 2);
-/// let lse = (1.0f64 + 2.0 * 1f64.exp()).ln() as f32;
-/// assert_eq!(lp, Some(0.0 - lse));
-/// assert_eq!(top, vec![(1, 1.0 - lse), (2, 1.0 - lse)]);
+/// use dcpserve_kernels::{log_softmax, sampling::token_logprobs};
+/// let logits = [0.0, 1.0, 1.0];
+/// let all = log_softmax(&logits);
+/// let (lp, top) = token_logprobs(&logits, 0, 2);
+/// assert_eq!(lp, Some(all[0]));
+/// assert_eq!(top, vec![(1, all[1]), (2, all[2])]);
 /// ```
 pub fn token_logprobs(logits: &[f32], token: u32, k: usize) -> (Option<f32>, Vec<(u32, f32)>) {
     let lp = log_softmax(logits);
