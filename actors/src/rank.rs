@@ -457,17 +457,29 @@ where
                     if args.rank != 0 {
                         return Ok(());
                     }
-                    // Only the answering rank brings the logits to the host.
-                    let logits = into_host(self.model.backend(), out.logits)
-                        .map_err(|e| format!("logits to the host: {e}"))?;
+                    let dev = self.model.backend();
                     let result = match plan.output {
-                        OutputKind::Sampled => {
-                            StepResult::Sampled(seqs.sample(&plan, &logits, out.vocab_size)?)
+                        // Drawn where the logits are: only the tokens (and the
+                        // log-probabilities asked for) come to the host.
+                        OutputKind::Sampled if seqs.rows_drawable(&plan) => StepResult::Sampled(
+                            seqs.sample_rows(&plan, dev, &out.logits, out.vocab_size)?,
+                        ),
+                        output => {
+                            // Only the answering rank brings the logits to the host.
+                            let logits = into_host(dev, out.logits)
+                                .map_err(|e| format!("logits to the host: {e}"))?;
+                            match output {
+                                OutputKind::Sampled => StepResult::Sampled(seqs.sample(
+                                    &plan,
+                                    &logits,
+                                    out.vocab_size,
+                                )?),
+                                OutputKind::Logits => StepResult::Logits {
+                                    logits,
+                                    vocab_size: out.vocab_size,
+                                },
+                            }
                         }
-                        OutputKind::Logits => StepResult::Logits {
-                            logits,
-                            vocab_size: out.vocab_size,
-                        },
                     };
                     args.reports.send(StepReport::Done(Box::new(StepOutput {
                         step_id: plan.step_id,

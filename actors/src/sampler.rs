@@ -8,9 +8,10 @@
 
 use std::sync::Arc;
 
-use dcpserve_kernels::sampling::apply_penalties;
+use dcpserve_kernels::row_sampling::RowDrawn;
+use dcpserve_kernels::sampling::{apply_penalties, token_logprobs};
 use dcpserve_kernels::spec_sampling::{verify_draft, Verdict};
-use dcpserve_kernels::{log_softmax, sample, OutputConstraint, Rng, SamplingParams};
+use dcpserve_kernels::{sample, OutputConstraint, Rng, SamplingParams};
 use dcpserve_model::{GrammarCompiler, GrammarMatcher, TokenMask};
 
 use serde::{Deserialize, Serialize};
@@ -217,19 +218,62 @@ impl SeqSampler {
                     (token, was_draft, self.token_output(logits, token))
                 }
             };
-            self.tokens.push(token);
+            self.push_token(token);
             out.push(output);
             accepted += was_draft as usize;
-            if let Some(m) = self.grammar.as_mut().and_then(|g| g.matcher.as_mut()) {
-                if let Err(e) = m.consume(&[token]) {
-                    tracing::warn!("grammar matcher refused token {token}: {e}");
-                }
-            }
             if self.ended() || !was_draft {
                 break;
             }
         }
         (out, accepted)
+    }
+
+    /// Records a decided token: the sequence grows by it and the grammar (if any)
+    /// consumes it.
+    fn push_token(&mut self, token: u32) {
+        self.tokens.push(token);
+        if let Some(m) = self.grammar.as_mut().and_then(|g| g.matcher.as_mut()) {
+            if let Err(e) = m.consume(&[token]) {
+                tracing::warn!("grammar matcher refused token {token}: {e}");
+            }
+        }
+    }
+
+    /// What a [`RowDraw`](dcpserve_kernels::row_sampling::RowDraw) of this sequence's next token needs, when the token can be
+    /// drawn from the raw logits row: no grammar, no penalties, no stop tokens held back
+    /// by `min_tokens` (the host path changes the logits for those, so they are drawn
+    /// there). Returns the uniform number the host path would take from the stream (a
+    /// copy of it: [`SeqSampler::accept_drawn`] advances the stream itself, only when
+    /// the number was used) and the top log-probabilities asked for.
+    pub fn device_draw(&self) -> Option<(Option<f64>, Option<usize>)> {
+        let p = &self.params;
+        if self.grammar.is_some() || p.penalized() || self.output_len() < p.min_tokens {
+            return None;
+        }
+        let uniform = (!p.is_greedy()).then(|| self.rng.clone().next_f64());
+        Some((uniform, p.logprobs))
+    }
+
+    /// The sampling parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Takes the answer to this sequence's [`SeqSampler::device_draw`] as
+    /// [`SeqSampler::decide`] takes a token it sampled from one row without drafts: the
+    /// stream moves on by the number the draw used (if it used it), the token is
+    /// recorded, and its output carries the log-probabilities asked for.
+    pub fn accept_drawn(&mut self, drawn: RowDrawn) -> TokenOutput {
+        if drawn.used_uniform {
+            self.rng.next_f64();
+        }
+        self.push_token(drawn.token);
+        TokenOutput {
+            token_id: drawn.token,
+            logprob: drawn.logprob,
+            top_logprobs: drawn.top_logprobs,
+            prompt_logprobs: None,
+        }
     }
 
     /// Samples the next token (or verifies draft `d` by rejection sampling, which draws
@@ -316,20 +360,11 @@ impl SeqSampler {
 
 /// The log-probability of `token` under `logits` and the `k` most likely alternatives.
 pub fn logprobs_of(logits: &[f32], token: u32, k: usize) -> TokenOutput {
-    let lp = log_softmax(logits);
-    let mut top: Vec<(u32, f32)> = Vec::new();
-    if k > 0 {
-        let mut idx: Vec<u32> = (0..lp.len() as u32).collect();
-        let k = k.min(idx.len());
-        idx.select_nth_unstable_by(k - 1, |&a, &b| lp[b as usize].total_cmp(&lp[a as usize]));
-        idx.truncate(k);
-        idx.sort_by(|&a, &b| lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b)));
-        top = idx.into_iter().map(|i| (i, lp[i as usize])).collect();
-    }
+    let (logprob, top_logprobs) = token_logprobs(logits, token, k);
     TokenOutput {
         token_id: token,
-        logprob: lp.get(token as usize).copied(),
-        top_logprobs: top,
+        logprob,
+        top_logprobs,
         prompt_logprobs: None,
     }
 }

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use crate::plan::{SeqSampled, SeqUpdate, StepBatch, StepPlan};
 use crate::sampler::{GrammarSource, SeqSampler};
 
+mod row_draws;
+
 /// One compute thread's sequences (one per micro-batch: a sequence runs in one
 /// micro-batch at a time, so the two threads never share an entry).
 #[derive(Default)]

@@ -24,6 +24,7 @@ pub mod error;
 pub mod kv_dtype;
 pub mod link_model;
 pub mod overlap;
+pub mod row_sampling;
 pub mod sampling_params;
 mod shape_checks;
 

@@ -15,6 +15,8 @@ use crate::kv_dtype::KvCacheDType;
 use crate::matmul::Precision;
 use crate::moe_routing::{RouterParams, RouterScoring};
 use crate::ops::RopeScalingKind;
+use crate::row_sampling::RowDraw;
+use crate::sampling_params::SamplingParams;
 use crate::weights::WeightMatrix;
 
 /// How far one op's result on the checked backend is from the CPU's.
@@ -421,6 +423,60 @@ impl HostOp for Route {
     }
 }
 
+/// `sample_rows` over rows of random logits with every kind of draw (greedy,
+/// temperature, top-k, top-p, min-p, log-probabilities), each from a fixed uniform
+/// number: tokens (−1 for a row left to the host), whether the number was used, the
+/// chosen token's log-probability, and the top ids and log-probabilities.
+struct SampleRows {
+    logits: Vec<f32>,
+    vocab: usize,
+    params: Vec<SamplingParams>,
+}
+
+impl HostOp for SampleRows {
+    fn run<B: Backend>(&self, dev: &B) -> Result<Vec<Vec<f32>>, KernelError> {
+        let buf = dev.upload(&self.logits)?;
+        let rows = self.logits.len() / self.vocab;
+        let mut draws = Vec::new();
+        for r in 0..rows {
+            for (c, p) in self.params.iter().enumerate() {
+                let uniform = ((r * 7 + c * 3) % 19) as f64 / 19.0 + 0.013;
+                draws.push(RowDraw {
+                    row: r,
+                    params: p,
+                    uniform: (!p.is_greedy()).then_some(uniform),
+                    top_logprobs: p.logprobs,
+                });
+            }
+        }
+        let got = dev.sample_rows(whole(dev, &buf)?, self.vocab, &draws)?;
+        let mut out = vec![Vec::new(); 5];
+        for (g, d) in got.iter().zip(&draws) {
+            let k = d.top_logprobs.unwrap_or(0);
+            match g {
+                Some(g) => {
+                    out[0].push(g.token as f32);
+                    out[1].push(g.used_uniform as u8 as f32);
+                    out[2].push(g.logprob.unwrap_or(0.0));
+                    for i in 0..k {
+                        let (id, lp) = g.top_logprobs.get(i).copied().unwrap_or((0, 0.0));
+                        out[3].push(id as f32);
+                        out[4].push(lp);
+                    }
+                }
+                None => {
+                    out[0].push(-1.0);
+                    out[1].push(-1.0);
+                    out[2].push(0.0);
+                    out[3].extend(std::iter::repeat_n(-1.0, k));
+                    out[4].extend(std::iter::repeat_n(0.0, k));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 fn compare_op<B: Backend, O: HostOp>(
     dev: &B,
     cpu: &CpuBackend,
@@ -578,6 +634,50 @@ pub fn compare_with_cpu<B: Backend>(dev: &B, cpu: &CpuBackend) -> Result<Vec<OpD
         );
         compare_op(dev, cpu, &op, &[&ids, &weights], &mut out)?;
     }
+    let vocab = 4096;
+    let with = |f: &dyn Fn(&mut SamplingParams)| {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        p
+    };
+    let op = SampleRows {
+        // Logits spread as a model's are (a few likely tokens, a long tail).
+        logits: rng.vec(6 * vocab).iter().map(|x| x * 6.0).collect(),
+        vocab,
+        params: vec![
+            with(&|p| {
+                p.temperature = 0.0;
+                p.logprobs = Some(5);
+            }),
+            with(&|p| p.logprobs = Some(1)),
+            with(&|p| p.temperature = 0.7),
+            with(&|p| {
+                p.top_k = 40;
+                p.logprobs = Some(0);
+            }),
+            with(&|p| p.top_p = 0.9),
+            with(&|p| {
+                p.top_k = 200;
+                p.top_p = 0.8;
+                p.min_p = 0.02;
+                p.logprobs = Some(20);
+            }),
+            with(&|p| p.min_p = 0.1),
+        ],
+    };
+    compare_op(
+        dev,
+        cpu,
+        &op,
+        &[
+            "sample_rows tokens",
+            "sample_rows used uniform",
+            "sample_rows logprob",
+            "sample_rows top ids",
+            "sample_rows top logprobs",
+        ],
+        &mut out,
+    )?;
     Ok(out)
 }
 

@@ -30,6 +30,7 @@ use crate::kv_dtype::KvCacheDType;
 use crate::matmul::Precision;
 use crate::moe_routing::{RouterParams, Routing};
 use crate::ops::RopeScalingKind;
+use crate::row_sampling::{RowDraw, RowDrawn};
 use crate::sampling::{Rng, SamplingParams};
 use crate::weights::WeightMatrix;
 
@@ -427,6 +428,41 @@ pub trait Backend: Send + Sync {
         params: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<u32, KernelError>;
+    /// One draw per entry of `draws` from the `vocab`-wide rows of `logits` (see
+    /// [`row_sampling`](crate::row_sampling)): the chosen token, whether the draw used
+    /// its uniform number, and the log-probabilities asked for, in the order of `draws`.
+    /// Only these come back to the host, not the logits.
+    ///
+    /// `Some` answers equal [`draw_row_on_host`](crate::row_sampling::draw_row_on_host)
+    /// on the row (the CPU backend's bit for bit; a device's except when a draw or a
+    /// top-p cut falls within rounding of a boundary, its exponentials and parallel
+    /// sums rounding differently in the last bits). `None`: this backend cannot draw
+    /// that row exactly (see the backend's limits); the caller draws it on the host,
+    /// its stream untouched. Errors: `vocab == 0`, `logits` not whole rows, a row out
+    /// of range, a sampling draw without a uniform number in `[0, 1)`.
+    ///
+    /// ```
+    /// use dcpserve_kernels::row_sampling::RowDraw;
+    /// use dcpserve_kernels::{Backend, CpuBackend, SamplingParams};
+    /// let dev = CpuBackend::new(1);
+    /// let logits = dev.upload(&[0.0, 3.0, 1.0, 5.0, 0.0, 0.0]).unwrap();
+    /// let greedy = SamplingParams { temperature: 0.0, ..Default::default() };
+    /// let draws = [
+    ///     RowDraw { row: 1, params: &greedy, uniform: None, top_logprobs: Some(0) },
+    ///     RowDraw { row: 0, params: &SamplingParams::default(), uniform: Some(0.5), top_logprobs: None },
+    /// ];
+    /// let got = dev.sample_rows(dev.view(&logits, 0..6).unwrap(), 3, &draws).unwrap();
+    /// let first = got[0].as_ref().unwrap();
+    /// assert_eq!((first.token, first.used_uniform), (0, false));
+    /// assert!(first.logprob.unwrap() < 0.0 && first.top_logprobs.is_empty());
+    /// assert!(got[1].as_ref().unwrap().used_uniform);
+    /// ```
+    fn sample_rows(
+        &self,
+        logits: Self::View<'_>,
+        vocab: usize,
+        draws: &[RowDraw<'_>],
+    ) -> Result<Vec<Option<RowDrawn>>, KernelError>;
 }
 
 /// A backend whose views are host memory, so a host

@@ -9,6 +9,7 @@ use crate::test_on_every_backend;
 
 mod attention;
 mod routing;
+mod sampling;
 
 use super::compare::Lcg;
 

@@ -20,6 +20,7 @@ use crate::ops::{
     add_bias, add_inplace, rms_norm, rms_norm_inplace, silu_mul, RopeScalingKind, RopeTable,
 };
 use crate::pool::ThreadPool;
+use crate::row_sampling::{check_draws, draw_row_on_host, RowDraw, RowDrawn};
 use crate::sampling::{argmax, sample, Rng, SamplingParams};
 use crate::weights::WeightMatrix;
 
@@ -455,6 +456,20 @@ impl Backend for CpuBackend {
             return Err(KernelError::Shape("sample: empty logits".into()));
         }
         Ok(sample(logits, params, rng))
+    }
+
+    /// The host sampler itself, row by row (never `None`).
+    fn sample_rows(
+        &self,
+        logits: &[f32],
+        vocab: usize,
+        draws: &[RowDraw<'_>],
+    ) -> Result<Vec<Option<RowDrawn>>, KernelError> {
+        check_draws(logits.len(), vocab, draws)?;
+        Ok(draws
+            .iter()
+            .map(|d| Some(draw_row_on_host(&logits[d.row * vocab..][..vocab], d)))
+            .collect())
     }
 }
 

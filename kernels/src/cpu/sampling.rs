@@ -2,6 +2,7 @@
 
 use std::cmp::Ordering;
 
+use crate::ops::log_softmax;
 pub use crate::sampling_params::SamplingParams;
 
 /// Small, fast, seedable PRNG (xoshiro256**, seeded through splitmix64).
@@ -97,12 +98,23 @@ impl Support {
 
 /// Draws an id with probability proportional to its weight (`total` is their sum); on
 /// rounding past the end, the last id of positive weight; `None` when there is none.
+/// Takes one number from `rng`, always.
 pub(crate) fn draw_weighted(
     weights: impl Iterator<Item = (u32, f64)>,
     total: f64,
     rng: &mut Rng,
 ) -> Option<u32> {
-    let u = rng.next_f64() * total;
+    draw_weighted_at(weights, total, rng.next_f64())
+}
+
+/// [`draw_weighted`] with the uniform number `uniform` in `[0, 1)` given: walks the ids
+/// in their order until the running sum of weights passes `uniform · total`.
+fn draw_weighted_at(
+    weights: impl Iterator<Item = (u32, f64)>,
+    total: f64,
+    uniform: f64,
+) -> Option<u32> {
+    let u = uniform * total;
     let mut acc = 0.0f64;
     let mut last = None;
     for (i, w) in weights {
@@ -152,6 +164,10 @@ pub(crate) fn support(logits: &[f32], params: &SamplingParams) -> Support {
     if top_k < cand.len() {
         cand.select_nth_unstable_by(top_k - 1, desc);
         cand.truncate(top_k);
+        // A canonical order (most likely first, ties by lower id) rather than whatever
+        // order the selection left: the draw walks the candidates in this order, and a
+        // device sampler (`Backend::sample_rows`) reproduces it by sorting.
+        cand.sort_unstable_by(desc);
     }
     if top_p < 1.0 {
         let z: f64 = cand.iter().map(|c| weight(c.0) as f64).sum();
@@ -198,6 +214,9 @@ pub(crate) fn support(logits: &[f32], params: &SamplingParams) -> Support {
 
 /// Samples a token id: temperature → top-k → top-p → min-p → renormalize → draw.
 ///
+/// Takes one number from `rng` exactly when the filtered support has more than one
+/// possible token (none for greedy parameters or degenerate logits).
+///
 /// ```
 /// use dcpserve_kernels::{sample, Rng, SamplingParams};
 /// let mut rng = Rng::new(42);
@@ -205,6 +224,37 @@ pub(crate) fn support(logits: &[f32], params: &SamplingParams) -> Support {
 /// assert_eq!(sample(&[0.1, 2.0, -1.0], &greedy, &mut rng), 1);
 /// ```
 pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
+    sample_by(logits, params, || rng.next_f64())
+}
+
+/// [`sample`] with its uniform number given instead of a generator: returns the token
+/// and whether the draw used `uniform` (exactly when [`sample`] would have taken a number
+/// from its generator), so a caller can draw from a copy of its stream first and advance
+/// the stream only when the number was used.
+///
+/// ```
+/// use dcpserve_kernels::sampling::sample_with_uniform;
+/// use dcpserve_kernels::{sample, Rng, SamplingParams};
+/// let p = SamplingParams::default();
+/// let logits = [0.5, 0.1, 0.4];
+/// let mut rng = Rng::new(9);
+/// let u = rng.clone().next_f64();
+/// assert_eq!(sample_with_uniform(&logits, &p, u), (sample(&logits, &p, &mut rng), true));
+/// let greedy = SamplingParams { temperature: 0.0, ..p };
+/// assert_eq!(sample_with_uniform(&logits, &greedy, u), (0, false));
+/// ```
+pub fn sample_with_uniform(logits: &[f32], params: &SamplingParams, uniform: f64) -> (u32, bool) {
+    let mut used = false;
+    let token = sample_by(logits, params, || {
+        used = true;
+        uniform
+    });
+    (token, used)
+}
+
+/// The draw of [`sample`], calling `uniform` (for a number in `[0, 1)`) at most once:
+/// exactly when the support leaves more than one token.
+fn sample_by(logits: &[f32], params: &SamplingParams, uniform: impl FnOnce() -> f64) -> u32 {
     match support(logits, params) {
         Support::Greedy(t) => t,
         Support::All { max, inv_t } => {
@@ -214,12 +264,12 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
                 .enumerate()
                 .map(|(i, &l)| (i as u32, Support::weight(max, inv_t, l) as f64));
             let total: f64 = weights.clone().map(|(_, w)| w).sum();
-            draw_weighted(weights, total, rng).unwrap_or_else(|| argmax(logits))
+            draw_weighted_at(weights, total, uniform()).unwrap_or_else(|| argmax(logits))
         }
         Support::Filtered { cand, max, inv_t } => {
             let weight = |l: f32| Support::weight(max, inv_t, l);
             let total: f64 = cand.iter().map(|c| weight(c.0) as f64).sum();
-            let u = rng.next_f64() * total;
+            let u = uniform() * total;
             let mut acc = 0.0f64;
             for c in &cand {
                 acc += weight(c.0) as f64;
@@ -232,6 +282,35 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
                 .map_or(argmax(logits), |c| c.1)
         }
     }
+}
+
+/// The log-probability of `token` under `logits` (`None` when `token` is out of range)
+/// and the `k` most likely tokens with theirs, most likely first, ties by lower id (the
+/// OpenAI `logprobs` / `top_logprobs` of a token).
+///
+/// ```
+/// use dcpserve_kernels::{log_softmax, sampling::token_logprobs};
+/// let logits = [0.0, 1.0, 1.0];
+/// let all = log_softmax(&logits);
+/// let (lp, top) = token_logprobs(&logits, 0, 2);
+/// assert_eq!(lp, Some(all[0]));
+/// assert_eq!(top, vec![(1, all[1]), (2, all[2])]);
+/// ```
+pub fn token_logprobs(logits: &[f32], token: u32, k: usize) -> (Option<f32>, Vec<(u32, f32)>) {
+    let lp = log_softmax(logits);
+    let k = k.min(lp.len());
+    let mut top: Vec<(u32, f32)> = Vec::new();
+    if k > 0 {
+        let mut idx: Vec<u32> = (0..lp.len() as u32).collect();
+        // Ties by lower id in the selection too: the same tokens whatever the
+        // selection's arrangement (and as a device backend ranks them).
+        let order = |&a: &u32, &b: &u32| lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b));
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+        idx.sort_by(order);
+        top = idx.into_iter().map(|i| (i, lp[i as usize])).collect();
+    }
+    (lp.get(token as usize).copied(), top)
 }
 
 /// Applies repetition, frequency and presence penalties to `logits` in place, as vLLM does
@@ -330,6 +409,40 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(sample(&logits, &k1, &mut rng), argmax(&logits));
         }
+    }
+
+    #[test]
+    fn draws_walk_a_canonical_order() {
+        // Nearly equal weights: a small number picks the first candidate walked, the
+        // most likely one after a top-k cut (not the lowest id).
+        let p = SamplingParams {
+            temperature: 1e5,
+            top_k: 3,
+            ..Default::default()
+        };
+        assert_eq!(
+            sample_with_uniform(&[1.0, 3.0, 2.0, 0.0], &p, 0.1),
+            (1, true)
+        );
+        assert_eq!(
+            sample_with_uniform(&[1.0, 3.0, 2.0, 0.0], &p, 0.9),
+            (0, true)
+        );
+        // Without filters the walk is in index order.
+        let all = SamplingParams {
+            temperature: 1e5,
+            ..Default::default()
+        };
+        assert_eq!(
+            sample_with_uniform(&[1.0, 3.0, 2.0, 0.0], &all, 0.1),
+            (0, true)
+        );
+        // Log-probability ties at the cut keep the lowest ids.
+        let (_, top) = token_logprobs(&[0.0; 40], 0, 3);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1, 2]);
+        let (lp, top) = token_logprobs(&[f32::NEG_INFINITY; 40], 7, 2);
+        assert_eq!(lp, Some(f32::NEG_INFINITY));
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1]);
     }
 
     #[test]

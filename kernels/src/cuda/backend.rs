@@ -17,6 +17,7 @@ use crate::kv_dtype::KvCacheDType;
 use crate::matmul::Precision;
 use crate::moe_routing::{RouterParams, Routing};
 use crate::ops::{RopeScalingKind, RopeTable};
+use crate::row_sampling::{RowDraw, RowDrawn};
 use crate::sampling::{sample, Rng, SamplingParams};
 use crate::weights::WeightMatrix;
 
@@ -29,8 +30,9 @@ impl CudaBackend {
     }
 }
 
-/// The CUDA backend. `sample` copies the logits to the host and runs the CPU
-/// function (a stated limitation: one device-to-host copy per call).
+/// The CUDA backend. `sample` (one row with a generator) copies the logits to the host
+/// and runs the CPU function; the ranks use `sample_rows`, which draws on the device, and
+/// `route_experts` routes on the device.
 impl Backend for CudaBackend {
     type Buffer = CudaSlice<f32>;
     type View<'a> = CudaRef<'a>;
@@ -386,5 +388,16 @@ impl Backend for CudaBackend {
         }
         let host = self.to_host(logits)?;
         Ok(sample(&host, params, rng))
+    }
+
+    /// On the device (`kernels/sampling.cu`): only tokens and log-probabilities come
+    /// back; see the `sampling` module for the rows it leaves to the host.
+    fn sample_rows(
+        &self,
+        logits: CudaRef<'_>,
+        vocab: usize,
+        draws: &[RowDraw<'_>],
+    ) -> Result<Vec<Option<RowDrawn>>, KernelError> {
+        self.sample_rows_op(logits, vocab, draws)
     }
 }

@@ -20,9 +20,17 @@
 //!   [`CudaBackend::stream`] too: cudarc's cross-stream event tracking is off for the
 //!   backend's context); step metadata (positions, slots, block tables) is uploaded
 //!   per call.
-//! * Stated limitations: `sample` downloads the logits and runs the CPU function
-//!   (`route_experts` routes on the device up to 1024 experts, wider on the host);
-//!   attention reads each KV head once per query head (no GQA sharing
+//! * Sampling: `sample_rows`, which the answering rank uses, draws every row on the
+//!   device (`kernels/sampling.cu`) and brings back only the tokens and the
+//!   log-probabilities asked for; it leaves to the host the rows it cannot draw
+//!   exactly (NaN or +inf logits, a top-k above [`SORT_CAP`], a top-p nucleus past the
+//!   [`SORT_CAP`] most likely tokens, more than [`MAX_TOP_LOGPROBS`] top
+//!   log-probabilities), and its draws equal the host's except within rounding of a
+//!   boundary (parallel f64 sums).
+//! * Stated limitations: `sample` (one row with a generator; the ranks use
+//!   `sample_rows`) downloads the logits and runs the CPU function (`route_experts`
+//!   routes on the device up to 1024 experts, wider on the host); attention reads each
+//!   KV head once per query head (no GQA sharing
 //!   inside a block yet); metadata is copied from pageable host memory, which makes the
 //!   host wait for the stream at each upload (a pinned staging buffer would not);
 //!   `Precision::Exact` products with bf16 weights use a simple kernel, fast for decode
@@ -43,6 +51,7 @@ mod memory;
 mod module;
 mod ops;
 mod routing;
+mod sampling;
 
 use std::sync::{Arc, Mutex};
 
@@ -57,6 +66,7 @@ pub use matmul::CudaMatrix;
 pub use memory::{CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
 pub use module::{compile_kernels, CompiledSource, KernelSource, SOURCES};
 pub use ops::CudaRope;
+pub use sampling::{MAX_TOP_LOGPROBS, SORT_CAP};
 
 use crate::device::GpuMatmul;
 use crate::error::KernelError;

@@ -78,6 +78,11 @@ pub const SOURCES: &[KernelSource] = &[
         text: include_str!("kernels/routing.cu"),
         functions: &["route_experts_f32"],
     },
+    KernelSource {
+        name: "sampling",
+        text: include_str!("kernels/sampling.cu"),
+        functions: &["sample_rows_f32", "row_logprobs_f32"],
+    },
 ];
 
 /// One source compiled for one architecture.
