@@ -207,7 +207,7 @@ impl CudaBackend {
         };
         let f = self.kernel("attention_partial")?;
         let launch = |op: u64, lp: u64, split_rows: u64| {
-            let mut b = self.stream.launch_builder(f);
+            let mut b = self.stream().launch_builder(f);
             b.arg(&qv)
                 .arg(&kb)
                 .arg(&vb)
@@ -230,15 +230,15 @@ impl CudaBackend {
                 .map_err(|e| launch_err("attention", e))
         };
         if splits == 1 {
-            let (op, _so) = out.device_ptr_mut(&self.stream);
-            let (lp, _sl) = lse.device_ptr_mut(&self.stream);
+            let (op, _so) = out.device_ptr_mut(self.stream());
+            let (lp, _sl) = lse.device_ptr_mut(self.stream());
             return launch(op, lp, 0);
         }
         let pout = self.alloc_partial(splits * rows * job.dv)?;
         let plse = self.alloc_partial(splits * rows)?;
         {
-            let (op, _so) = pout.device_ptr(&self.stream);
-            let (lp, _sl) = plse.device_ptr(&self.stream);
+            let (op, _so) = pout.device_ptr(self.stream());
+            let (lp, _sl) = plse.device_ptr(self.stream());
             launch(op, lp, rows as u64)?;
         }
         let outs: Vec<CudaView<'_, f32>> = (0..splits)
@@ -252,7 +252,7 @@ impl CudaBackend {
 
     fn alloc_partial(&self, n: usize) -> Result<CudaSlice<f32>, KernelError> {
         // SAFETY: every element is written by the attention kernel before it is read.
-        unsafe { self.stream.alloc::<f32>(n.max(1)) }
+        unsafe { self.stream().alloc::<f32>(n.max(1)) }
             .map_err(|e| driver_err("allocating attention partials", e))
     }
 
@@ -281,17 +281,17 @@ impl CudaBackend {
         }
         let optrs: Vec<_> = partial_out
             .iter()
-            .map(|v| v.device_ptr(&self.stream))
+            .map(|v| v.device_ptr(self.stream()))
             .collect();
         let lptrs: Vec<_> = partial_lse
             .iter()
-            .map(|v| v.device_ptr(&self.stream))
+            .map(|v| v.device_ptr(self.stream()))
             .collect();
         let oaddr: Vec<u64> = optrs.iter().map(|(p, _)| *p).collect();
         let laddr: Vec<u64> = lptrs.iter().map(|(p, _)| *p).collect();
         let (oaddr, laddr) = (self.upload_meta(&oaddr)?, self.upload_meta(&laddr)?);
         let (parts, rows, hd) = (partial_out.len() as u32, n_rows as u64, head_dim as u32);
-        let mut b = self.stream.launch_builder(self.kernel("merge_lse_f32")?);
+        let mut b = self.stream().launch_builder(self.kernel("merge_lse_f32")?);
         b.arg(&oaddr).arg(&laddr).arg(&parts).arg(&rows);
         b.arg(&hd).arg(out).arg(lse);
         // SAFETY: every part holds n_rows rows (checked).
@@ -330,7 +330,7 @@ impl CudaBackend {
         }
         let (lv, av) = (lse.cuda(), all_lse.cuda());
         let mut b = self
-            .stream
+            .stream()
             .launch_builder(self.kernel("scale_by_lse_share_f32")?);
         let (parts, n64, hd) = (parts as u32, n as u64, head_dim as u32);
         b.arg(out).arg(&lv).arg(&av).arg(&parts).arg(&n64).arg(&hd);

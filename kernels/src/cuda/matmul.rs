@@ -10,7 +10,7 @@ use cudarc::driver::{
 
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::CudaRef;
-use crate::cuda::{grid, launch_err, CudaBackend};
+use crate::cuda::{grid, lanes, launch_err, CudaBackend};
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::f32_to_bf16;
@@ -110,7 +110,7 @@ impl CudaBackend {
         match (&w.data, precision) {
             (Weights::F32(wd), _) => self.gemm(GemmArgs {
                 x: GemmInput::F32(x),
-                w: wd.device_ptr(&self.stream).0,
+                w: wd.device_ptr(self.stream()).0,
                 w_type: blas_sys::cudaDataType::CUDA_R_32F,
                 m: mi,
                 n: ni,
@@ -119,20 +119,20 @@ impl CudaBackend {
             }),
             (Weights::Bf16(wd), Precision::Fast) => {
                 // Tensor cores: activations rounded to bf16, f32 accumulation.
-                let mut xb = unsafe { self.stream.alloc::<u16>(m * k) }
+                let mut xb = unsafe { self.stream().alloc::<u16>(m * k) }
                     .map_err(|e| driver_err("allocating bf16 activations", e))?;
                 let xv = x.cuda();
                 let mut b = self
-                    .stream
+                    .stream()
                     .launch_builder(self.kernel("f32_to_bf16_kernel")?);
                 let n_x = (m * k) as u64;
                 b.arg(&xv).arg(&mut xb).arg(&n_x);
                 // SAFETY: `xb` holds m·k elements.
                 unsafe { b.launch(grid(m * k)) }.map_err(|e| launch_err("f32_to_bf16", e))?;
-                let (xp, _sx) = xb.device_ptr(&self.stream);
+                let (xp, _sx) = xb.device_ptr(self.stream());
                 self.gemm(GemmArgs {
                     x: GemmInput::Bf16(xp),
-                    w: wd.device_ptr(&self.stream).0,
+                    w: wd.device_ptr(self.stream()).0,
                     w_type: blas_sys::cudaDataType::CUDA_R_16BF,
                     m: mi,
                     n: ni,
@@ -144,10 +144,10 @@ impl CudaBackend {
                 let xv = x.cuda();
                 // Vector loads need whole 8-element groups and 16-byte aligned rows of x
                 // (a view may start anywhere in its buffer; weights start allocations).
-                let (xp, _sx) = xv.device_ptr(&self.stream);
+                let (xp, _sx) = xv.device_ptr(self.stream());
                 let vec = i32::from(k.is_multiple_of(8) && xp.is_multiple_of(16));
                 let mut b = self
-                    .stream
+                    .stream()
                     .launch_builder(self.kernel("matmul_bf16_exact")?);
                 let (mu, nu, ku) = (mi as u32, ni as u32, ki as u32);
                 b.arg(&xv)
@@ -177,18 +177,18 @@ impl CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(|e| driver_err("binding the context", e))?;
-        let blas_guard = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+        let blas_guard = lanes::lock(&self.lane().blas);
         let handle = *blas_guard.handle();
         let (op_t, op_n) = (
             blas_sys::cublasOperation_t::CUBLAS_OP_T,
             blas_sys::cublasOperation_t::CUBLAS_OP_N,
         );
-        let (out_ptr, _so) = a.out.device_ptr_mut(&self.stream);
+        let (out_ptr, _so) = a.out.device_ptr_mut(self.stream());
         let xv;
         let (x_ptr, x_type, _sx) = match a.x {
             GemmInput::F32(x) => {
                 xv = x.cuda();
-                let (p, s) = xv.device_ptr(&self.stream);
+                let (p, s) = xv.device_ptr(self.stream());
                 (p, blas_sys::cudaDataType::CUDA_R_32F, Some(s))
             }
             GemmInput::Bf16(p) => (p, blas_sys::cudaDataType::CUDA_R_16BF, None),
@@ -244,13 +244,13 @@ impl CudaBackend {
         let cfg = grid(ids.len() * cols);
         match &table.data {
             Weights::F32(t) => {
-                let mut b = self.stream.launch_builder(self.kernel("embed_f32")?);
+                let mut b = self.stream().launch_builder(self.kernel("embed_f32")?);
                 b.arg(t).arg(&dev_ids).arg(out).arg(&n).arg(&c);
                 // SAFETY: ids checked against the table rows.
                 unsafe { b.launch(cfg) }.map_err(|e| launch_err("embedding", e))?;
             }
             Weights::Bf16(t) => {
-                let mut b = self.stream.launch_builder(self.kernel("embed_bf16")?);
+                let mut b = self.stream().launch_builder(self.kernel("embed_bf16")?);
                 b.arg(t).arg(&dev_ids).arg(out).arg(&n).arg(&c);
                 // SAFETY: as above.
                 unsafe { b.launch(cfg) }.map_err(|e| launch_err("embedding", e))?;

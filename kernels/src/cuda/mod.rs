@@ -36,14 +36,14 @@ mod attention;
 mod backend;
 mod device;
 mod kv;
+mod lanes;
 mod matmul;
 mod memory;
 mod module;
 mod ops;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
 
 pub use cudarc::driver::{CudaView, CudaViewMut};
@@ -59,13 +59,15 @@ use crate::error::KernelError;
 use device::{
     driver_err, keep_pool_memory, require_cublas, require_cuda13, require_driver, require_nvrtc,
 };
+use lanes::Lane;
 use module::{cached_kernels, Kernels};
 
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
 
-/// One GPU as a [`Backend`](crate::Backend): a context, a stream, the loaded kernels
-/// and a cuBLAS handle bound to the stream.
+/// One GPU as a [`Backend`](crate::Backend): a context, one stream per micro-batch
+/// (each with its cuBLAS handle; see [`CudaBackend::with_micro_batches`]) and the
+/// loaded kernels.
 ///
 /// ```
 /// use dcpserve_kernels::cuda::CudaBackend;
@@ -79,10 +81,12 @@ const BLOCK: u32 = 256;
 /// ```
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    /// One lane (stream, cuBLAS handle) per micro-batch; ops go to the calling
+    /// thread's bound lane ([`lanes::bound`]).
+    lanes: Vec<Lane>,
+    /// Keys this backend's thread-local lane binding.
+    id: u64,
     kernels: Kernels,
-    /// cuBLAS handles are not safe to use from two threads at once; the trait is `Sync`.
-    blas: Mutex<CudaBlas>,
     name: String,
 }
 
@@ -97,12 +101,25 @@ impl std::fmt::Debug for CudaBackend {
 
 impl CudaBackend {
     /// A backend on device `ordinal` (as `CUDA_VISIBLE_DEVICES` numbers them), with its
-    /// own stream on the device's primary context. Compiles the kernels on first use
+    /// own stream on the device's primary context: [`CudaBackend::with_micro_batches`]
+    /// with one micro-batch. Compiles the kernels on first use
     /// in the process (NVRTC, for the device's architecture). Errors:
     /// [`KernelError::Unavailable`] without a driver (for CUDA 13 or newer), a device,
     /// NVRTC or cuBLAS;
     /// [`KernelError::Device`] when the driver fails.
     pub fn new(ordinal: usize) -> Result<CudaBackend, KernelError> {
+        Self::with_micro_batches(ordinal, 1)
+    }
+
+    /// A backend on device `ordinal` with one stream per micro-batch (`micro_batches`,
+    /// at least 1): a thread that calls
+    /// [`bind_micro_batch(mb)`](crate::Backend::bind_micro_batch) enqueues its ops on
+    /// stream `mb`, so the micro-batches of a rank overlap on the GPU. Errors as
+    /// [`CudaBackend::new`].
+    pub fn with_micro_batches(
+        ordinal: usize,
+        micro_batches: usize,
+    ) -> Result<CudaBackend, KernelError> {
         require_driver()?;
         let count = cuda_device_count()?;
         if ordinal >= count {
@@ -115,38 +132,69 @@ impl CudaBackend {
         require_nvrtc()?;
         require_cublas()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("creating a context", e))?;
-        // SAFETY: every buffer of this backend is allocated, used and freed on its one
-        // stream, so cudarc's cross-stream events (a few driver calls per kernel
-        // argument) order nothing; users of the buffers on another stream (none in
-        // dcpserve: NCCL goes on `stream()`) must synchronize with an event themselves.
+        // SAFETY: cudarc's cross-stream events (a few driver calls per kernel argument)
+        // are replaced by explicit ordering: a micro-batch's buffers (workspace,
+        // temporaries, metadata) are allocated, used and freed on its own stream; the
+        // shared ones (weights, KV cache) are written on lane 0 while loading, and
+        // `bind_micro_batch` orders the binding lane after the others; NCCL and the
+        // device-local collectives go on the micro-batch's own stream.
         unsafe { ctx.disable_event_tracking() };
         if ctx.has_async_alloc() {
             keep_pool_memory(&ctx);
         }
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| driver_err("creating a stream", e))?;
+        let lanes = (0..micro_batches.max(1))
+            .map(|_| Lane::new(&ctx))
+            .collect::<Result<Vec<_>, _>>()?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| driver_err("reading the compute capability", e))?;
         let compiled = cached_kernels(&format!("sm_{major}{minor}"))?;
         let kernels = Kernels::load(&ctx, &compiled)?;
-        let blas = CudaBlas::new(stream.clone())
-            .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         Ok(CudaBackend {
             ctx,
-            stream,
+            lanes,
+            id: lanes::new_backend_id(),
             kernels,
-            blas: Mutex::new(blas),
             name,
         })
     }
 
-    /// The stream every op of this backend is enqueued on (NCCL collectives of the
-    /// same rank go on it too, so they order with the kernels).
+    /// The stream the calling thread's ops are enqueued on: its bound micro-batch's
+    /// ([`bind_micro_batch`](crate::Backend::bind_micro_batch)), stream 0 when it bound
+    /// none. A micro-batch's collectives go on it too, so they order with its kernels.
     pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        &self.lane().stream
+    }
+
+    /// Micro-batch `mb`'s stream (what its GPU collectives must be built with).
+    pub fn stream_of(&self, mb: usize) -> Option<&Arc<CudaStream>> {
+        self.lanes.get(mb).map(|l| &l.stream)
+    }
+
+    /// Micro-batches (streams) this backend serves.
+    pub fn micro_batches(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The calling thread's lane.
+    fn lane(&self) -> &Lane {
+        let i = lanes::bound(self.id);
+        // `bind_micro_batch` refuses lanes past the end; a stale binding of a reused
+        // id cannot happen (ids are never reused), so this is lane `i`.
+        &self.lanes[i.min(self.lanes.len() - 1)]
+    }
+
+    /// Binds the calling thread to lane `mb` (see `Backend::bind_micro_batch`).
+    fn bind_lane(&self, mb: usize) -> Result<(), KernelError> {
+        if mb >= self.lanes.len() {
+            return Err(KernelError::Unavailable(format!(
+                "micro-batch {mb}: this CUDA backend was built with {} stream(s)",
+                self.lanes.len()
+            )));
+        }
+        lanes::bind(self.id, mb);
+        lanes::order_after_others(&self.lanes, mb)
     }
 
     /// The device's (primary) context.
@@ -179,10 +227,10 @@ impl CudaBackend {
             .map_err(|e| driver_err("reading free memory", e))
     }
 
-    /// Waits until every op enqueued so far has finished (and reports an error a
-    /// kernel hit).
+    /// Waits until every op the calling thread's stream holds has finished (and
+    /// reports an error a kernel hit).
     pub fn synchronize(&self) -> Result<(), KernelError> {
-        self.stream
+        self.stream()
             .synchronize()
             .map_err(|e| driver_err("synchronizing the stream", e))
     }
@@ -195,12 +243,12 @@ impl CudaBackend {
         zeroed: bool,
     ) -> Result<CudaSlice<f32>, KernelError> {
         let r = if len == 0 {
-            self.stream.null::<f32>()
+            self.stream().null::<f32>()
         } else if zeroed {
-            self.stream.alloc_zeros::<f32>(len)
+            self.stream().alloc_zeros::<f32>(len)
         } else {
             // SAFETY: f32 has no invalid bit patterns; callers write before reading.
-            unsafe { self.stream.alloc::<f32>(len) }
+            unsafe { self.stream().alloc::<f32>(len) }
         };
         r.map_err(|e| driver_err("allocating device memory", e))
     }
@@ -212,10 +260,10 @@ impl CudaBackend {
     ) -> Result<CudaSlice<T>, KernelError> {
         if host.is_empty() {
             // Zero-length allocations are refused by the driver; one element is harmless.
-            return unsafe { self.stream.alloc::<T>(1) }
+            return unsafe { self.stream().alloc::<T>(1) }
                 .map_err(|e| driver_err("allocating metadata", e));
         }
-        self.stream
+        self.stream()
             .clone_htod(host)
             .map_err(|e| driver_err("uploading metadata", e))
     }
