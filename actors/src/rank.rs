@@ -381,8 +381,10 @@ where
                         comms,
                         placement: &args.placement,
                     };
-                    let result =
-                        catch_unwind(AssertUnwindSafe(|| ctx.run(&plan, self.cache, &mut hidden)));
+                    let result = catch_unwind(AssertUnwindSafe(|| {
+                        self.model.backend().begin_step()?;
+                        ctx.run(&plan, self.cache, &mut hidden)
+                    }));
                     let error = match result {
                         Ok(Ok(out)) => {
                             if let Some(r) = reply {
@@ -415,6 +417,11 @@ where
             let turn = self.comms.baton.as_ref().map(|b| BatonTurns(b.hold(mb)));
             let mut logits = None;
             let result = catch_unwind(AssertUnwindSafe(|| {
+                // Recycles the step metadata staged two steps ago (GPU staging arena).
+                self.model
+                    .backend()
+                    .begin_step()
+                    .map_err(|e| e.to_string())?;
                 let batch = seqs.apply(&plan)?;
                 let local = LocalBatch::new(&batch, &args.placement);
                 let tables: Vec<&[u32]> = batch.block_tables.iter().map(|t| t.as_slice()).collect();

@@ -173,6 +173,13 @@ pub trait Backend: Send + Sync {
     fn micro_batch(&self) -> usize {
         0
     }
+    /// Marks the start of a step on the calling thread's queue, before its first op:
+    /// a device backend recycles the step metadata staged by earlier steps (CUDA: its
+    /// pinned staging arena, after an event of the step before last). Ops work without
+    /// it too (they stage into fresh room, waiting when it runs out).
+    fn begin_step(&self) -> Result<(), KernelError> {
+        Ok(())
+    }
 
     // --- memory -------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ use cudarc::driver::{
 use crate::backend::{LatentAttentionParams, PagedAttentionParams};
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::{dtype_code, CudaKvRef, CudaRef};
+use crate::cuda::staging::bytes_of;
 use crate::cuda::{launch_err, per_row, CudaBackend};
 use crate::error::{check_len, KernelError};
 
@@ -184,10 +185,12 @@ impl CudaBackend {
             offsets.push(flat.len() as u64);
             flat.extend_from_slice(bt);
         }
-        let seq = self.upload_meta(job.token_seq)?;
-        let lens = self.upload_meta(job.token_kv_len)?;
-        let flat = self.upload_meta(&flat)?;
-        let offsets = self.upload_meta(&offsets)?;
+        let [seq, lens, flat, offsets] = self.stage_meta([
+            bytes_of(job.token_seq),
+            bytes_of(job.token_kv_len),
+            bytes_of(&flat),
+            bytes_of(&offsets),
+        ])?;
 
         let (kb, vb) = (job.k.bytes(), job.v.bytes());
         let dt = dtype_code(job.k.dtype());
@@ -289,7 +292,7 @@ impl CudaBackend {
             .collect();
         let oaddr: Vec<u64> = optrs.iter().map(|(p, _)| *p).collect();
         let laddr: Vec<u64> = lptrs.iter().map(|(p, _)| *p).collect();
-        let (oaddr, laddr) = (self.upload_meta(&oaddr)?, self.upload_meta(&laddr)?);
+        let [oaddr, laddr] = self.stage_meta([bytes_of(&oaddr), bytes_of(&laddr)])?;
         let (parts, rows, hd) = (partial_out.len() as u32, n_rows as u64, head_dim as u32);
         let mut b = self.stream().launch_builder(self.kernel("merge_lse_f32")?);
         b.arg(&oaddr).arg(&laddr).arg(&parts).arg(&rows);

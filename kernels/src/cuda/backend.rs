@@ -53,6 +53,10 @@ impl Backend for CudaBackend {
         crate::cuda::lanes::bound(self.id)
     }
 
+    fn begin_step(&self) -> Result<(), KernelError> {
+        self.begin_lane_step()
+    }
+
     fn zeros(&self, len: usize) -> Result<CudaSlice<f32>, KernelError> {
         self.alloc_f32(len, true)
     }

@@ -4,6 +4,7 @@
 use cudarc::driver::PushKernelArg;
 
 use crate::cuda::memory::{dtype_code, CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
+use crate::cuda::staging::bytes_of;
 use crate::cuda::{grid, launch_err, CudaBackend};
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::KvCacheDType;
@@ -62,7 +63,7 @@ impl CudaBackend {
         if stored == 0 {
             return Ok(0);
         }
-        let dev_slots = self.upload_meta(&dev_slots)?;
+        let [dev_slots] = self.stage_meta([bytes_of(&dev_slots)])?;
         let rv = rows.cuda();
         let (dt, inv) = (dtype_code(cache.dtype), 1.0 / cache.scale);
         let mut b = self.stream().launch_builder(self.kernel("kv_write_rows")?);

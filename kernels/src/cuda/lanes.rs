@@ -18,6 +18,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::cuda::device::driver_err;
+use crate::cuda::staging::MetaArena;
 use crate::error::KernelError;
 
 /// One micro-batch's stream and what is tied to a stream.
@@ -27,10 +28,12 @@ pub(crate) struct Lane {
     /// switched between streams would share its workspace between them: one handle per
     /// lane, locked per GEMM (uncontended: one thread per lane).
     pub(crate) blas: Mutex<CudaBlas>,
+    /// The lane's step-metadata staging (pinned host and device arenas).
+    pub(crate) meta: Mutex<MetaArena>,
 }
 
 impl Lane {
-    /// A new stream on `ctx` with its cuBLAS handle.
+    /// A new stream on `ctx` with its cuBLAS handle and metadata arenas.
     pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Lane, KernelError> {
         let stream = ctx
             .new_stream()
@@ -38,6 +41,7 @@ impl Lane {
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
         Ok(Lane {
+            meta: Mutex::new(MetaArena::new(&stream)?),
             blas: Mutex::new(blas),
             stream,
         })

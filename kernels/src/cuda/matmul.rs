@@ -10,6 +10,7 @@ use cudarc::driver::{
 
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::CudaRef;
+use crate::cuda::staging::bytes_of;
 use crate::cuda::{grid, lanes, launch_err, CudaBackend};
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
@@ -64,7 +65,7 @@ impl CudaBackend {
         let n = rows * cols;
         let data = if w.format() == DType::F32 {
             let host = w.to_f32_vec();
-            Weights::F32(self.upload_meta(&host)?)
+            Weights::F32(self.upload_owned(&host)?)
         } else {
             let mut bf = Vec::with_capacity(n);
             let mut row = vec![0.0f32; cols];
@@ -75,7 +76,7 @@ impl CudaBackend {
                     bf.extend(row.iter().map(|&v| f32_to_bf16(v)));
                 }
             }
-            Weights::Bf16(self.upload_meta(&bf)?)
+            Weights::Bf16(self.upload_owned(&bf)?)
         };
         Ok(CudaMatrix {
             rows,
@@ -239,7 +240,7 @@ impl CudaBackend {
                 limit: table.rows,
             });
         }
-        let dev_ids = self.upload_meta(ids)?;
+        let [dev_ids] = self.stage_meta([bytes_of(ids)])?;
         let (n, c) = (ids.len() as u64, cols as u64);
         let cfg = grid(ids.len() * cols);
         match &table.data {

@@ -14,16 +14,21 @@
 //! * Kernels: CUDA C in `kernels/src/cuda/kernels/*.cu`, compiled by NVRTC to a CUBIN
 //!   for the device's architecture once per process ([`compile_kernels`]).
 //! * One context (the device's primary context, shared by every backend on that GPU)
-//!   and one stream per backend: several backends (ranks) may share a GPU, each
-//!   ordering its own work. Every op is enqueued on that stream (collectives belong on
-//!   [`CudaBackend::stream`] too: cudarc's cross-stream event tracking is off for the
-//!   backend's context); step metadata (positions, slots, block tables) is uploaded
-//!   per call.
+//!   and one stream per micro-batch of the backend's rank (`lanes`): several backends
+//!   (ranks) may share a GPU, each ordering its own work, and a rank's two
+//!   micro-batches overlap (one's collectives while the other computes). Every op is
+//!   enqueued on the calling thread's stream ([`CudaBackend::stream`], chosen by
+//!   [`Backend::bind_micro_batch`](crate::Backend::bind_micro_batch)); a micro-batch's
+//!   collectives belong on it too (cudarc's cross-stream event tracking is off for the
+//!   backend's context).
+//! * Step metadata (positions, slots, block tables) is staged per op in the stream's
+//!   pinned arena and copied asynchronously into its device arena (`staging`): no
+//!   host wait and no allocation per op; [`Backend::begin_step`](crate::Backend::begin_step)
+//!   recycles it.
 //! * Stated limitations: `route_experts` and `sample` download the logits and run the
 //!   CPU functions; attention reads each KV head once per query head (no GQA sharing
-//!   inside a block yet); metadata is copied from pageable host memory, which makes the
-//!   host wait for the stream at each upload (a pinned staging buffer would not);
-//!   `Precision::Exact` products with bf16 weights use a simple kernel, fast for decode
+//!   inside a block yet); block tables are staged again for every layer's attention
+//!   (identical within a step); `Precision::Exact` products with bf16 weights use a simple kernel, fast for decode
 //!   but not for large prefill batches (`Precision::Fast` uses cuBLAS tensor cores);
 //!   prefill attention is one block per (token, head) without tiling or tensor cores.
 //!   Nothing here has run on a GPU yet: the kernels compile (NVRTC, CI), the CUDA arms
@@ -41,6 +46,7 @@ mod matmul;
 mod memory;
 mod module;
 mod ops;
+mod staging;
 
 use std::sync::Arc;
 
@@ -253,19 +259,34 @@ impl CudaBackend {
         r.map_err(|e| driver_err("allocating device memory", e))
     }
 
-    /// Copies small host metadata (positions, slots, tables) to the device.
-    pub(crate) fn upload_meta<T: DeviceRepr>(
+    /// Copies host data the device keeps (weights, RoPE tables) to a new buffer.
+    pub(crate) fn upload_owned<T: DeviceRepr>(
         &self,
         host: &[T],
     ) -> Result<CudaSlice<T>, KernelError> {
         if host.is_empty() {
             // Zero-length allocations are refused by the driver; one element is harmless.
-            return unsafe { self.stream().alloc::<T>(1) }
-                .map_err(|e| driver_err("allocating metadata", e));
+            return unsafe { self.stream().alloc::<T>(1) }.map_err(|e| driver_err("allocating", e));
         }
         self.stream()
             .clone_htod(host)
-            .map_err(|e| driver_err("uploading metadata", e))
+            .map_err(|e| driver_err("uploading", e))
+    }
+
+    /// Stages one op's step metadata (positions, slots, block tables, token maps) in
+    /// the calling thread's lane arena: no host wait, no allocation (see
+    /// `staging`). Returns each part's device address, for kernels enqueued on
+    /// [`CudaBackend::stream`] by the same op.
+    pub(crate) fn stage_meta<const N: usize>(
+        &self,
+        parts: [&[u8]; N],
+    ) -> Result<[u64; N], KernelError> {
+        lanes::lock(&self.lane().meta).stage(parts)
+    }
+
+    /// Starts a step on the calling thread's lane (see `Backend::begin_step`).
+    fn begin_lane_step(&self) -> Result<(), KernelError> {
+        lanes::lock(&self.lane().meta).begin_step()
     }
 
     pub(crate) fn kernel(

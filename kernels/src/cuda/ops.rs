@@ -6,6 +6,7 @@ use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, PushKernelArg};
 
 use crate::backend::Strided;
 use crate::cuda::memory::CudaRef;
+use crate::cuda::staging::bytes_of;
 use crate::cuda::{grid, launch_err, per_row, CudaBackend};
 use crate::error::{check_len, KernelError};
 use crate::ops::RopeTable;
@@ -45,9 +46,9 @@ impl CudaBackend {
         let max_positions = u32::try_from(host.max_positions())
             .map_err(|_| KernelError::Shape("rope: too many positions".into()))?;
         Ok(CudaRope {
-            cos: self.upload_meta(cos)?,
-            sin: self.upload_meta(sin)?,
-            inv_freq: self.upload_meta(host.inv_freq())?,
+            cos: self.upload_owned(cos)?,
+            sin: self.upload_owned(sin)?,
+            inv_freq: self.upload_owned(host.inv_freq())?,
             max_positions,
             attention_factor: host.attention_factor(),
             host,
@@ -222,7 +223,7 @@ impl CudaBackend {
             return Ok(());
         }
         let idx = row_indices("gathered row", rows, src.len() / width)?;
-        let idx = self.upload_meta(&idx)?;
+        let [idx] = self.stage_meta([bytes_of(&idx)])?;
         let sv = src.cuda();
         let mut b = self
             .stream()
@@ -248,7 +249,7 @@ impl CudaBackend {
             return Ok(());
         }
         let idx = row_indices("scatter-add row", rows, dst.len() / width)?;
-        let (idx, sc) = (self.upload_meta(&idx)?, self.upload_meta(scales)?);
+        let [idx, sc] = self.stage_meta([bytes_of(&idx), bytes_of(scales)])?;
         let sv = src.cuda();
         let mut b = self
             .stream()
@@ -294,7 +295,7 @@ impl CudaBackend {
                 })
             })
             .collect::<Result<_, _>>()?;
-        let pos = self.upload_meta(&pos)?;
+        let [pos] = self.stage_meta([bytes_of(&pos)])?;
         let rows_per_token = (width / stride) as u64;
         let n_tokens = positions.len() as u64;
         let il = interleaved as i32;
