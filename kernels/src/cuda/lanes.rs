@@ -18,6 +18,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::cuda::device::driver_err;
+use crate::cuda::scratch::Scratch;
 use crate::cuda::staging::MetaArena;
 use crate::error::KernelError;
 
@@ -30,10 +31,12 @@ pub(crate) struct Lane {
     pub(crate) blas: Mutex<CudaBlas>,
     /// The lane's step-metadata staging (pinned host and device arenas).
     pub(crate) meta: Mutex<MetaArena>,
+    /// The lane's scratch for op temporaries.
+    pub(crate) scratch: Mutex<Scratch>,
 }
 
 impl Lane {
-    /// A new stream on `ctx` with its cuBLAS handle and metadata arenas.
+    /// A new stream on `ctx` with its cuBLAS handle, metadata arenas and scratch.
     pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Lane, KernelError> {
         let stream = ctx
             .new_stream()
@@ -42,6 +45,7 @@ impl Lane {
             .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
         Ok(Lane {
             meta: Mutex::new(MetaArena::new(&stream)?),
+            scratch: Mutex::new(Scratch::new(&stream)),
             blas: Mutex::new(blas),
             stream,
         })

@@ -120,17 +120,16 @@ impl CudaBackend {
             }),
             (Weights::Bf16(wd), Precision::Fast) => {
                 // Tensor cores: activations rounded to bf16, f32 accumulation.
-                let mut xb = unsafe { self.stream().alloc::<u16>(m * k) }
-                    .map_err(|e| driver_err("allocating bf16 activations", e))?;
+                // The bf16 copy of x lives in the lane's scratch (no allocation per GEMM).
+                let xp = self.scratch_u16(m * k)?;
                 let xv = x.cuda();
                 let mut b = self
                     .stream()
                     .launch_builder(self.kernel("f32_to_bf16_kernel")?);
                 let n_x = (m * k) as u64;
-                b.arg(&xv).arg(&mut xb).arg(&n_x);
-                // SAFETY: `xb` holds m·k elements.
+                b.arg(&xv).arg(&xp).arg(&n_x);
+                // SAFETY: the scratch at `xp` holds at least m·k elements.
                 unsafe { b.launch(grid(m * k)) }.map_err(|e| launch_err("f32_to_bf16", e))?;
-                let (xp, _sx) = xb.device_ptr(self.stream());
                 self.gemm(GemmArgs {
                     x: GemmInput::Bf16(xp),
                     w: wd.device_ptr(self.stream()).0,

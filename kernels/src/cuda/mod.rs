@@ -46,6 +46,7 @@ mod matmul;
 mod memory;
 mod module;
 mod ops;
+mod scratch;
 mod staging;
 
 use std::sync::Arc;
@@ -282,6 +283,17 @@ impl CudaBackend {
         parts: [&[u8]; N],
     ) -> Result<[u64; N], KernelError> {
         lanes::lock(&self.lane().meta).stage(parts)
+    }
+
+    /// At least `n` f32s of the calling thread's lane scratch, for one op's kernels
+    /// (see `scratch`: one call per op).
+    pub(crate) fn scratch_f32(&self, n: usize) -> Result<u64, KernelError> {
+        lanes::lock(&self.lane().scratch).f32s(n)
+    }
+
+    /// At least `n` u16s (bf16) of the lane scratch; as [`CudaBackend::scratch_f32`].
+    pub(crate) fn scratch_u16(&self, n: usize) -> Result<u64, KernelError> {
+        lanes::lock(&self.lane().scratch).u16s(n)
     }
 
     /// Starts a step on the calling thread's lane (see `Backend::begin_step`).

@@ -166,6 +166,14 @@ impl MetaArena {
     }
 }
 
+impl Drop for MetaArena {
+    fn drop(&mut self) {
+        // Copies may still read the pinned halves, which are freed right after this:
+        // wait for them (an error here was already reported by the op that caused it).
+        let _ = self.stream.synchronize();
+    }
+}
+
 /// Where parts of `lens` bytes go after `used` bytes of an arena: each at the next
 /// [`ALIGN`]ed offset after the previous one; returns the offsets and the end of the
 /// last part.
