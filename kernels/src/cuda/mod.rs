@@ -23,14 +23,18 @@
 //!   backend's context).
 //! * Step metadata (positions, slots, block tables) is staged per op in the stream's
 //!   pinned arena and copied asynchronously into its device arena (`staging`): no
-//!   host wait and no allocation per op; [`Backend::begin_step`](crate::Backend::begin_step)
-//!   recycles it.
+//!   host wait and no allocation per op;
+//!   [`Backend::begin_step`](crate::Backend::begin_step) recycles it. Op temporaries
+//!   (attention split partials, bf16 copies of GEMM inputs) live in the stream's
+//!   reused scratch (`scratch`).
 //! * Stated limitations: `route_experts` and `sample` download the logits and run the
 //!   CPU functions; attention reads each KV head once per query head (no GQA sharing
 //!   inside a block yet); block tables are staged again for every layer's attention
-//!   (identical within a step); `Precision::Exact` products with bf16 weights use a simple kernel, fast for decode
-//!   but not for large prefill batches (`Precision::Fast` uses cuBLAS tensor cores);
-//!   prefill attention is one block per (token, head) without tiling or tensor cores.
+//!   (identical within a step); no CUDA graphs yet (a decode step launches its kernels
+//!   one by one); `Precision::Exact` products with bf16 weights use a simple kernel,
+//!   fast for decode but not for large prefill batches (`Precision::Fast` uses cuBLAS
+//!   tensor cores); prefill attention is one block per (token, head) without tiling or
+//!   tensor cores.
 //!   Nothing here has run on a GPU yet: the kernels compile (NVRTC, CI), the CUDA arms
 //!   of the op tests await a device (`scripts/gpu-check.sh` runs them there).
 //!
