@@ -148,7 +148,11 @@ impl CudaBackend {
         // temporaries, metadata) are allocated, used and freed on its own stream; the
         // shared ones (weights, KV cache) are written on lane 0 while loading, and
         // `bind_micro_batch` orders the binding lane after the others; NCCL and the
-        // device-local collectives go on the micro-batch's own stream.
+        // device-local collectives go on the micro-batch's own stream. While serving,
+        // each micro-batch touches only its own sequences' KV blocks; a block passes to
+        // the other micro-batch only after the step that last used it has answered,
+        // and that answer needed every rank's last collective of the step, which its
+        // stream ran after the step's attention kernels.
         unsafe { ctx.disable_event_tracking() };
         if ctx.has_async_alloc() {
             keep_pool_memory(&ctx);
