@@ -40,6 +40,9 @@ fn the_dry_run_on_the_cpu_writes_a_passing_report() {
         "decode attention, 1 sequence of 2048 tokens",
         "tiny-deepseek tp=4 dcp=4 I=1 Float32",
         "tiny-llama tp=4 dcp=2 I=16 Bfloat16",
+        // Two micro-batches per rank (one CUDA stream each on a GPU).
+        "tiny-llama tp=4 dcp=2 I=16 Float32 2mb",
+        "tiny-deepseek tp=2 dcp=2 I=1 Float32 2mb",
     ] {
         assert!(
             report.contains(section),

@@ -7,7 +7,9 @@
 //! running it; rank 0 then samples from the step's logits and answers with token ids.
 //! With two micro-batches the rank has one compute thread per micro-batch, sharing the
 //! weights, the KV cache and a compute baton: while one waits in a collective the other
-//! computes (see `dcpserve_kernels::overlap`).
+//! computes (see `dcpserve_kernels::overlap`). On a GPU each micro-batch thread binds
+//! its own stream instead ([`Backend::bind_micro_batch`]): no baton, the two
+//! micro-batches' kernels and collectives overlap on the device.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -268,9 +270,19 @@ fn run_rank<B: Backend>(
         }
     };
     // One workspace per micro-batch thread, reserved now so no step allocates
-    // activations (on the CPU its pages are only touched as steps use them).
-    for _ in 0..jobs.len() {
-        if let Err(e) = model.reserve_workspace(args.max_step_tokens) {
+    // activations (on the CPU its pages are only touched as steps use them). Each is
+    // allocated on its micro-batch's queue (a GPU stream) and kept for it.
+    for mb in 0..jobs.len() {
+        let reserved = model
+            .backend()
+            .bind_micro_batch(mb)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                model
+                    .reserve_workspace(args.max_step_tokens)
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = reserved {
             let _ = ready.send(Err(format!("rank {}: workspace: {e}", args.rank)));
             return;
         }
@@ -353,6 +365,11 @@ where
         if self.comms.baton.is_some() {
             pin_micro_batch_thread(args);
         }
+        // This thread's ops go to micro-batch `mb`'s queue (a GPU rank's stream `mb`).
+        if let Err(e) = self.model.backend().bind_micro_batch(mb) {
+            fail(args, self.myself, format!("micro-batch {mb}: {e}"));
+            return;
+        }
         let comms = &self.comms.micro_batches[mb];
         // Hidden states for the MTP layer (only with one micro-batch).
         let mut hidden = HiddenStore::default();
@@ -369,8 +386,10 @@ where
                         comms,
                         placement: &args.placement,
                     };
-                    let result =
-                        catch_unwind(AssertUnwindSafe(|| ctx.run(&plan, self.cache, &mut hidden)));
+                    let result = catch_unwind(AssertUnwindSafe(|| {
+                        self.model.backend().begin_step()?;
+                        ctx.run(&plan, self.cache, &mut hidden)
+                    }));
                     let error = match result {
                         Ok(Ok(out)) => {
                             if let Some(r) = reply {
@@ -403,6 +422,11 @@ where
             let turn = self.comms.baton.as_ref().map(|b| BatonTurns(b.hold(mb)));
             let mut logits = None;
             let result = catch_unwind(AssertUnwindSafe(|| {
+                // Recycles the step metadata staged two steps ago (GPU staging arena).
+                self.model
+                    .backend()
+                    .begin_step()
+                    .map_err(|e| e.to_string())?;
                 let batch = seqs.apply(&plan)?;
                 let local = LocalBatch::new(&batch, &args.placement);
                 let tables: Vec<&[u32]> = batch.block_tables.iter().map(|t| t.as_slice()).collect();

@@ -20,6 +20,8 @@ pub struct EngineCase {
     pub interleave: usize,
     /// Weight and activation precision of both engines.
     pub dtype: DType,
+    /// Two micro-batches per rank (`overlap_micro_batches`; on a GPU, one stream each).
+    pub overlap: bool,
 }
 
 impl EngineCase {
@@ -37,14 +39,21 @@ impl EngineCase {
 
     fn name(&self) -> String {
         format!(
-            "{} tp={} dcp={} I={} {:?}",
-            self.fixture, self.tp, self.dcp, self.interleave, self.dtype
+            "{} tp={} dcp={} I={} {:?}{}",
+            self.fixture,
+            self.tp,
+            self.dcp,
+            self.interleave,
+            self.dtype,
+            if self.overlap { " 2mb" } else { "" }
         )
     }
 }
 
 /// One rank, tp=2 dcp=2, tp=4 dcp=2 with an interleave of 16 (on one GPU, ranks
-/// sharing the device), and MLA at tp=4 dcp=4; each in float32 and bfloat16.
+/// sharing the device), and MLA at tp=4 dcp=4; each in float32 and bfloat16. Then two
+/// of the multi-rank layouts again with two micro-batches (float32, so tokens must
+/// match): on a GPU each micro-batch computes and communicates on its own stream.
 pub fn default_cases() -> Vec<EngineCase> {
     let mut v = Vec::new();
     for dtype in [DType::Float32, DType::Bfloat16] {
@@ -62,8 +71,19 @@ pub fn default_cases() -> Vec<EngineCase> {
                 dcp,
                 interleave,
                 dtype,
+                overlap: false,
             });
         }
+    }
+    for (fixture, tp, dcp, interleave) in [("tiny-deepseek", 2, 2, 1), ("tiny-llama", 4, 2, 16)] {
+        v.push(EngineCase {
+            fixture,
+            tp,
+            dcp,
+            interleave,
+            dtype: DType::Float32,
+            overlap: true,
+        });
     }
     v
 }
@@ -114,6 +134,7 @@ async fn generate(engine: &Engine, prompts: &[Vec<u32>], n: usize) -> Result<Run
 
 fn config(case: &EngineCase, dtype: DType) -> EngineConfig {
     EngineConfig {
+        overlap_micro_batches: case.overlap,
         parallel: ParallelConfig {
             tensor_parallel_size: case.tp,
             decode_context_parallel_size: case.dcp,
@@ -161,6 +182,7 @@ pub async fn check_case(
         tp: 1,
         dcp: 1,
         interleave: 1,
+        overlap: false,
         ..case.clone()
     };
     let reference = Engine::from_path(&model, config(&cpu_case, case.dtype))

@@ -156,6 +156,32 @@ pub trait Backend: Send + Sync {
     /// Short name for logs and test names (`"cpu"`, `"cuda"`).
     fn name(&self) -> &'static str;
 
+    // --- scheduling ---------------------------------------------------------------
+
+    /// Sends the calling thread's later ops to micro-batch `mb`'s queue, ordered after
+    /// everything already enqueued on the other queues (the rank's compute thread of
+    /// micro-batch `mb` calls it before serving). CUDA: stream `mb`, so one
+    /// micro-batch's collectives overlap the other's kernels; a backend with one queue
+    /// (the CPU, whose ops run on the calling thread) ignores it.
+    fn bind_micro_batch(&self, mb: usize) -> Result<(), KernelError> {
+        let _ = mb;
+        Ok(())
+    }
+    /// The micro-batch the calling thread bound ([`Backend::bind_micro_batch`]); 0 when
+    /// it bound none or the backend has one queue. Buffers a micro-batch reuses from
+    /// step to step (workspaces) stay with it, since two queues do not order with
+    /// each other.
+    fn micro_batch(&self) -> usize {
+        0
+    }
+    /// Marks the start of a step on the calling thread's queue, before its first op:
+    /// a device backend recycles the step metadata staged by earlier steps (CUDA: its
+    /// pinned staging arena, after an event of the step before last). Ops work without
+    /// it too (they stage into fresh room, waiting when it runs out).
+    fn begin_step(&self) -> Result<(), KernelError> {
+        Ok(())
+    }
+
     // --- memory -------------------------------------------------------------------
 
     /// A buffer of `len` zeros.

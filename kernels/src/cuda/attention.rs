@@ -3,13 +3,11 @@
 //! LSE, and the LSE merge and share ops of decode context parallelism.
 
 use crate::shape_checks::{check_block_tables, check_merge, check_paged_attention};
-use cudarc::driver::{
-    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use crate::backend::{LatentAttentionParams, PagedAttentionParams};
-use crate::cuda::device::driver_err;
 use crate::cuda::memory::{dtype_code, CudaKvRef, CudaRef};
+use crate::cuda::staging::bytes_of;
 use crate::cuda::{launch_err, per_row, CudaBackend};
 use crate::error::{check_len, KernelError};
 
@@ -184,10 +182,12 @@ impl CudaBackend {
             offsets.push(flat.len() as u64);
             flat.extend_from_slice(bt);
         }
-        let seq = self.upload_meta(job.token_seq)?;
-        let lens = self.upload_meta(job.token_kv_len)?;
-        let flat = self.upload_meta(&flat)?;
-        let offsets = self.upload_meta(&offsets)?;
+        let [seq, lens, flat, offsets] = self.stage_meta([
+            bytes_of(job.token_seq),
+            bytes_of(job.token_kv_len),
+            bytes_of(&flat),
+            bytes_of(&offsets),
+        ])?;
 
         let (kb, vb) = (job.k.bytes(), job.v.bytes());
         let dt = dtype_code(job.k.dtype());
@@ -207,7 +207,7 @@ impl CudaBackend {
         };
         let f = self.kernel("attention_partial")?;
         let launch = |op: u64, lp: u64, split_rows: u64| {
-            let mut b = self.stream.launch_builder(f);
+            let mut b = self.stream().launch_builder(f);
             b.arg(&qv)
                 .arg(&kb)
                 .arg(&vb)
@@ -230,30 +230,23 @@ impl CudaBackend {
                 .map_err(|e| launch_err("attention", e))
         };
         if splits == 1 {
-            let (op, _so) = out.device_ptr_mut(&self.stream);
-            let (lp, _sl) = lse.device_ptr_mut(&self.stream);
+            let (op, _so) = out.device_ptr_mut(self.stream());
+            let (lp, _sl) = lse.device_ptr_mut(self.stream());
             return launch(op, lp, 0);
         }
-        let pout = self.alloc_partial(splits * rows * job.dv)?;
-        let plse = self.alloc_partial(splits * rows)?;
-        {
-            let (op, _so) = pout.device_ptr(&self.stream);
-            let (lp, _sl) = plse.device_ptr(&self.stream);
-            launch(op, lp, rows as u64)?;
-        }
-        let outs: Vec<CudaView<'_, f32>> = (0..splits)
-            .map(|s| pout.slice(s * rows * job.dv..(s + 1) * rows * job.dv))
+        // Partials in the lane's scratch: split s's outputs at [s·rows·dv, (s+1)·rows·dv)
+        // of the first part, its LSEs at [s·rows, (s+1)·rows) of the second (the
+        // kernel's layout for `split_rows = rows`).
+        let out_len = splits * rows * job.dv;
+        let base = self.scratch_f32(out_len + splits * rows)?;
+        let f = std::mem::size_of::<f32>() as u64;
+        let (pout, plse) = (base, base + out_len as u64 * f);
+        launch(pout, plse, rows as u64)?;
+        let oaddr: Vec<u64> = (0..splits)
+            .map(|s| pout + (s * rows * job.dv) as u64 * f)
             .collect();
-        let lses: Vec<CudaView<'_, f32>> = (0..splits)
-            .map(|s| plse.slice(s * rows..(s + 1) * rows))
-            .collect();
-        self.merge_views(&outs, &lses, rows, job.dv, out, lse)
-    }
-
-    fn alloc_partial(&self, n: usize) -> Result<CudaSlice<f32>, KernelError> {
-        // SAFETY: every element is written by the attention kernel before it is read.
-        unsafe { self.stream.alloc::<f32>(n.max(1)) }
-            .map_err(|e| driver_err("allocating attention partials", e))
+        let laddr: Vec<u64> = (0..splits).map(|s| plse + (s * rows) as u64 * f).collect();
+        self.merge_addrs(&oaddr, &laddr, rows, job.dv, out, lse)
     }
 
     /// The LSE merge of partials given as cudarc views (pointer arrays on the device).
@@ -281,22 +274,44 @@ impl CudaBackend {
         }
         let optrs: Vec<_> = partial_out
             .iter()
-            .map(|v| v.device_ptr(&self.stream))
+            .map(|v| v.device_ptr(self.stream()))
             .collect();
         let lptrs: Vec<_> = partial_lse
             .iter()
-            .map(|v| v.device_ptr(&self.stream))
+            .map(|v| v.device_ptr(self.stream()))
             .collect();
         let oaddr: Vec<u64> = optrs.iter().map(|(p, _)| *p).collect();
         let laddr: Vec<u64> = lptrs.iter().map(|(p, _)| *p).collect();
-        let (oaddr, laddr) = (self.upload_meta(&oaddr)?, self.upload_meta(&laddr)?);
-        let (parts, rows, hd) = (partial_out.len() as u32, n_rows as u64, head_dim as u32);
-        let mut b = self.stream.launch_builder(self.kernel("merge_lse_f32")?);
-        b.arg(&oaddr).arg(&laddr).arg(&parts).arg(&rows);
-        b.arg(&hd).arg(out).arg(lse);
-        // SAFETY: every part holds n_rows rows (checked).
-        unsafe { b.launch(per_row(n_rows, 128)?) }.map_err(|e| launch_err("merge_lse", e))?;
+        self.merge_addrs(&oaddr, &laddr, n_rows, head_dim, out, lse)?;
         drop((optrs, lptrs));
+        Ok(())
+    }
+
+    /// The LSE merge of `oaddr.len()` parts at device addresses, each `n_rows` rows of
+    /// `head_dim` outputs (`oaddr`) and `n_rows` LSEs (`laddr`): the caller has checked
+    /// those sizes (`merge_views`) or laid the parts out itself (`attend`).
+    fn merge_addrs(
+        &self,
+        oaddr: &[u64],
+        laddr: &[u64],
+        n_rows: usize,
+        head_dim: usize,
+        out: &mut CudaViewMut<'_, f32>,
+        lse: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        check_len("merge LSE parts", oaddr.len(), laddr.len())?;
+        check_len("merge output", n_rows * head_dim, out.len())?;
+        check_len("merge LSE", n_rows, lse.len())?;
+        if n_rows == 0 {
+            return Ok(());
+        }
+        let [oaddr_dev, laddr_dev] = self.stage_meta([bytes_of(oaddr), bytes_of(laddr)])?;
+        let (parts, rows, hd) = (oaddr.len() as u32, n_rows as u64, head_dim as u32);
+        let mut b = self.stream().launch_builder(self.kernel("merge_lse_f32")?);
+        b.arg(&oaddr_dev).arg(&laddr_dev).arg(&parts).arg(&rows);
+        b.arg(&hd).arg(out).arg(lse);
+        // SAFETY: every part holds n_rows rows (checked by the caller).
+        unsafe { b.launch(per_row(n_rows, 128)?) }.map_err(|e| launch_err("merge_lse", e))?;
         Ok(())
     }
 
@@ -330,7 +345,7 @@ impl CudaBackend {
         }
         let (lv, av) = (lse.cuda(), all_lse.cuda());
         let mut b = self
-            .stream
+            .stream()
             .launch_builder(self.kernel("scale_by_lse_share_f32")?);
         let (parts, n64, hd) = (parts as u32, n as u64, head_dim as u32);
         b.arg(out).arg(&lv).arg(&av).arg(&parts).arg(&n64).arg(&hd);

@@ -47,6 +47,18 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn bind_micro_batch(&self, mb: usize) -> Result<(), KernelError> {
+        self.bind_lane(mb)
+    }
+
+    fn micro_batch(&self) -> usize {
+        crate::cuda::lanes::bound(self.id)
+    }
+
+    fn begin_step(&self) -> Result<(), KernelError> {
+        self.begin_lane_step()
+    }
+
     fn zeros(&self, len: usize) -> Result<CudaSlice<f32>, KernelError> {
         self.alloc_f32(len, true)
     }
@@ -60,7 +72,7 @@ impl Backend for CudaBackend {
         if host.is_empty() {
             return self.zeros(0);
         }
-        self.stream
+        self.stream()
             .clone_htod(host)
             .map_err(|e| driver_err("uploading", e))
     }
@@ -70,7 +82,7 @@ impl Backend for CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
-        self.stream
+        self.stream()
             .memcpy_dtoh(&src.cuda(), host)
             .map_err(|e| driver_err("downloading", e))?;
         self.synchronize()
@@ -358,18 +370,18 @@ impl Backend for CudaBackend {
             return Ok(Vec::new());
         }
         let mut ids = self
-            .stream
+            .stream()
             .alloc_zeros::<u32>(rows)
             .map_err(|e| driver_err("allocating", e))?;
         let lv = logits.cuda();
-        let mut b = self.stream.launch_builder(self.kernel("argmax_f32")?);
+        let mut b = self.stream().launch_builder(self.kernel("argmax_f32")?);
         let vocab = vocab as u64;
         b.arg(&lv).arg(&vocab).arg(&mut ids);
         // SAFETY: one block per whole row; `ids` holds one id per row. The kernel's
         // shared arrays are sized for 1024 threads.
         unsafe { b.launch(per_row(rows, 1024)?) }.map_err(|e| launch_err("argmax", e))?;
         let mut host = vec![0u32; rows];
-        self.stream
+        self.stream()
             .memcpy_dtoh(&ids, &mut host)
             .map_err(|e| driver_err("downloading", e))?;
         self.synchronize()?;

@@ -4,6 +4,7 @@
 use cudarc::driver::PushKernelArg;
 
 use crate::cuda::memory::{dtype_code, CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
+use crate::cuda::staging::bytes_of;
 use crate::cuda::{grid, launch_err, CudaBackend};
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::KvCacheDType;
@@ -18,7 +19,7 @@ impl CudaBackend {
         len: usize,
     ) -> Result<CudaKvBuffer, KernelError> {
         let bytes = self
-            .stream
+            .stream()
             .alloc_zeros::<u8>((len * dtype.bytes()).max(1))
             .map_err(|e| driver_err("allocating a KV cache", e))?;
         Ok(CudaKvBuffer {
@@ -63,10 +64,10 @@ impl CudaBackend {
         if stored == 0 {
             return Ok(0);
         }
-        let dev_slots = self.upload_meta(&dev_slots)?;
+        let [dev_slots] = self.stage_meta([bytes_of(&dev_slots)])?;
         let rv = rows.cuda();
         let (dt, inv) = (dtype_code(cache.dtype), 1.0 / cache.scale);
-        let mut b = self.stream.launch_builder(self.kernel("kv_write_rows")?);
+        let mut b = self.stream().launch_builder(self.kernel("kv_write_rows")?);
         b.arg(&rv).arg(&dev_slots).arg(&mut cache.bytes);
         let (n, w) = (slots.len() as u64, width as u64);
         b.arg(&n).arg(&w).arg(&dt).arg(&inv);
@@ -107,15 +108,15 @@ impl CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
-        let mut tmp = unsafe { self.stream.alloc::<f32>(src.len()) }
+        let mut tmp = unsafe { self.stream().alloc::<f32>(src.len()) }
             .map_err(|e| driver_err("allocating a download buffer", e))?;
         let bytes = src.bytes();
         let (dt, scale, n) = (dtype_code(src.dtype()), src.scale(), src.len() as u64);
-        let mut b = self.stream.launch_builder(self.kernel("kv_to_f32")?);
+        let mut b = self.stream().launch_builder(self.kernel("kv_to_f32")?);
         b.arg(&bytes).arg(&mut tmp).arg(&n).arg(&dt).arg(&scale);
         // SAFETY: `tmp` holds n elements, the view n of the cache's type.
         unsafe { b.launch(grid(src.len())) }.map_err(|e| launch_err("kv_to_f32", e))?;
-        self.stream
+        self.stream()
             .memcpy_dtoh(&tmp, host)
             .map_err(|e| driver_err("downloading", e))?;
         self.synchronize()

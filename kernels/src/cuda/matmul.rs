@@ -10,7 +10,8 @@ use cudarc::driver::{
 
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::CudaRef;
-use crate::cuda::{grid, launch_err, CudaBackend};
+use crate::cuda::staging::bytes_of;
+use crate::cuda::{grid, lanes, launch_err, CudaBackend};
 use crate::device::GpuMatmul;
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
@@ -65,7 +66,7 @@ impl CudaBackend {
         let n = rows * cols;
         let data = if w.format() == DType::F32 {
             let host = w.to_f32_vec();
-            Weights::F32(self.upload_meta(&host)?)
+            Weights::F32(self.upload_owned(&host)?)
         } else {
             let mut bf = Vec::with_capacity(n);
             let mut row = vec![0.0f32; cols];
@@ -76,7 +77,7 @@ impl CudaBackend {
                     bf.extend(row.iter().map(|&v| f32_to_bf16(v)));
                 }
             }
-            Weights::Bf16(self.upload_meta(&bf)?)
+            Weights::Bf16(self.upload_owned(&bf)?)
         };
         Ok(CudaMatrix {
             rows,
@@ -116,7 +117,7 @@ impl CudaBackend {
         match (&w.data, precision) {
             (Weights::F32(wd), _) => self.gemm(GemmArgs {
                 x: GemmInput::F32(x),
-                w: wd.device_ptr(&self.stream).0,
+                w: wd.device_ptr(self.stream()).0,
                 w_type: blas_sys::cudaDataType::CUDA_R_32F,
                 m: mi,
                 n: ni,
@@ -125,20 +126,19 @@ impl CudaBackend {
             }),
             (Weights::Bf16(wd), Precision::Fast) => {
                 // Tensor cores: activations rounded to bf16, f32 accumulation.
-                let mut xb = unsafe { self.stream.alloc::<u16>(m * k) }
-                    .map_err(|e| driver_err("allocating bf16 activations", e))?;
+                // The bf16 copy of x lives in the lane's scratch (no allocation per GEMM).
+                let xp = self.scratch_u16(m * k)?;
                 let xv = x.cuda();
                 let mut b = self
-                    .stream
+                    .stream()
                     .launch_builder(self.kernel("f32_to_bf16_kernel")?);
                 let n_x = (m * k) as u64;
-                b.arg(&xv).arg(&mut xb).arg(&n_x);
-                // SAFETY: `xb` holds m·k elements.
+                b.arg(&xv).arg(&xp).arg(&n_x);
+                // SAFETY: the scratch at `xp` holds at least m·k elements.
                 unsafe { b.launch(grid(m * k)) }.map_err(|e| launch_err("f32_to_bf16", e))?;
-                let (xp, _sx) = xb.device_ptr(&self.stream);
                 self.gemm(GemmArgs {
                     x: GemmInput::Bf16(xp),
-                    w: wd.device_ptr(&self.stream).0,
+                    w: wd.device_ptr(self.stream()).0,
                     w_type: blas_sys::cudaDataType::CUDA_R_16BF,
                     m: mi,
                     n: ni,
@@ -150,10 +150,10 @@ impl CudaBackend {
                 let xv = x.cuda();
                 // Vector loads need whole 8-element groups and 16-byte aligned rows of x
                 // (a view may start anywhere in its buffer; weights start allocations).
-                let (xp, _sx) = xv.device_ptr(&self.stream);
+                let (xp, _sx) = xv.device_ptr(self.stream());
                 let vec = i32::from(k.is_multiple_of(8) && xp.is_multiple_of(16));
                 let mut b = self
-                    .stream
+                    .stream()
                     .launch_builder(self.kernel("matmul_bf16_exact")?);
                 let (mu, nu, ku) = (mi as u32, ni as u32, ki as u32);
                 b.arg(&xv)
@@ -183,18 +183,18 @@ impl CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(|e| driver_err("binding the context", e))?;
-        let blas_guard = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+        let blas_guard = lanes::lock(&self.lane().blas);
         let handle = *blas_guard.handle();
         let (op_t, op_n) = (
             blas_sys::cublasOperation_t::CUBLAS_OP_T,
             blas_sys::cublasOperation_t::CUBLAS_OP_N,
         );
-        let (out_ptr, _so) = a.out.device_ptr_mut(&self.stream);
+        let (out_ptr, _so) = a.out.device_ptr_mut(self.stream());
         let xv;
         let (x_ptr, x_type, _sx) = match a.x {
             GemmInput::F32(x) => {
                 xv = x.cuda();
-                let (p, s) = xv.device_ptr(&self.stream);
+                let (p, s) = xv.device_ptr(self.stream());
                 (p, blas_sys::cudaDataType::CUDA_R_32F, Some(s))
             }
             GemmInput::Bf16(p) => (p, blas_sys::cudaDataType::CUDA_R_16BF, None),
@@ -245,18 +245,18 @@ impl CudaBackend {
                 limit: table.rows,
             });
         }
-        let dev_ids = self.upload_meta(ids)?;
+        let [dev_ids] = self.stage_meta([bytes_of(ids)])?;
         let (n, c) = (ids.len() as u64, cols as u64);
         let cfg = grid(ids.len() * cols);
         match &table.data {
             Weights::F32(t) => {
-                let mut b = self.stream.launch_builder(self.kernel("embed_f32")?);
+                let mut b = self.stream().launch_builder(self.kernel("embed_f32")?);
                 b.arg(t).arg(&dev_ids).arg(out).arg(&n).arg(&c);
                 // SAFETY: ids checked against the table rows.
                 unsafe { b.launch(cfg) }.map_err(|e| launch_err("embedding", e))?;
             }
             Weights::Bf16(t) => {
-                let mut b = self.stream.launch_builder(self.kernel("embed_bf16")?);
+                let mut b = self.stream().launch_builder(self.kernel("embed_bf16")?);
                 b.arg(t).arg(&dev_ids).arg(out).arg(&n).arg(&c);
                 // SAFETY: as above.
                 unsafe { b.launch(cfg) }.map_err(|e| launch_err("embedding", e))?;

@@ -15,11 +15,19 @@
 //! * Kernels: CUDA C in `kernels/src/cuda/kernels/*.cu`, compiled by NVRTC to a CUBIN
 //!   for the device's architecture once per process ([`compile_kernels`]).
 //! * One context (the device's primary context, shared by every backend on that GPU)
-//!   and one stream per backend: several backends (ranks) may share a GPU, each
-//!   ordering its own work. Every op is enqueued on that stream (collectives belong on
-//!   [`CudaBackend::stream`] too: cudarc's cross-stream event tracking is off for the
-//!   backend's context); step metadata (positions, slots, block tables) is uploaded
-//!   per call.
+//!   and one stream per micro-batch of the backend's rank (`lanes`): several backends
+//!   (ranks) may share a GPU, each ordering its own work, and a rank's two
+//!   micro-batches overlap (one's collectives while the other computes). Every op is
+//!   enqueued on the calling thread's stream ([`CudaBackend::stream`], chosen by
+//!   [`Backend::bind_micro_batch`](crate::Backend::bind_micro_batch)); a micro-batch's
+//!   collectives belong on it too (cudarc's cross-stream event tracking is off for the
+//!   backend's context).
+//! * Step metadata (positions, slots, block tables) is staged per op in the stream's
+//!   pinned arena and copied asynchronously into its device arena (`staging`): no
+//!   host wait and no allocation per op;
+//!   [`Backend::begin_step`](crate::Backend::begin_step) recycles it. Op temporaries
+//!   (attention split partials, bf16 copies of GEMM inputs) live in the stream's
+//!   reused scratch (`scratch`).
 //! * Sampling: `sample_rows`, which the answering rank uses, draws every row on the
 //!   device (`kernels/sampling.cu`) and brings back only the tokens and the
 //!   log-probabilities asked for; it leaves to the host the rows it cannot draw
@@ -30,12 +38,12 @@
 //! * Stated limitations: `sample` (one row with a generator; the ranks use
 //!   `sample_rows`) downloads the logits and runs the CPU function (`route_experts`
 //!   routes on the device up to 1024 experts, wider on the host); attention reads each
-//!   KV head once per query head (no GQA sharing
-//!   inside a block yet); metadata is copied from pageable host memory, which makes the
-//!   host wait for the stream at each upload (a pinned staging buffer would not);
-//!   `Precision::Exact` products with bf16 weights use a simple kernel, fast for decode
-//!   but not for large prefill batches (`Precision::Fast` uses cuBLAS tensor cores);
-//!   prefill attention is one block per (token, head) without tiling or tensor cores.
+//!   KV head once per query head (no GQA sharing inside a block yet); block tables are
+//!   staged again for every layer's attention (identical within a step); no CUDA
+//!   graphs yet (a decode step launches its kernels one by one); with `--gpu-matmul
+//!   exact`, products with bf16 weights use a simple kernel, fast for decode but not
+//!   for large prefill batches; prefill attention is one block per (token, head)
+//!   without tiling or tensor cores.
 //!   Nothing here has run on a GPU yet: the kernels compile (NVRTC, CI), the CUDA arms
 //!   of the op tests await a device (`scripts/gpu-check.sh` runs them there).
 //!
@@ -46,16 +54,18 @@ mod attention;
 mod backend;
 mod device;
 mod kv;
+mod lanes;
 mod matmul;
 mod memory;
 mod module;
 mod ops;
 mod routing;
 mod sampling;
+mod scratch;
+mod staging;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
 
 pub use cudarc::driver::{CudaView, CudaViewMut};
@@ -73,13 +83,15 @@ use crate::error::KernelError;
 use device::{
     driver_err, keep_pool_memory, require_cublas, require_cuda13, require_driver, require_nvrtc,
 };
+use lanes::Lane;
 use module::{cached_kernels, Kernels};
 
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
 
-/// One GPU as a [`Backend`](crate::Backend): a context, a stream, the loaded kernels
-/// and a cuBLAS handle bound to the stream.
+/// One GPU as a [`Backend`](crate::Backend): a context, one stream per micro-batch
+/// (each with its cuBLAS handle; see [`CudaBackend::with_micro_batches`]) and the
+/// loaded kernels.
 ///
 /// ```
 /// use dcpserve_kernels::cuda::CudaBackend;
@@ -93,10 +105,12 @@ const BLOCK: u32 = 256;
 /// ```
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    /// One lane (stream, cuBLAS handle) per micro-batch; ops go to the calling
+    /// thread's bound lane ([`lanes::bound`]).
+    lanes: Vec<Lane>,
+    /// Keys this backend's thread-local lane binding.
+    id: u64,
     kernels: Kernels,
-    /// cuBLAS handles are not safe to use from two threads at once; the trait is `Sync`.
-    blas: Mutex<CudaBlas>,
     name: String,
     /// How products with bf16 weights run (`--gpu-matmul`).
     gpu_matmul: GpuMatmul,
@@ -113,12 +127,25 @@ impl std::fmt::Debug for CudaBackend {
 
 impl CudaBackend {
     /// A backend on device `ordinal` (as `CUDA_VISIBLE_DEVICES` numbers them), with its
-    /// own stream on the device's primary context. Compiles the kernels on first use
+    /// own stream on the device's primary context: [`CudaBackend::with_micro_batches`]
+    /// with one micro-batch. Compiles the kernels on first use
     /// in the process (NVRTC, for the device's architecture). Errors:
     /// [`KernelError::Unavailable`] without a driver (for CUDA 13 or newer), a device,
     /// NVRTC or cuBLAS;
     /// [`KernelError::Device`] when the driver fails.
     pub fn new(ordinal: usize) -> Result<CudaBackend, KernelError> {
+        Self::with_micro_batches(ordinal, 1)
+    }
+
+    /// A backend on device `ordinal` with one stream per micro-batch (`micro_batches`,
+    /// at least 1): a thread that calls
+    /// [`bind_micro_batch(mb)`](crate::Backend::bind_micro_batch) enqueues its ops on
+    /// stream `mb`, so the micro-batches of a rank overlap on the GPU. Errors as
+    /// [`CudaBackend::new`].
+    pub fn with_micro_batches(
+        ordinal: usize,
+        micro_batches: usize,
+    ) -> Result<CudaBackend, KernelError> {
         require_driver()?;
         let count = cuda_device_count()?;
         if ordinal >= count {
@@ -131,30 +158,34 @@ impl CudaBackend {
         require_nvrtc()?;
         require_cublas()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("creating a context", e))?;
-        // SAFETY: every buffer of this backend is allocated, used and freed on its one
-        // stream, so cudarc's cross-stream events (a few driver calls per kernel
-        // argument) order nothing; users of the buffers on another stream (none in
-        // dcpserve: NCCL goes on `stream()`) must synchronize with an event themselves.
+        // SAFETY: cudarc's cross-stream events (a few driver calls per kernel argument)
+        // are replaced by explicit ordering: a micro-batch's buffers (workspace,
+        // temporaries, metadata) are allocated, used and freed on its own stream; the
+        // shared ones (weights, KV cache) are written on lane 0 while loading, and
+        // `bind_micro_batch` orders the binding lane after the others; NCCL and the
+        // device-local collectives go on the micro-batch's own stream. While serving,
+        // each micro-batch touches only its own sequences' KV blocks; a block passes to
+        // the other micro-batch only after the step that last used it has answered,
+        // and that answer needed every rank's last collective of the step, which its
+        // stream ran after the step's attention kernels.
         unsafe { ctx.disable_event_tracking() };
         if ctx.has_async_alloc() {
             keep_pool_memory(&ctx);
         }
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| driver_err("creating a stream", e))?;
+        let lanes = (0..micro_batches.max(1))
+            .map(|_| Lane::new(&ctx))
+            .collect::<Result<Vec<_>, _>>()?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| driver_err("reading the compute capability", e))?;
         let compiled = cached_kernels(&format!("sm_{major}{minor}"))?;
         let kernels = Kernels::load(&ctx, &compiled)?;
-        let blas = CudaBlas::new(stream.clone())
-            .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         Ok(CudaBackend {
             ctx,
-            stream,
+            lanes,
+            id: lanes::new_backend_id(),
             kernels,
-            blas: Mutex::new(blas),
             name,
             gpu_matmul: GpuMatmul::default(),
         })
@@ -173,10 +204,41 @@ impl CudaBackend {
         self.gpu_matmul
     }
 
-    /// The stream every op of this backend is enqueued on (NCCL collectives of the
-    /// same rank go on it too, so they order with the kernels).
+    /// The stream the calling thread's ops are enqueued on: its bound micro-batch's
+    /// ([`bind_micro_batch`](crate::Backend::bind_micro_batch)), stream 0 when it bound
+    /// none. A micro-batch's collectives go on it too, so they order with its kernels.
     pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        &self.lane().stream
+    }
+
+    /// Micro-batch `mb`'s stream (what its GPU collectives must be built with).
+    pub fn stream_of(&self, mb: usize) -> Option<&Arc<CudaStream>> {
+        self.lanes.get(mb).map(|l| &l.stream)
+    }
+
+    /// Micro-batches (streams) this backend serves.
+    pub fn micro_batches(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The calling thread's lane.
+    fn lane(&self) -> &Lane {
+        let i = lanes::bound(self.id);
+        // `bind_micro_batch` refuses lanes past the end; a stale binding of a reused
+        // id cannot happen (ids are never reused), so this is lane `i`.
+        &self.lanes[i.min(self.lanes.len() - 1)]
+    }
+
+    /// Binds the calling thread to lane `mb` (see `Backend::bind_micro_batch`).
+    fn bind_lane(&self, mb: usize) -> Result<(), KernelError> {
+        if mb >= self.lanes.len() {
+            return Err(KernelError::Unavailable(format!(
+                "micro-batch {mb}: this CUDA backend was built with {} stream(s)",
+                self.lanes.len()
+            )));
+        }
+        lanes::bind(self.id, mb);
+        lanes::order_after_others(&self.lanes, mb)
     }
 
     /// The device's (primary) context.
@@ -209,10 +271,10 @@ impl CudaBackend {
             .map_err(|e| driver_err("reading free memory", e))
     }
 
-    /// Waits until every op enqueued so far has finished (and reports an error a
-    /// kernel hit).
+    /// Waits until every op the calling thread's stream holds has finished (and
+    /// reports an error a kernel hit).
     pub fn synchronize(&self) -> Result<(), KernelError> {
-        self.stream
+        self.stream()
             .synchronize()
             .map_err(|e| driver_err("synchronizing the stream", e))
     }
@@ -225,29 +287,55 @@ impl CudaBackend {
         zeroed: bool,
     ) -> Result<CudaSlice<f32>, KernelError> {
         let r = if len == 0 {
-            self.stream.null::<f32>()
+            self.stream().null::<f32>()
         } else if zeroed {
-            self.stream.alloc_zeros::<f32>(len)
+            self.stream().alloc_zeros::<f32>(len)
         } else {
             // SAFETY: f32 has no invalid bit patterns; callers write before reading.
-            unsafe { self.stream.alloc::<f32>(len) }
+            unsafe { self.stream().alloc::<f32>(len) }
         };
         r.map_err(|e| driver_err("allocating device memory", e))
     }
 
-    /// Copies small host metadata (positions, slots, tables) to the device.
-    pub(crate) fn upload_meta<T: DeviceRepr>(
+    /// Copies host data the device keeps (weights, RoPE tables) to a new buffer.
+    pub(crate) fn upload_owned<T: DeviceRepr>(
         &self,
         host: &[T],
     ) -> Result<CudaSlice<T>, KernelError> {
         if host.is_empty() {
             // Zero-length allocations are refused by the driver; one element is harmless.
-            return unsafe { self.stream.alloc::<T>(1) }
-                .map_err(|e| driver_err("allocating metadata", e));
+            return unsafe { self.stream().alloc::<T>(1) }.map_err(|e| driver_err("allocating", e));
         }
-        self.stream
+        self.stream()
             .clone_htod(host)
-            .map_err(|e| driver_err("uploading metadata", e))
+            .map_err(|e| driver_err("uploading", e))
+    }
+
+    /// Stages one op's step metadata (positions, slots, block tables, token maps) in
+    /// the calling thread's lane arena: no host wait, no allocation (see
+    /// `staging`). Returns each part's device address, for kernels enqueued on
+    /// [`CudaBackend::stream`] by the same op.
+    pub(crate) fn stage_meta<const N: usize>(
+        &self,
+        parts: [&[u8]; N],
+    ) -> Result<[u64; N], KernelError> {
+        lanes::lock(&self.lane().meta).stage(parts)
+    }
+
+    /// At least `n` f32s of the calling thread's lane scratch, for one op's kernels
+    /// (see `scratch`: one call per op).
+    pub(crate) fn scratch_f32(&self, n: usize) -> Result<u64, KernelError> {
+        lanes::lock(&self.lane().scratch).f32s(n)
+    }
+
+    /// At least `n` u16s (bf16) of the lane scratch; as [`CudaBackend::scratch_f32`].
+    pub(crate) fn scratch_u16(&self, n: usize) -> Result<u64, KernelError> {
+        lanes::lock(&self.lane().scratch).u16s(n)
+    }
+
+    /// Starts a step on the calling thread's lane (see `Backend::begin_step`).
+    fn begin_lane_step(&self) -> Result<(), KernelError> {
+        lanes::lock(&self.lane().meta).begin_step()
     }
 
     pub(crate) fn kernel(

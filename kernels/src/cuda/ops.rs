@@ -6,6 +6,7 @@ use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, PushKernelArg};
 
 use crate::backend::Strided;
 use crate::cuda::memory::CudaRef;
+use crate::cuda::staging::bytes_of;
 use crate::cuda::{grid, launch_err, per_row, CudaBackend};
 use crate::error::{check_len, KernelError};
 use crate::ops::RopeTable;
@@ -45,9 +46,9 @@ impl CudaBackend {
         let max_positions = u32::try_from(host.max_positions())
             .map_err(|_| KernelError::Shape("rope: too many positions".into()))?;
         Ok(CudaRope {
-            cos: self.upload_meta(cos)?,
-            sin: self.upload_meta(sin)?,
-            inv_freq: self.upload_meta(host.inv_freq())?,
+            cos: self.upload_owned(cos)?,
+            sin: self.upload_owned(sin)?,
+            inv_freq: self.upload_owned(host.inv_freq())?,
             max_positions,
             attention_factor: host.attention_factor(),
             host,
@@ -63,7 +64,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(self.kernel("fill_f32")?);
+        let mut b = self.stream().launch_builder(self.kernel("fill_f32")?);
         b.arg(x).arg(&n).arg(&value);
         // SAFETY: the kernel writes x[0..n).
         unsafe { b.launch(grid(n as usize)) }.map_err(|e| launch_err("fill", e))?;
@@ -81,7 +82,7 @@ impl CudaBackend {
             return Ok(());
         }
         let bv = b_.cuda();
-        let mut b = self.stream.launch_builder(self.kernel("add_f32")?);
+        let mut b = self.stream().launch_builder(self.kernel("add_f32")?);
         b.arg(a).arg(&bv).arg(&n);
         // SAFETY: equal lengths checked.
         unsafe { b.launch(grid(n as usize)) }.map_err(|e| launch_err("add", e))?;
@@ -99,7 +100,7 @@ impl CudaBackend {
             return Ok(());
         }
         let bv = bias.cuda();
-        let mut b = self.stream.launch_builder(self.kernel("add_bias_f32")?);
+        let mut b = self.stream().launch_builder(self.kernel("add_bias_f32")?);
         b.arg(x).arg(&bv).arg(&n).arg(&w);
         // SAFETY: x is whole rows of the bias width.
         unsafe { b.launch(grid(n as usize)) }.map_err(|e| launch_err("add_bias", e))?;
@@ -119,7 +120,7 @@ impl CudaBackend {
             return Ok(());
         }
         let (gv, uv) = (gate.cuda(), up.cuda());
-        let mut b = self.stream.launch_builder(self.kernel("silu_mul_f32")?);
+        let mut b = self.stream().launch_builder(self.kernel("silu_mul_f32")?);
         b.arg(&gv).arg(&uv).arg(out).arg(&n);
         // SAFETY: lengths checked.
         unsafe { b.launch(grid(n as usize)) }.map_err(|e| launch_err("silu_mul", e))?;
@@ -144,7 +145,7 @@ impl CudaBackend {
                     return Ok(());
                 }
                 let xv = x.cuda();
-                let mut b = self.stream.launch_builder(f);
+                let mut b = self.stream().launch_builder(f);
                 let d = d as u64;
                 b.arg(&xv).arg(&wv).arg(out).arg(&d).arg(&eps);
                 // SAFETY: one block per whole row.
@@ -156,8 +157,8 @@ impl CudaBackend {
                 if rows == 0 {
                     return Ok(());
                 }
-                let (ptr, _sync) = x.device_ptr_mut(&self.stream);
-                let mut b = self.stream.launch_builder(f);
+                let (ptr, _sync) = x.device_ptr_mut(self.stream());
+                let mut b = self.stream().launch_builder(f);
                 let d = d as u64;
                 b.arg(&ptr).arg(&wv).arg(&ptr).arg(&d).arg(&eps);
                 // SAFETY: the kernel reads a row fully before writing it.
@@ -177,7 +178,7 @@ impl CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
-        self.stream
+        self.stream()
             .memcpy_dtod(&src.cuda(), dst)
             .map_err(|e| launch_err("copy", e))
     }
@@ -194,7 +195,9 @@ impl CudaBackend {
             return Ok(());
         }
         let sv = src.cuda();
-        let mut b = self.stream.launch_builder(self.kernel("copy_strided_f32")?);
+        let mut b = self
+            .stream()
+            .launch_builder(self.kernel("copy_strided_f32")?);
         let a = [s.stride, s.offset, d.stride, d.offset, rows, width].map(|v| v as u64);
         b.arg(&sv)
             .arg(&a[0])
@@ -220,9 +223,11 @@ impl CudaBackend {
             return Ok(());
         }
         let idx = row_indices("gathered row", rows, src.len() / width)?;
-        let idx = self.upload_meta(&idx)?;
+        let [idx] = self.stage_meta([bytes_of(&idx)])?;
         let sv = src.cuda();
-        let mut b = self.stream.launch_builder(self.kernel("gather_rows_f32")?);
+        let mut b = self
+            .stream()
+            .launch_builder(self.kernel("gather_rows_f32")?);
         let (n, w) = (rows.len() as u64, width as u64);
         b.arg(&sv).arg(&idx).arg(dst).arg(&n).arg(&w);
         // SAFETY: indices checked against the source rows.
@@ -244,10 +249,10 @@ impl CudaBackend {
             return Ok(());
         }
         let idx = row_indices("scatter-add row", rows, dst.len() / width)?;
-        let (idx, sc) = (self.upload_meta(&idx)?, self.upload_meta(scales)?);
+        let [idx, sc] = self.stage_meta([bytes_of(&idx), bytes_of(scales)])?;
         let sv = src.cuda();
         let mut b = self
-            .stream
+            .stream()
             .launch_builder(self.kernel("scatter_add_rows_f32")?);
         b.arg(&sv).arg(&idx).arg(&sc).arg(dst);
         let (n, w) = (rows.len() as u64, width as u64);
@@ -290,11 +295,11 @@ impl CudaBackend {
                 })
             })
             .collect::<Result<_, _>>()?;
-        let pos = self.upload_meta(&pos)?;
+        let [pos] = self.stage_meta([bytes_of(&pos)])?;
         let rows_per_token = (width / stride) as u64;
         let n_tokens = positions.len() as u64;
         let il = interleaved as i32;
-        let mut b = self.stream.launch_builder(self.kernel("rope_f32")?);
+        let mut b = self.stream().launch_builder(self.kernel("rope_f32")?);
         b.arg(x).arg(&pos).arg(&n_tokens).arg(&rows_per_token);
         let (stride, offset) = (stride as u64, offset as u64);
         b.arg(&stride).arg(&offset).arg(&half).arg(&il);

@@ -54,7 +54,7 @@ impl CudaBackend {
         // The host's top-k of the groups keeps all of them when asked for more.
         let topk_group = p.topk_group.min(n_group);
         let mut ids = self
-            .stream
+            .stream()
             .alloc_zeros::<u32>(n * k)
             .map_err(|e| driver_err("allocating routing ids", e))?;
         let mut weights = self.alloc_f32(n * k, false)?;
@@ -70,7 +70,7 @@ impl CudaBackend {
         let norm = p.norm_topk_prob as i32;
         let scaling = p.routed_scaling_factor;
         let mut b = self
-            .stream
+            .stream()
             .launch_builder(self.kernel("route_experts_f32")?);
         b.arg(&lv).arg(&bv).arg(&has_bias);
         b.arg(&e32).arg(&k32).arg(&g32).arg(&tg32);
@@ -83,10 +83,10 @@ impl CudaBackend {
             .map_err(|e| launch_err("route_experts", e))?;
         let mut host_ids = vec![0u32; n * k];
         let mut host_weights = vec![0.0f32; n * k];
-        self.stream
+        self.stream()
             .memcpy_dtoh(&ids, &mut host_ids)
             .map_err(|e| driver_err("downloading routing ids", e))?;
-        self.stream
+        self.stream()
             .memcpy_dtoh(&weights, &mut host_weights)
             .map_err(|e| driver_err("downloading routing weights", e))?;
         self.synchronize()?;

@@ -10,7 +10,7 @@
 //! row are parallel f64 sums there, sequential on the host; exponentials round alike
 //! but for a vanishing fraction of inputs).
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::CudaRef;
@@ -84,6 +84,19 @@ impl DrawMeta {
 }
 
 impl CudaBackend {
+    /// Copies a draw table to the device. Not through the step's staging arena: it
+    /// holds f64 numbers, and sampling ends the step with a download anyway.
+    fn upload_draws<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>, KernelError> {
+        if host.is_empty() {
+            // SAFETY: one element nobody reads; the driver refuses zero-length buffers.
+            return unsafe { self.stream().alloc::<T>(1) }
+                .map_err(|e| driver_err("allocating sampling metadata", e));
+        }
+        self.stream()
+            .clone_htod(host)
+            .map_err(|e| driver_err("uploading sampling metadata", e))
+    }
+
     pub(crate) fn sample_rows_op(
         &self,
         logits: CudaRef<'_>,
@@ -102,13 +115,13 @@ impl CudaBackend {
         }
         let n = draws.len();
         let meta = DrawMeta::of(draws, vocab)?;
-        let rows = self.upload_meta(&meta.rows)?;
-        let top_k = self.upload_meta(&meta.top_k)?;
-        let flags = self.upload_meta(&meta.flags)?;
-        let fparams = self.upload_meta(&meta.fparams)?;
-        let uniform = self.upload_meta(&meta.uniform)?;
+        let rows = self.upload_draws(&meta.rows)?;
+        let top_k = self.upload_draws(&meta.top_k)?;
+        let flags = self.upload_draws(&meta.flags)?;
+        let fparams = self.upload_draws(&meta.fparams)?;
+        let uniform = self.upload_draws(&meta.uniform)?;
         let alloc_u32 = |len: usize| {
-            self.stream
+            self.stream()
                 .alloc_zeros::<u32>(len)
                 .map_err(|e| driver_err("allocating", e))
         };
@@ -116,7 +129,9 @@ impl CudaBackend {
         let mut status = alloc_u32(n)?;
         let lv = logits.cuda();
         let vocab64 = vocab as u64;
-        let mut b = self.stream.launch_builder(self.kernel("sample_rows_f32")?);
+        let mut b = self
+            .stream()
+            .launch_builder(self.kernel("sample_rows_f32")?);
         b.arg(&lv)
             .arg(&vocab64)
             .arg(&rows)
@@ -148,12 +163,14 @@ impl CudaBackend {
         let mut ids_host = vec![0u32; which.len() * max_n as usize];
         let mut vals_host = vec![0.0f32; which.len() * max_n as usize];
         if !which.is_empty() {
-            let which_d = self.upload_meta(&which)?;
-            let top_n_d = self.upload_meta(&top_n)?;
+            let which_d = self.upload_draws(&which)?;
+            let top_n_d = self.upload_draws(&top_n)?;
             let mut lp = self.alloc_f32(which.len(), true)?;
             let mut ids = alloc_u32(ids_host.len())?;
             let mut vals = self.alloc_f32(vals_host.len(), true)?;
-            let mut b = self.stream.launch_builder(self.kernel("row_logprobs_f32")?);
+            let mut b = self
+                .stream()
+                .launch_builder(self.kernel("row_logprobs_f32")?);
             b.arg(&lv)
                 .arg(&vocab64)
                 .arg(&rows)
@@ -235,7 +252,7 @@ impl CudaBackend {
                 src.len()
             )));
         }
-        self.stream
+        self.stream()
             .memcpy_dtoh(src, host)
             .map_err(|e| driver_err("downloading", e))
     }

@@ -1,7 +1,7 @@
 //! The GPU collectives as the rank-side [`Collectives`] of the CUDA backend: one
 //! forwarding call per method, on f32 views. The collectives enqueue on the stream
-//! they were built with, which is the rank backend's own (checked in debug builds), so
-//! the backend handle itself is not needed.
+//! they were built with, which is the stream of the micro-batch whose thread calls them
+//! (checked in debug builds), so the backend handle itself is not needed.
 
 use std::sync::Arc;
 

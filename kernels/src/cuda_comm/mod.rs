@@ -37,9 +37,11 @@
 //! }
 //! ```
 //!
-//! `dev` is not needed: the collectives hold the same stream as the backend (built with
-//! `backend.stream().clone()`; a `debug_assert!(Arc::ptr_eq(dev.stream(), self.stream()))`
-//! in the glue catches a mix-up). A rank gets its handle for each group of its
+//! `dev` is not needed: the collectives hold the same stream as the backend thread that
+//! calls them (micro-batch `mb`'s groups are built with `backend.stream_of(mb)`, and
+//! that micro-batch's thread binds stream `mb`; a
+//! `debug_assert!(Arc::ptr_eq(dev.stream(), self.stream()))` in the glue catches a
+//! mix-up). A rank gets its handle for each group of its
 //! `RankCommSpecs` with [`join_gpu_group`]`(spec.id.0, group_rank, size, stream, …)`
 //! (threads of one process: the last rank to arrive picks NCCL or device-local copies
 //! with [`choose_gpu_collectives`] and builds the group), or, for a group spread over

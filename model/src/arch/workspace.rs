@@ -101,9 +101,13 @@ impl<B: Backend, T: TokenBuffers<B>> Workspace<B, T> {
 }
 
 /// The workspaces of one model: one per forward that may run at the same time (the
-/// rank's micro-batches), taken for a step and given back after it.
+/// rank's micro-batches), taken for a step and given back after it. Each is tagged
+/// with the micro-batch ([`Backend::micro_batch`]) whose queue allocated and last used
+/// it and is only taken by that micro-batch again: on a GPU two micro-batches run on
+/// two streams that do not order with each other, so a workspace handed across could
+/// still be in use by the other stream's kernels.
 pub(crate) struct WorkspacePool<B: Backend, T: TokenBuffers<B>> {
-    free: Mutex<Vec<Workspace<B, T>>>,
+    free: Mutex<Vec<(usize, Workspace<B, T>)>>,
 }
 
 impl<B: Backend, T: TokenBuffers<B>> WorkspacePool<B, T> {
@@ -118,7 +122,8 @@ impl<B: Backend, T: TokenBuffers<B>> WorkspacePool<B, T> {
         lock(&self.free).clear();
     }
 
-    /// Allocates a workspace for steps of up to `max_tokens` tokens now.
+    /// Allocates a workspace for steps of up to `max_tokens` tokens now, for the
+    /// calling thread's micro-batch.
     pub(crate) fn reserve(
         &self,
         dev: &B,
@@ -126,25 +131,30 @@ impl<B: Backend, T: TokenBuffers<B>> WorkspacePool<B, T> {
         max_tokens: usize,
     ) -> Result<(), ModelError> {
         let ws = Workspace::new(dev, widths, max_tokens)?;
-        lock(&self.free).push(ws);
+        lock(&self.free).push((dev.micro_batch(), ws));
         Ok(())
     }
 
-    /// Runs `f` in a free workspace (or a new one, grown by the step itself), then
-    /// returns the workspace to the pool.
+    /// Runs `f` in a free workspace of the calling thread's micro-batch (or a new one,
+    /// grown by the step itself), then returns the workspace to the pool.
     pub(crate) fn run<R>(
         &self,
         dev: &B,
         widths: T::Widths,
         f: impl FnOnce(&mut Workspace<B, T>) -> Result<R, ModelError>,
     ) -> Result<R, ModelError> {
-        let taken = lock(&self.free).pop();
+        let mb = dev.micro_batch();
+        let taken = {
+            let mut free = lock(&self.free);
+            let mine = free.iter().rposition(|(tag, _)| *tag == mb);
+            mine.map(|i| free.swap_remove(i).1)
+        };
         let mut ws = match taken {
             Some(ws) => ws,
             None => Workspace::new(dev, widths, 0)?,
         };
         let out = f(&mut ws);
-        lock(&self.free).push(ws);
+        lock(&self.free).push((mb, ws));
         out
     }
 }
