@@ -58,75 +58,48 @@ __device__ __forceinline__ u32 packed_id(u64 p) {
 }
 
 // Block reductions (blockDim.x a multiple of 32, at most 1024): every thread gets the
-// result. Every thread of the block must call them (they synchronize).
-__device__ float blk_max_f32(float v, float* s) {
+// result. Every thread of the block must call them (they synchronize). `op(a, b)` is
+// applied as `op(mine, other)` at every level, in the same order for every type.
+template <typename T, typename Op>
+__device__ T blk_reduce(T v, T* s, T identity, Op op) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+        v = op(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
     }
     __syncthreads();
     if (lane == 0) {
         s[warp] = v;
     }
     __syncthreads();
-    float t = lane < (int)(blockDim.x >> 5) ? s[lane] : NEG_INF;
+    T t = lane < (int)(blockDim.x >> 5) ? s[lane] : identity;
     for (int o = 16; o > 0; o >>= 1) {
-        t = fmaxf(t, __shfl_xor_sync(0xFFFFFFFFu, t, o));
+        t = op(t, __shfl_xor_sync(0xFFFFFFFFu, t, o));
     }
     return t;
 }
 
-__device__ u32 blk_sum_u32(u32 v, u32* s) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) {
-        v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    }
-    __syncthreads();
-    if (lane == 0) {
-        s[warp] = v;
-    }
-    __syncthreads();
-    u32 t = lane < (int)(blockDim.x >> 5) ? s[lane] : 0u;
-    for (int o = 16; o > 0; o >>= 1) {
-        t += __shfl_xor_sync(0xFFFFFFFFu, t, o);
-    }
-    return t;
-}
+struct MaxF32 {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct MaxU64 {
+    __device__ u64 operator()(u64 a, u64 b) const { return b > a ? b : a; }
+};
+struct Sum {
+    template <typename T>
+    __device__ T operator()(T a, T b) const { return a + b; }
+};
 
-__device__ double blk_sum_f64(double v, double* s) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) {
-        v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    }
-    __syncthreads();
-    if (lane == 0) {
-        s[warp] = v;
-    }
-    __syncthreads();
-    double t = lane < (int)(blockDim.x >> 5) ? s[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) {
-        t += __shfl_xor_sync(0xFFFFFFFFu, t, o);
-    }
-    return t;
+__device__ __forceinline__ float blk_max_f32(float v, float* s) {
+    return blk_reduce(v, s, NEG_INF, MaxF32());
 }
-
-__device__ u64 blk_max_u64(u64 v, u64* s) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) {
-        u64 w = __shfl_xor_sync(0xFFFFFFFFu, v, o);
-        v = w > v ? w : v;
-    }
-    __syncthreads();
-    if (lane == 0) {
-        s[warp] = v;
-    }
-    __syncthreads();
-    u64 t = lane < (int)(blockDim.x >> 5) ? s[lane] : 0ull;
-    for (int o = 16; o > 0; o >>= 1) {
-        u64 w = __shfl_xor_sync(0xFFFFFFFFu, t, o);
-        t = w > t ? w : t;
-    }
-    return t;
+__device__ __forceinline__ u32 blk_sum_u32(u32 v, u32* s) {
+    return blk_reduce(v, s, 0u, Sum());
+}
+__device__ __forceinline__ double blk_sum_f64(double v, double* s) {
+    return blk_reduce(v, s, 0.0, Sum());
+}
+__device__ __forceinline__ u64 blk_max_u64(u64 v, u64* s) {
+    return blk_reduce(v, s, (u64)0ull, MaxU64());
 }
 
 // Thread t's contiguous part [lo, hi) of a row of n (index-order walks need each
