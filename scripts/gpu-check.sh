@@ -5,12 +5,13 @@
 #   scripts/gpu-check.sh REPORT_DIR         # on the GPU machine (no Rust, no network)
 #   DEVICE=cpu scripts/gpu-check.sh DIR     # the same steps on the CPU: a dry run
 #
-# The GPU machine has no Rust toolchain and no network, and one transfer carries at
-# most 64 MiB, so `--prepare` packs what it needs into gpu-bundle/ (ignored by git):
-#   gpu-bundle/1/dcpserve.gz, the kernels' test binary, the first half of the model,
-#   gpu-bundle/2/            the second half.
-# Send them in two back-to-back device calls (carry gpu-bundle/1, then gpu-bundle/2
-# with this script as the command); the first call only unpacks.
+# The GPU machine has no Rust toolchain and no network, and one call carries at most
+# 64 MiB together with the repository's own files, so `--prepare` packs what it needs
+# into gpu-bundle/ (ignored by git), each folder sized to fit one call:
+#   gpu-bundle/1/dcpserve.gz, the kernels' test binary, the model's first part,
+#   gpu-bundle/2/, …         the model's next parts; the last holds its checksum.
+# Send them in back-to-back device calls (carry gpu-bundle/1, gpu-bundle/2, … with this
+# script as the command each time); every call but the last only unpacks.
 #
 # Steps, each with a time limit so the whole run stays under 8 minutes on one H200:
 #   1. nvidia-smi and the CUDA libraries found;
@@ -32,7 +33,7 @@ if [[ "${1:-}" == "--prepare" ]]; then
     bash scripts/fetch-default-model.sh >/dev/null
     cargo build --release -q
     grep -qx '/gpu-bundle/' .git/info/exclude 2>/dev/null || echo '/gpu-bundle/' >>.git/info/exclude
-    rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/1" "$BUNDLE/2"
+    rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/1"
     gzip -c target/release/dcpserve >"$BUNDLE/1/dcpserve.gz"
     # The generic op tests (their `cuda` arms compare each op with an f64 reference).
     tests=$(cargo test --release -p dcpserve-kernels --lib --no-run --message-format=json 2>/dev/null |
@@ -42,13 +43,28 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "dcpserve_kernels":
         print(m["executable"])' | tail -1)
     gzip -c "$tests" >"$BUNDLE/1/kernels-tests.gz"
+    # What travels with every call besides the carried folder: tracked and untracked,
+    # not ignored files. One MiB of margin for files added before the call.
+    tree=$( (git ls-files -z; git ls-files -z -o --exclude-standard) | xargs -0 stat -c %s 2>/dev/null |
+        awk '{s += $1} END {print s + 0}')
+    budget=$(((64 << 20) - tree - (1 << 20)))
+    room=$((budget - $(stat -c %s "$BUNDLE/1/dcpserve.gz") - $(stat -c %s "$BUNDLE/1/kernels-tests.gz")))
+    ((room > (4 << 20))) || { echo "gpu-check: the binaries leave no room for the model in one call" >&2; exit 1; }
     size=$(stat -c %s "models/$MODEL_FILE")
-    half=$(((size / 2 / 4096 + 1) * 4096))
-    head -c "$half" "models/$MODEL_FILE" >"$BUNDLE/1/model.part1"
-    tail -c +"$((half + 1))" "models/$MODEL_FILE" >"$BUNDLE/2/model.part2"
-    sha256sum "models/$MODEL_FILE" | cut -d' ' -f1 >"$BUNDLE/2/model.sha256"
-    du -sh "$BUNDLE"/1 "$BUNDLE"/2
-    echo "carry gpu-bundle/1 (unpack only), then gpu-bundle/2 and run: bash scripts/gpu-check.sh \$OUT"
+    offset=0 part=1
+    while ((offset < size)); do
+        n=$((size - offset < room ? size - offset : room))
+        mkdir -p "$BUNDLE/$part"
+        dd if="models/$MODEL_FILE" of="$BUNDLE/$part/model.part" bs=1M status=none \
+            iflag=skip_bytes,count_bytes skip="$offset" count="$n"
+        offset=$((offset + n)) part=$((part + 1)) room=$budget
+    done
+    last=$((part - 1))
+    echo "$last" >"$BUNDLE/$last/model.parts"
+    sha256sum "models/$MODEL_FILE" | cut -d' ' -f1 >"$BUNDLE/$last/model.sha256"
+    du -sh "$BUNDLE"/*
+    echo "each call carries ≤ $((budget >> 20)) MiB beside the repository's $((tree >> 20)) MiB"
+    echo "carry gpu-bundle/1 … gpu-bundle/$last in turn, each with: bash scripts/gpu-check.sh \$OUT"
     exit 0
 fi
 
@@ -72,16 +88,22 @@ if [[ -z "$BIN" ]]; then
         BIN="$ROOT/target/release/dcpserve"
     fi
 fi
-if [[ ! -f "models/$MODEL_FILE" && -f "$BUNDLE/1/model.part1" && -f "$BUNDLE/2/model.part2" ]]; then
+if [[ ! -f "models/$MODEL_FILE" && -f "$BUNDLE/1/model.part" ]]; then
+    # The last bundle names the part count; until it has come, each call only unpacks.
+    sums=$(ls "$BUNDLE"/*/model.sha256 2>/dev/null | head -1)
+    if [[ -z "$sums" ]]; then
+        echo "unpacked $(ls -d "$BUNDLE"/*/ | wc -l) bundle(s); carry the next one and run this script again"
+        exit 0
+    fi
+    parts=$(cat "$(dirname "$sums")/model.parts")
     mkdir -p models
-    cat "$BUNDLE/1/model.part1" "$BUNDLE/2/model.part2" >"models/$MODEL_FILE"
-    if [[ "$(sha256sum "models/$MODEL_FILE" | cut -d' ' -f1)" != "$(cat "$BUNDLE/2/model.sha256")" ]]; then
+    for i in $(seq 1 "$parts"); do
+        [[ -f "$BUNDLE/$i/model.part" ]] || { say "gpu-bundle/$i is missing (the machine was released between calls?)"; exit 1; }
+        cat "$BUNDLE/$i/model.part"
+    done >"models/$MODEL_FILE"
+    if [[ "$(sha256sum "models/$MODEL_FILE" | cut -d' ' -f1)" != "$(cat "$sums")" ]]; then
         say "the reassembled model does not match its checksum"; rm -f "models/$MODEL_FILE"; exit 1
     fi
-fi
-if [[ ! -f "$BUNDLE/2/model.part2" && -f "$BUNDLE/1/model.part1" && ! -f "models/$MODEL_FILE" ]]; then
-    echo "unpacked gpu-bundle/1; now carry gpu-bundle/2 and run this script again"
-    exit 0
 fi
 [[ -x "$BIN" ]] || { say "no dcpserve binary at $BIN (run scripts/gpu-check.sh --prepare)"; exit 1; }
 
