@@ -27,6 +27,7 @@ pub mod overlap;
 pub mod row_sampling;
 pub mod sampling_params;
 mod shape_checks;
+pub mod step_graph;
 
 // The CPU kernel modules, also at the crate root where callers have always found them.
 pub use cpu::{

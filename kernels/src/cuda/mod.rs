@@ -55,6 +55,7 @@ mod backend;
 mod device;
 mod kv;
 mod lanes;
+mod launch;
 mod matmul;
 mod memory;
 mod module;
@@ -84,6 +85,7 @@ use device::{
     driver_err, keep_pool_memory, require_cublas, require_cuda13, require_driver, require_nvrtc,
 };
 use lanes::Lane;
+use launch::KernelLaunch;
 use module::{cached_kernels, Kernels};
 
 /// Threads per block of the element-wise kernels.
@@ -343,6 +345,12 @@ impl CudaBackend {
         name: &'static str,
     ) -> Result<&cudarc::driver::CudaFunction, KernelError> {
         self.kernels.get(name)
+    }
+
+    /// A launch of kernel `name` on the calling thread's stream, to be given its
+    /// arguments (see `launch`: they form its graph signature too).
+    pub(crate) fn launch_of(&self, name: &'static str) -> Result<KernelLaunch<'_>, KernelError> {
+        Ok(KernelLaunch::new(name, self.kernel(name)?, self.stream()))
     }
 }
 
