@@ -79,6 +79,47 @@ impl std::fmt::Display for GpuMatmul {
     }
 }
 
+/// Whether a GPU rank replays its decode steps from CUDA graphs (`--cuda-graphs`).
+///
+/// ```
+/// use dcpserve_kernels::device::CudaGraphs;
+/// assert_eq!("off".parse::<CudaGraphs>().unwrap(), CudaGraphs::Off);
+/// assert_eq!(CudaGraphs::default(), CudaGraphs::On);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CudaGraphs {
+    /// Decode steps are captured once per shape and replayed while their launches are
+    /// provably the same (see [`step_graph`](crate::step_graph)); the default, as in
+    /// vLLM.
+    #[default]
+    On,
+    /// Every kernel is launched one by one (vLLM's `--enforce-eager`).
+    Off,
+}
+
+impl std::str::FromStr for CudaGraphs {
+    type Err = KernelError;
+    fn from_str(s: &str) -> Result<Self, KernelError> {
+        match s.trim() {
+            "on" => Ok(CudaGraphs::On),
+            "off" => Ok(CudaGraphs::Off),
+            other => Err(KernelError::Shape(format!(
+                "unknown CUDA graphs setting `{other}`: expected on or off"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for CudaGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CudaGraphs::On => "on",
+            CudaGraphs::Off => "off",
+        })
+    }
+}
+
 /// The GPU ordinal of global rank `rank` when `visible` GPUs are visible: `rank mod
 /// visible`, so ranks share GPUs round-robin when there are more ranks than GPUs. The
 /// ordinal counts visible GPUs only: the driver itself applies `CUDA_VISIBLE_DEVICES`.
@@ -119,6 +160,18 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("bf16 or exact"));
+    }
+
+    #[test]
+    fn cuda_graphs_parses_and_prints() {
+        for m in [CudaGraphs::On, CudaGraphs::Off] {
+            assert_eq!(m.to_string().parse::<CudaGraphs>().unwrap(), m);
+        }
+        assert!("yes"
+            .parse::<CudaGraphs>()
+            .unwrap_err()
+            .to_string()
+            .contains("on or off"));
     }
 
     #[test]

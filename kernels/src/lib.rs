@@ -47,7 +47,7 @@ pub use cpu::kv_store::{KvMut, KvRef, KvStore};
 pub use cpu::{features, force_scalar, CpuBackend, CpuFeatures};
 pub use cuda::{cuda_device_count, cuda_total_memory, CudaBackend};
 pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};
-pub use device::{Device, GpuMatmul};
+pub use device::{CudaGraphs, Device, GpuMatmul};
 pub use dtype::{DType, QK_K};
 pub use error::KernelError;
 pub use kv_dtype::KvCacheDType;

@@ -79,13 +79,13 @@ pub use module::{compile_kernels, CompiledSource, KernelSource, SOURCES};
 pub use ops::CudaRope;
 pub use sampling::{MAX_TOP_LOGPROBS, SORT_CAP};
 
-use crate::device::GpuMatmul;
+use crate::device::{CudaGraphs, GpuMatmul};
 use crate::error::KernelError;
 use device::{
     driver_err, keep_pool_memory, require_cublas, require_cuda13, require_driver, require_nvrtc,
 };
 use lanes::Lane;
-use launch::KernelLaunch;
+pub(crate) use launch::KernelLaunch;
 use module::{cached_kernels, Kernels};
 
 /// Threads per block of the element-wise kernels.
@@ -116,6 +116,8 @@ pub struct CudaBackend {
     name: String,
     /// How products with bf16 weights run (`--gpu-matmul`).
     gpu_matmul: GpuMatmul,
+    /// Whether decode steps may run as CUDA graphs (`--cuda-graphs`).
+    cuda_graphs: CudaGraphs,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -190,6 +192,7 @@ impl CudaBackend {
             kernels,
             name,
             gpu_matmul: GpuMatmul::default(),
+            cuda_graphs: CudaGraphs::default(),
         })
     }
 
@@ -204,6 +207,18 @@ impl CudaBackend {
     /// How products with bf16 weights run.
     pub fn gpu_matmul(&self) -> GpuMatmul {
         self.gpu_matmul
+    }
+
+    /// Sets whether decode steps run as CUDA graphs (default on; see
+    /// [`step_graph`](crate::step_graph)).
+    pub fn with_cuda_graphs(mut self, mode: CudaGraphs) -> Self {
+        self.cuda_graphs = mode;
+        self
+    }
+
+    /// Whether decode steps may run as CUDA graphs.
+    pub fn cuda_graphs(&self) -> CudaGraphs {
+        self.cuda_graphs
     }
 
     /// The stream the calling thread's ops are enqueued on: its bound micro-batch's
