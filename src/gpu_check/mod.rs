@@ -4,13 +4,16 @@
 //!
 //! 1. every backend op against the CPU backend on random inputs (max abs / rel diff);
 //! 2. long-context decode attention as achieved bandwidth against a device copy;
-//! 3. the engine on the test fixtures at several layouts against the CPU engine.
+//! 3. the engine on the test fixtures at several layouts against the CPU engine;
+//! 4. decode steps replayed from CUDA graphs against the same steps launched eagerly
+//!    (bit-identical logits).
 //!
 //! `--device cpu` runs the same checks with the CPU backend as the checked device,
 //! which is how CI exercises this code without a GPU (every difference is then 0).
 
 pub mod bandwidth;
 pub mod engine;
+pub mod graphs;
 
 use std::path::PathBuf;
 
@@ -18,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use dcpserve::{Device, EngineConfig};
 use dcpserve_kernels::backend::compare::compare_with_cpu;
-use dcpserve_kernels::{Backend, CpuBackend, CudaBackend};
+use dcpserve_kernels::{Backend, CpuBackend, CudaBackend, CudaGraphs};
 
 /// Arguments of `dcpserve gpu-check`.
 #[derive(Args, Debug)]
@@ -106,6 +109,23 @@ async fn engine_section(
     })
 }
 
+/// The graphs check on the dense fixture with `with_graphs` against `eager`.
+fn graphs_section<B: Backend>(
+    args: &GpuCheckArgs,
+    with_graphs: B,
+    eager: B,
+    stats: &dyn Fn(&B) -> (u64, String),
+    must_replay: bool,
+) -> Result<Section> {
+    let fixture = args.fixtures.join("tiny-llama");
+    let (body, passed) = graphs::report(&fixture, with_graphs, eager, stats, must_replay)?;
+    Ok(Section {
+        title: "decode steps from CUDA graphs against eager launches",
+        body,
+        passed,
+    })
+}
+
 async fn sections_on<B: Backend>(
     dev: &B,
     args: &GpuCheckArgs,
@@ -131,7 +151,15 @@ pub async fn run(args: &GpuCheckArgs) -> Result<()> {
                     "device: cpu ({} threads), the dry run",
                     dev.pool().n_threads()
                 ),
-                sections_on(&dev, args, &|c| c).await?,
+                {
+                    let mut v = sections_on(&dev, args, &|c| c).await?;
+                    let none = |_: &CpuBackend| {
+                        (0, "cpu: no device graphs, both runs launch eagerly (the dry run)".into())
+                    };
+                    let (a, b) = (CpuBackend::new(2), CpuBackend::new(2));
+                    v.push(graphs_section(args, a, b, &none, false)?);
+                    v
+                },
             )
         }
         "cuda" => cuda_sections(args).await?,
@@ -174,7 +202,30 @@ async fn cuda_sections(args: &GpuCheckArgs) -> Result<(String, Vec<Section>)> {
         device: Device::Cuda,
         ..c
     };
-    let sections = sections_on(&dev, args, &checked).await?;
+    let mut sections = sections_on(&dev, args, &checked).await?;
+    let open = |g: CudaGraphs| {
+        CudaBackend::new(0)
+            .map(|d| d.with_cuda_graphs(g))
+            .map_err(|e| anyhow::anyhow!("gpu-check --device cuda: {e}"))
+    };
+    let stats = |d: &CudaBackend| {
+        let (s, off) = d.graph_stats();
+        let why = off.map_or(String::new(), |w| format!("; graphs turned OFF: {w}"));
+        (
+            s.replayed,
+            format!(
+                "graph steps: {} replayed, {} captured, {} run eagerly after a refusal{why}",
+                s.replayed, s.captured, s.refused
+            ),
+        )
+    };
+    sections.push(graphs_section(
+        args,
+        open(CudaGraphs::On)?,
+        open(CudaGraphs::Off)?,
+        &stats,
+        true,
+    )?);
     Ok((line, sections))
 }
 

@@ -181,6 +181,12 @@ pub trait Backend: Send + Sync {
     fn begin_step(&self) -> Result<(), KernelError> {
         Ok(())
     }
+    /// The calling thread's queue as a device-graph runner, when this backend replays
+    /// steps from graphs ([`step_graph::run_step`](crate::step_graph::run_step) drives
+    /// it); `None` (the CPU, or graphs switched off) runs every step eagerly.
+    fn step_graphs(&self) -> Option<&dyn crate::step_graph::StepGraphs> {
+        None
+    }
 
     // --- memory -------------------------------------------------------------------
 

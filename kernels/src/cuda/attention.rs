@@ -22,10 +22,24 @@ const TARGET_BLOCKS: usize = 264;
 /// Most splits of one token's keys.
 const MAX_SPLITS: usize = 64;
 
-/// Flash-decoding's split of the keys: `(splits, keys per split)`. Keys are split only
-/// when the query rows alone leave SMs idle and each split keeps at least `SPLIT_MIN`
-/// keys; every token's keys `[s·chunk, (s+1)·chunk)` go to split `s`.
+/// `n` rounded up to a multiple of an eighth of its highest power of two (at least
+/// 64): at most 12.5% more, and the same value for many consecutive `n`, so a decode
+/// step's launch arguments (split plan, staged table size) stay put while contexts grow
+/// and a captured CUDA graph keeps matching (`step_graph`).
+pub(crate) fn bucket(n: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    let top = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    n.next_multiple_of((top / 8).max(64))
+}
+
+/// Flash-decoding's split of the keys: `(splits, keys per split)`, planned for the
+/// bucketed longest context ([`bucket`]). Keys are split only when the query rows alone
+/// leave SMs idle and each split keeps at least `SPLIT_MIN` keys; every token's keys
+/// `[s·chunk, (s+1)·chunk)` go to split `s` (splits past a token's keys are empty).
 fn split_plan(rows: usize, max_kv: usize) -> (usize, usize) {
+    let max_kv = bucket(max_kv);
     let splits = if rows > 0 && rows < TARGET_BLOCKS && max_kv >= 2 * SPLIT_MIN {
         TARGET_BLOCKS
             .div_ceil(rows)
@@ -182,6 +196,9 @@ impl CudaBackend {
             offsets.push(flat.len() as u64);
             flat.extend_from_slice(bt);
         }
+        // A bucketed size, so the staged copy's size changes only now and then as
+        // tables grow (the padding is never read).
+        flat.resize(bucket(flat.len()), 0);
         let [seq, lens, flat, offsets] = self.stage_meta([
             bytes_of(job.token_seq),
             bytes_of(job.token_kv_len),
@@ -366,14 +383,41 @@ mod tests {
             let (s, chunk) = split_plan(rows, kv);
             assert!(s > 1 && s <= MAX_SPLITS, "{rows} {kv}: {s}");
             assert!(
-                s * chunk >= kv && (s - 1) * chunk < kv,
+                s * chunk >= kv && (s - 1) * chunk < bucket(kv),
                 "{rows} {kv}: {s}·{chunk}"
             );
             assert!(chunk >= SPLIT_MIN);
         }
         // Short contexts and busy grids: one pass.
-        assert_eq!(split_plan(1, 300), (1, 300));
+        assert_eq!(split_plan(1, 300), (1, 320));
         assert_eq!(split_plan(TARGET_BLOCKS, 100_000).0, 1);
         assert_eq!(split_plan(0, 0), (1, 1));
+    }
+
+    #[test]
+    fn buckets_round_up_by_at_most_an_eighth_and_hold_still() {
+        assert_eq!(bucket(0), 0);
+        assert_eq!(bucket(1), 64);
+        assert_eq!(bucket(64), 64);
+        assert_eq!(bucket(65), 128);
+        assert_eq!(bucket(33_000), 36_864);
+        for n in 1..5000usize {
+            let b = bucket(n);
+            assert!(b >= n && (b - n) * 8 <= n.max(512), "{n} -> {b}");
+        }
+        // 4096 consecutive 32k-ish contexts share one bucket.
+        assert!((32_769..=36_864).all(|n| bucket(n) == 36_864));
+    }
+
+    #[test]
+    fn split_plans_cover_every_key_and_stay_put_within_a_bucket() {
+        for rows in [1, 8, 32, 300] {
+            for max_kv in [1, 100, 511, 512, 4000, 33_000, 131_072] {
+                let (splits, chunk) = split_plan(rows, max_kv);
+                assert!(splits >= 1 && splits <= MAX_SPLITS);
+                assert!(splits * chunk >= max_kv, "{rows} {max_kv}");
+                assert_eq!(split_plan(rows, bucket(max_kv)), (splits, chunk));
+            }
+        }
     }
 }

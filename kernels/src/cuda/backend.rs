@@ -59,6 +59,10 @@ impl Backend for CudaBackend {
         self.begin_lane_step()
     }
 
+    fn step_graphs(&self) -> Option<&dyn crate::step_graph::StepGraphs> {
+        (self.cuda_graphs() == crate::CudaGraphs::On).then_some(self as _)
+    }
+
     fn zeros(&self, len: usize) -> Result<CudaSlice<f32>, KernelError> {
         self.alloc_f32(len, true)
     }

@@ -53,6 +53,7 @@
 mod attention;
 mod backend;
 mod device;
+mod graphs;
 mod kv;
 mod lanes;
 mod launch;
@@ -73,6 +74,7 @@ pub use cudarc::driver::{CudaView, CudaViewMut};
 pub use device::{
     cuda_device_count, cuda_driver_version, cuda_total_memory, CUDA_LIB_DIR_ENV, NVRTC_LIB_DIR_ENV,
 };
+pub use graphs::GraphStats;
 pub use matmul::CudaMatrix;
 pub use memory::{CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
 pub use module::{compile_kernels, CompiledSource, KernelSource, SOURCES};
@@ -118,6 +120,8 @@ pub struct CudaBackend {
     gpu_matmul: GpuMatmul,
     /// Whether decode steps may run as CUDA graphs (`--cuda-graphs`).
     cuda_graphs: CudaGraphs,
+    /// Each lane's captured step graphs (`graphs`).
+    graphs: Vec<std::sync::Mutex<graphs::LaneGraphs>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -193,6 +197,7 @@ impl CudaBackend {
             name,
             gpu_matmul: GpuMatmul::default(),
             cuda_graphs: CudaGraphs::default(),
+            graphs: graphs::lane_graphs(micro_batches.max(1)),
         })
     }
 
@@ -240,10 +245,14 @@ impl CudaBackend {
 
     /// The calling thread's lane.
     fn lane(&self) -> &Lane {
-        let i = lanes::bound(self.id);
+        &self.lanes[self.lane_index()]
+    }
+
+    /// The index of the calling thread's lane.
+    fn lane_index(&self) -> usize {
         // `bind_micro_batch` refuses lanes past the end; a stale binding of a reused
-        // id cannot happen (ids are never reused), so this is lane `i`.
-        &self.lanes[i.min(self.lanes.len() - 1)]
+        // id cannot happen (ids are never reused), so this is the bound lane.
+        lanes::bound(self.id).min(self.lanes.len() - 1)
     }
 
     /// Binds the calling thread to lane `mb` (see `Backend::bind_micro_batch`).
@@ -348,6 +357,17 @@ impl CudaBackend {
     /// At least `n` u16s (bf16) of the lane scratch; as [`CudaBackend::scratch_f32`].
     pub(crate) fn scratch_u16(&self, n: usize) -> Result<u64, KernelError> {
         lanes::lock(&self.lane().scratch).u16s(n)
+    }
+
+    /// Where the calling thread's lane stages its next metadata (see `graphs`: every
+    /// pass of a step stages from the same place).
+    fn meta_mark(&self) -> usize {
+        lanes::lock(&self.lane().meta).mark()
+    }
+
+    /// Stages the next metadata from `mark` again (a mark of this step).
+    fn meta_reset(&self, mark: usize) -> Result<(), KernelError> {
+        lanes::lock(&self.lane().meta).reset_to(mark)
     }
 
     /// Starts a step on the calling thread's lane (see `Backend::begin_step`).

@@ -102,6 +102,25 @@ impl MetaArena {
         Ok(())
     }
 
+    /// The current step's fill mark (bytes of its half in use).
+    pub(crate) fn mark(&self) -> usize {
+        self.used
+    }
+
+    /// Rewinds the current step to `mark` (taken in this step, before any wrap), so a
+    /// step run again (a CUDA graph's check pass, then its capture) stages its parts at
+    /// the same addresses: the pinned bytes there are rewritten with the same values.
+    pub(crate) fn reset_to(&mut self, mark: usize) -> Result<(), KernelError> {
+        if mark > self.cap {
+            return Err(KernelError::Shape(format!(
+                "staging mark {mark} beyond the arena ({} bytes)",
+                self.cap
+            )));
+        }
+        self.used = mark;
+        Ok(())
+    }
+
     /// Stages `parts` (all of one op, so they never straddle a wrap) and enqueues
     /// their copies to the device on the lane's stream; returns each part's device
     /// address, valid for kernels enqueued on that stream until the next step or wrap.

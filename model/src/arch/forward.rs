@@ -2,11 +2,12 @@
 //! [`Backend`].
 
 use dcpserve_kernels::dcp::DcpShape;
+use dcpserve_kernels::step_graph::run_step;
 use dcpserve_kernels::{Backend, CpuBackend, PagedAttentionParams, Precision, RopeScalingKind};
 
 use super::cache_access::{read_in_pieces, CacheAccess};
 use super::device_weights::DeviceWeights;
-use super::head::head_logits;
+use super::head::{head_logits, take_logits};
 use super::kv_cache::KvCache;
 use super::rank_io::{add_reduced, ForwardOutput, RankComms};
 use super::weights::{DecoderWeights, HeadLayout, TpShard, WeightPrecision};
@@ -49,6 +50,13 @@ impl BatchInput<'_> {
             )));
         }
         Ok(n)
+    }
+
+    /// Whether this is a decode step: one token per sequence, each wanting its logits
+    /// (what a device graph may replay; prefill chunks and draft verification are not).
+    pub fn is_decode(&self) -> bool {
+        let n = self.tokens.len();
+        n > 0 && self.block_tables.len() == n && self.logits_for.len() == n
     }
 
     /// Refuses token ids outside the vocabulary.
@@ -215,19 +223,31 @@ impl<B: Backend> DecoderModel<B> {
         cache: impl CacheAccess<KvCache<B>>,
     ) -> Result<ForwardOutput<B>, ModelError> {
         let widths = self.widths();
-        self.workspaces.run(&self.backend, widths, |ws| {
-            self.step(ws, comms, input, cache)
+        let dev = &self.backend;
+        let mut cache = cache;
+        // A decode step may be replayed from a device graph (the backend's, when it has
+        // them); the step then leaves its logits in the workspace, copied out after.
+        let graphs = if input.is_decode() {
+            dev.step_graphs()
+        } else {
+            None
+        };
+        self.workspaces.run(dev, widths, |ws| {
+            run_step(graphs, || self.step(ws, comms, input, &mut cache))?;
+            let vocab = self.config.vocab_size;
+            take_logits(dev, &ws.head, input.logits_for.len(), vocab)
         })
     }
 
-    /// The step itself, in workspace `ws`.
+    /// The step itself, in workspace `ws`: logits of `input.logits_for` into
+    /// `ws.head.logits`.
     fn step(
         &self,
         ws: &mut DenseWorkspace<B>,
         comms: &RankComms<B>,
         input: &BatchInput,
-        mut cache: impl CacheAccess<KvCache<B>>,
-    ) -> Result<ForwardOutput<B>, ModelError> {
+        cache: &mut impl CacheAccess<KvCache<B>>,
+    ) -> Result<(), ModelError> {
         let dev = &self.backend;
         let cfg = &self.config;
         let n = input.checked_len()?;
@@ -307,7 +327,7 @@ impl<B: Backend> DecoderModel<B> {
                 &mut ws.t.attn,
                 |q_all, heads, out, lse| {
                     let row = heads * hd;
-                    read_in_pieces(&mut cache, n, |c, r| {
+                    read_in_pieces(cache, n, |c, r| {
                         let (kc, vc) = c.layer(dev, li)?;
                         let p = PagedAttentionParams {
                             n_q_heads: heads,

@@ -27,10 +27,15 @@ pub(crate) fn whole<'a, B: Backend>(
     Ok(dev.view(buf, 0..dev.len(buf))?)
 }
 
-/// Buffers of the final norm and output head: the picked rows and their norm.
+/// Buffers of the final norm and output head: the picked rows and their norm, this
+/// rank's logits slice, the gathered slices and the assembled logits. They persist
+/// across steps, so a decode step allocates nothing (a CUDA graph may replay it).
 pub struct HeadBuffers<B: Backend> {
     pub(crate) picked: B::Buffer,
     pub(crate) normed: B::Buffer,
+    pub(crate) local: B::Buffer,
+    pub(crate) gathered: B::Buffer,
+    pub(crate) logits: B::Buffer,
 }
 
 impl<B: Backend> HeadBuffers<B> {
@@ -39,6 +44,9 @@ impl<B: Backend> HeadBuffers<B> {
         Ok(Self {
             picked: dev.alloc(0)?,
             normed: dev.alloc(0)?,
+            local: dev.alloc(0)?,
+            gathered: dev.alloc(0)?,
+            logits: dev.alloc(0)?,
         })
     }
 }

@@ -11,7 +11,7 @@ use super::weights::MlaWeights;
 use super::workspace::{MlaBuffers, MlaWidths, MlaWorkspace};
 use crate::arch::cache_access::CacheAccess;
 use crate::arch::forward::BatchInput;
-use crate::arch::head::{head_logits, pick_normed};
+use crate::arch::head::{copy_out, head_logits, pick_normed, take_logits};
 use crate::arch::rank_io::{ForwardOutput, RankComms};
 use crate::arch::weights::{TpShard, WeightPrecision};
 use crate::arch::workspace::WorkspacePool;
@@ -263,18 +263,8 @@ impl<B: Backend> MlaModel<B> {
             head,
             cfg.vocab_size,
             &mut ws.head,
-        )
+        )?;
+        take_logits(&self.backend, &ws.head, logits_for.len(), cfg.vocab_size)
     }
 }
 
-/// A new buffer holding the first `len` values of `src` (a step's result that outlives
-/// the workspace).
-pub(super) fn copy_out<B: Backend>(
-    dev: &B,
-    src: &B::Buffer,
-    len: usize,
-) -> Result<B::Buffer, ModelError> {
-    let mut out = dev.alloc(len)?;
-    dev.copy(dev.view(src, 0..len)?, dev.view_mut(&mut out, 0..len)?)?;
-    Ok(out)
-}

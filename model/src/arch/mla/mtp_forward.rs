@@ -8,7 +8,8 @@ use dcpserve_kernels::{Backend, Precision, Strided};
 
 use super::cache::LatentCache;
 use super::device_weights::DeviceMtp;
-use super::model::{copy_out, MlaModel};
+use super::model::MlaModel;
+use crate::arch::head::copy_out;
 use super::mtp::MtpLayer;
 use crate::arch::cache_access::CacheAccess;
 use crate::arch::forward::BatchInput;
