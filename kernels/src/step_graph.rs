@@ -203,6 +203,9 @@ pub fn run_step<T, E: From<KernelError>>(
     let Some(g) = graphs.filter(|g| g.graphs_on()) else {
         return step();
     };
+    // Whatever happens (an early return, a panic), the thread leaves eager and with no
+    // capture open.
+    let _reset = Reset(g);
     g.save_state()?;
     start(GraphPass::Check);
     let checked = step();
@@ -239,6 +242,16 @@ pub fn run_step<T, E: From<KernelError>>(
     }
     g.note_graph_step(true);
     Ok(recorded)
+}
+
+/// Returns the thread to eager passes and ends a capture left open, when dropped.
+struct Reset<'a>(&'a dyn StepGraphs);
+
+impl Drop for Reset<'_> {
+    fn drop(&mut self) {
+        let _ = finish();
+        self.0.abandon_capture();
+    }
 }
 
 /// The step once more, eagerly, after a graph pass refused (`why`).

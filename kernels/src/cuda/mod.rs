@@ -28,6 +28,13 @@
 //!   [`Backend::begin_step`](crate::Backend::begin_step) recycles it. Op temporaries
 //!   (attention split partials, bf16 copies of GEMM inputs) live in the stream's
 //!   reused scratch (`scratch`).
+//! * CUDA graphs (`graphs`, [`CudaGraphs`], on by default): a decode step of a dense
+//!   model runs through [`step_graph::run_step`](crate::step_graph::run_step); every
+//!   kernel, copy, GEMM and NCCL call is issued with its full signature, so a step
+//!   whose signatures hash to a stored graph's key launches that graph instead, and a
+//!   new one is captured otherwise. Steps that download, wait, allocate or meet other
+//!   ranks on the host (MoE routing, device-local collectives) run eagerly, and a
+//!   stream whose steps keep doing so stops trying.
 //! * Sampling: `sample_rows`, which the answering rank uses, draws every row on the
 //!   device (`kernels/sampling.cu`) and brings back only the tokens and the
 //!   log-probabilities asked for; it leaves to the host the rows it cannot draw
@@ -39,8 +46,7 @@
 //!   `sample_rows`) downloads the logits and runs the CPU function (`route_experts`
 //!   routes on the device up to 1024 experts, wider on the host); attention reads each
 //!   KV head once per query head (no GQA sharing inside a block yet); block tables are
-//!   staged again for every layer's attention (identical within a step); no CUDA
-//!   graphs yet (a decode step launches its kernels one by one); with `--gpu-matmul
+//!   staged again for every layer's attention (identical within a step); with `--gpu-matmul
 //!   exact`, products with bf16 weights use a simple kernel, fast for decode but not
 //!   for large prefill batches; prefill attention is one block per (token, head)
 //!   without tiling or tensor cores.

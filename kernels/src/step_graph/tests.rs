@@ -224,3 +224,22 @@ fn a_real_error_is_returned_from_the_check_pass_without_issuing() {
     assert_eq!(q.take_log(), ["save"]);
     assert_eq!(current_pass(), GraphPass::Eager);
 }
+
+#[test]
+fn a_panicking_step_leaves_the_thread_eager_and_no_capture_open() {
+    let q = FakeQueue::default();
+    let mut calls = 0;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _: Result<u64, KernelError> = run_step(Some(&q), || {
+            calls += 1;
+            if calls == 2 {
+                panic!("a bug in the record pass");
+            }
+            step(&q, 1, 1)
+        });
+    }));
+    assert!(r.is_err());
+    assert_eq!(current_pass(), GraphPass::Eager);
+    assert!(!*q.capturing.borrow());
+    assert!(q.take_log().contains(&"abandon".to_string()));
+}
