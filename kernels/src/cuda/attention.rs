@@ -3,12 +3,12 @@
 //! LSE, and the LSE merge and share ops of decode context parallelism.
 
 use crate::shape_checks::{check_block_tables, check_merge, check_paged_attention};
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use crate::backend::{LatentAttentionParams, PagedAttentionParams};
 use crate::cuda::memory::{dtype_code, CudaKvRef, CudaRef};
 use crate::cuda::staging::bytes_of;
-use crate::cuda::{launch_err, per_row, CudaBackend};
+use crate::cuda::{per_row, CudaBackend};
 use crate::error::{check_len, KernelError};
 
 /// Threads per attention block (`ATT_WARPS · 32` in the kernel).
@@ -222,29 +222,22 @@ impl CudaBackend {
             block_dim: (ATT_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let f = self.kernel("attention_partial")?;
         let launch = |op: u64, lp: u64, split_rows: u64| {
-            let mut b = self.stream().launch_builder(f);
-            b.arg(&qv)
-                .arg(&kb)
-                .arg(&vb)
-                .arg(&dt)
-                .arg(&kv_scale)
-                .arg(&stride);
-            b.arg(&seq).arg(&lens).arg(&flat).arg(&offsets);
-            for d in &dims {
-                b.arg(d);
+            let mut b = self.launch_of("attention_partial")?;
+            b.ptr(&qv)
+                .ptr(&kb)
+                .ptr(&vb)
+                .i32(dt)
+                .f32(kv_scale)
+                .u64(stride);
+            b.u64(seq).u64(lens).u64(flat).u64(offsets);
+            for &d in &dims {
+                b.u32(d);
             }
-            b.arg(&job.scale)
-                .arg(&chunk)
-                .arg(&op)
-                .arg(&lp)
-                .arg(&split_rows);
+            b.f32(job.scale).u32(chunk).u64(op).u64(lp).u64(split_rows);
             // SAFETY: tables and lengths were validated against the caches; each block
             // writes its own output row of its split.
             unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(|e| launch_err("attention", e))
         };
         if splits == 1 {
             let (op, _so) = out.device_ptr_mut(self.stream());
@@ -324,11 +317,11 @@ impl CudaBackend {
         }
         let [oaddr_dev, laddr_dev] = self.stage_meta([bytes_of(oaddr), bytes_of(laddr)])?;
         let (parts, rows, hd) = (oaddr.len() as u32, n_rows as u64, head_dim as u32);
-        let mut b = self.stream().launch_builder(self.kernel("merge_lse_f32")?);
-        b.arg(&oaddr_dev).arg(&laddr_dev).arg(&parts).arg(&rows);
-        b.arg(&hd).arg(out).arg(lse);
+        let mut b = self.launch_of("merge_lse_f32")?;
+        b.u64(oaddr_dev).u64(laddr_dev).u32(parts).u64(rows);
+        b.u32(hd).ptr_mut(out).ptr_mut(lse);
         // SAFETY: every part holds n_rows rows (checked by the caller).
-        unsafe { b.launch(per_row(n_rows, 128)?) }.map_err(|e| launch_err("merge_lse", e))?;
+        unsafe { b.launch(per_row(n_rows, 128)?) }?;
         Ok(())
     }
 
@@ -361,13 +354,11 @@ impl CudaBackend {
             return Ok(());
         }
         let (lv, av) = (lse.cuda(), all_lse.cuda());
-        let mut b = self
-            .stream()
-            .launch_builder(self.kernel("scale_by_lse_share_f32")?);
+        let mut b = self.launch_of("scale_by_lse_share_f32")?;
         let (parts, n64, hd) = (parts as u32, n as u64, head_dim as u32);
-        b.arg(out).arg(&lv).arg(&av).arg(&parts).arg(&n64).arg(&hd);
+        b.ptr_mut(out).ptr(&lv).ptr(&av).u32(parts).u64(n64).u32(hd);
         // SAFETY: lengths checked.
-        unsafe { b.launch(per_row(n, 128)?) }.map_err(|e| launch_err("scale_by_lse_share", e))?;
+        unsafe { b.launch(per_row(n, 128)?) }?;
         Ok(())
     }
 }

@@ -3,14 +3,14 @@
 
 use std::ops::Range;
 
-use cudarc::driver::{CudaSlice, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut};
 
 use crate::backend::{Backend, LatentAttentionParams, PagedAttentionParams, Strided};
 use crate::cuda::device::driver_err;
 use crate::cuda::matmul::CudaMatrix;
 use crate::cuda::memory::{check_range, CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
 use crate::cuda::ops::{CudaRope, RmsInput};
-use crate::cuda::{launch_err, per_row, CudaBackend};
+use crate::cuda::{per_row, CudaBackend};
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::KvCacheDType;
@@ -19,6 +19,7 @@ use crate::moe_routing::{RouterParams, Routing};
 use crate::ops::{RopeScalingKind, RopeTable};
 use crate::row_sampling::{RowDraw, RowDrawn};
 use crate::sampling::{sample, Rng, SamplingParams};
+use crate::step_graph;
 use crate::weights::WeightMatrix;
 
 impl CudaBackend {
@@ -76,6 +77,7 @@ impl Backend for CudaBackend {
         if host.is_empty() {
             return self.zeros(0);
         }
+        step_graph::refuse("allocates device memory")?;
         self.stream()
             .clone_htod(host)
             .map_err(|e| driver_err("uploading", e))
@@ -86,6 +88,7 @@ impl Backend for CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
+        step_graph::refuse("downloads device memory")?;
         self.stream()
             .memcpy_dtoh(&src.cuda(), host)
             .map_err(|e| driver_err("downloading", e))?;
@@ -373,17 +376,17 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return Ok(Vec::new());
         }
+        step_graph::refuse("downloads argmax tokens")?;
         let mut ids = self
             .stream()
             .alloc_zeros::<u32>(rows)
             .map_err(|e| driver_err("allocating", e))?;
         let lv = logits.cuda();
-        let mut b = self.stream().launch_builder(self.kernel("argmax_f32")?);
-        let vocab = vocab as u64;
-        b.arg(&lv).arg(&vocab).arg(&mut ids);
+        let mut b = self.launch_of("argmax_f32")?;
+        b.ptr(&lv).u64(vocab as u64).ptr_mut(&mut ids);
         // SAFETY: one block per whole row; `ids` holds one id per row. The kernel's
         // shared arrays are sized for 1024 threads.
-        unsafe { b.launch(per_row(rows, 1024)?) }.map_err(|e| launch_err("argmax", e))?;
+        unsafe { b.launch(per_row(rows, 1024)?) }?;
         let mut host = vec![0u32; rows];
         self.stream()
             .memcpy_dtoh(&ids, &mut host)
@@ -402,6 +405,7 @@ impl Backend for CudaBackend {
         if logits.is_empty() {
             return Err(KernelError::Shape("sample: empty logits".into()));
         }
+        step_graph::refuse("downloads logits")?;
         let host = self.to_host(logits)?;
         Ok(sample(&host, params, rng))
     }

@@ -1,14 +1,13 @@
 //! KV-cache storage ops of the CUDA backend: allocation, stores converted to the
 //! cache's element type (`kernels/kv.cu`), and reads back as f32.
 
-use cudarc::driver::PushKernelArg;
-
 use crate::cuda::memory::{dtype_code, CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
 use crate::cuda::staging::bytes_of;
-use crate::cuda::{grid, launch_err, CudaBackend};
+use crate::cuda::{grid, CudaBackend};
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::KvCacheDType;
 use crate::shape_checks::check_write_kv;
+use crate::step_graph;
 
 use crate::cuda::device::driver_err;
 
@@ -18,6 +17,7 @@ impl CudaBackend {
         dtype: KvCacheDType,
         len: usize,
     ) -> Result<CudaKvBuffer, KernelError> {
+        step_graph::refuse("allocates a KV cache")?;
         let bytes = self
             .stream()
             .alloc_zeros::<u8>((len * dtype.bytes()).max(1))
@@ -67,12 +67,12 @@ impl CudaBackend {
         let [dev_slots] = self.stage_meta([bytes_of(&dev_slots)])?;
         let rv = rows.cuda();
         let (dt, inv) = (dtype_code(cache.dtype), 1.0 / cache.scale);
-        let mut b = self.stream().launch_builder(self.kernel("kv_write_rows")?);
-        b.arg(&rv).arg(&dev_slots).arg(&mut cache.bytes);
+        let mut b = self.launch_of("kv_write_rows")?;
+        b.ptr(&rv).u64(dev_slots).ptr_mut(&mut cache.bytes);
         let (n, w) = (slots.len() as u64, width as u64);
-        b.arg(&n).arg(&w).arg(&dt).arg(&inv);
+        b.u64(n).u64(w).i32(dt).f32(inv);
         // SAFETY: every stored slot was checked against the cache.
-        unsafe { b.launch(grid(slots.len() * width)) }.map_err(|e| launch_err("write_rows", e))?;
+        unsafe { b.launch(grid(slots.len() * width)) }?;
         Ok(stored)
     }
 
@@ -108,14 +108,15 @@ impl CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
+        step_graph::refuse("downloads a KV cache")?;
         let mut tmp = unsafe { self.stream().alloc::<f32>(src.len()) }
             .map_err(|e| driver_err("allocating a download buffer", e))?;
         let bytes = src.bytes();
         let (dt, scale, n) = (dtype_code(src.dtype()), src.scale(), src.len() as u64);
-        let mut b = self.stream().launch_builder(self.kernel("kv_to_f32")?);
-        b.arg(&bytes).arg(&mut tmp).arg(&n).arg(&dt).arg(&scale);
+        let mut b = self.launch_of("kv_to_f32")?;
+        b.ptr(&bytes).ptr_mut(&mut tmp).u64(n).i32(dt).f32(scale);
         // SAFETY: `tmp` holds n elements, the view n of the cache's type.
-        unsafe { b.launch(grid(src.len())) }.map_err(|e| launch_err("kv_to_f32", e))?;
+        unsafe { b.launch(grid(src.len())) }?;
         self.stream()
             .memcpy_dtoh(&tmp, host)
             .map_err(|e| driver_err("downloading", e))?;

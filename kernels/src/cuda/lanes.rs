@@ -11,11 +11,12 @@
 //! [`Backend::bind_micro_batch`]: crate::Backend::bind_micro_batch
 
 use std::cell::Cell;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::cublas::{sys as blas_sys, CudaBlas};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use crate::cuda::device::driver_err;
 use crate::cuda::scratch::Scratch;
@@ -29,6 +30,9 @@ pub(crate) struct Lane {
     /// switched between streams would share its workspace between them: one handle per
     /// lane, locked per GEMM (uncontended: one thread per lane).
     pub(crate) blas: Mutex<CudaBlas>,
+    /// The cuBLAS handle's workspace ([`BLAS_WORKSPACE`] bytes), set once at creation.
+    /// Declared after `blas`, so it is freed after the handle is destroyed.
+    _blas_workspace: CudaSlice<u8>,
     /// The lane's step-metadata staging (pinned host and device arenas).
     pub(crate) meta: Mutex<MetaArena>,
     /// The lane's scratch for op temporaries.
@@ -43,14 +47,43 @@ impl Lane {
             .map_err(|e| driver_err("creating a stream", e))?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
+        // The handle's workspace, given to it now: without one, cuBLAS allocates its
+        // workspace on first use, which inside a stream capture (a CUDA graph step)
+        // would fail. The handle's stream is never changed afterwards:
+        // `cublasSetStream` would reset the workspace to cuBLAS's own.
+        // SAFETY: cuBLAS's scratch; it writes before it reads.
+        let workspace = unsafe { stream.alloc::<u8>(BLAS_WORKSPACE) }
+            .map_err(|e| driver_err("allocating the cuBLAS workspace", e))?;
+        let status = {
+            let (ptr, _sync) = workspace.device_ptr(&stream);
+            // SAFETY: a live handle (created above, on this thread's bound context) and
+            // a device buffer of `BLAS_WORKSPACE` bytes that outlives it (`Lane` field
+            // order).
+            unsafe {
+                blas_sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ptr as usize as *mut c_void,
+                    BLAS_WORKSPACE,
+                )
+            }
+        };
+        if status != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(KernelError::Device(format!(
+                "setting the cuBLAS workspace: {status:?}"
+            )));
+        }
         Ok(Lane {
             meta: Mutex::new(MetaArena::new(&stream)?),
             scratch: Mutex::new(Scratch::new(&stream)),
             blas: Mutex::new(blas),
+            _blas_workspace: workspace,
             stream,
         })
     }
 }
+
+/// Bytes of each lane's cuBLAS workspace (what cuBLAS recommends for Hopper GPUs).
+const BLAS_WORKSPACE: usize = 32 << 20;
 
 /// Locks `m`, recovering the data of a poisoned lock (a panicking op leaves the lane's
 /// state consistent: every field is updated by whole assignments).

@@ -6,7 +6,8 @@
 //!
 //! Arguments are kept as 64-bit words; a 4-byte argument (`u32`, `i32`, `f32`) sits in
 //! the word's low bytes, where the kernel reads it on a little-endian host (the only
-//! kind CUDA supports).
+//! kind CUDA supports). A struct of 8-byte fields passed by value takes several
+//! consecutive words ([`KernelLaunch::words`]).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -23,6 +24,9 @@ pub(crate) struct KernelLaunch<'a> {
     func: &'a CudaFunction,
     stream: &'a Arc<CudaStream>,
     words: Vec<u64>,
+    /// Where each parameter starts in `words` (one word each, except a struct passed
+    /// by value).
+    starts: Vec<usize>,
 }
 
 impl<'a> KernelLaunch<'a> {
@@ -37,44 +41,56 @@ impl<'a> KernelLaunch<'a> {
             func,
             stream,
             words: Vec::with_capacity(24),
+            starts: Vec::with_capacity(24),
         }
+    }
+
+    /// One parameter of one word.
+    fn push(&mut self, w: u64) -> &mut Self {
+        self.starts.push(self.words.len());
+        self.words.push(w);
+        self
     }
 
     /// A device buffer the kernel reads (its address).
     pub(crate) fn ptr<T>(&mut self, buf: &impl DevicePtr<T>) -> &mut Self {
         let (p, _sync) = buf.device_ptr(self.stream);
-        self.words.push(p);
-        self
+        self.push(p)
     }
 
     /// A device buffer the kernel writes (its address).
     pub(crate) fn ptr_mut<T>(&mut self, buf: &mut impl DevicePtrMut<T>) -> &mut Self {
         let (p, _sync) = buf.device_ptr_mut(self.stream);
-        self.words.push(p);
-        self
+        self.push(p)
     }
 
     /// A device address or any 8-byte integer argument.
     pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
-        self.words.push(v);
-        self
+        self.push(v)
     }
 
     /// A 4-byte unsigned argument.
     pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
-        self.words.push(u64::from(v));
-        self
+        self.push(u64::from(v))
     }
 
     /// A 4-byte signed argument.
     pub(crate) fn i32(&mut self, v: i32) -> &mut Self {
-        self.words.push(u64::from(v as u32));
-        self
+        self.push(u64::from(v as u32))
     }
 
     /// A 4-byte float argument.
     pub(crate) fn f32(&mut self, v: f32) -> &mut Self {
-        self.words.push(u64::from(v.to_bits()));
+        self.push(u64::from(v.to_bits()))
+    }
+
+    /// One parameter that is a struct of 8-byte fields passed by value (e.g. an array
+    /// of device addresses, `DcpSources` of `cuda_comm/sum.cu`): its words in order,
+    /// at least one. The kernel reads them contiguously from the first.
+    pub(crate) fn words(&mut self, block: &[u64]) -> &mut Self {
+        debug_assert!(!block.is_empty(), "a by-value struct of no words");
+        self.starts.push(self.words.len());
+        self.words.extend_from_slice(block);
         self
     }
 
@@ -88,18 +104,20 @@ impl<'a> KernelLaunch<'a> {
         let mut sig = self.words.clone();
         sig.extend([g.0, g.1, g.2, b.0, b.1, b.2, cfg.shared_mem_bytes].map(u64::from));
         let (name, func, stream) = (self.name, self.func, self.stream);
-        let words = &mut self.words;
+        let (words, starts) = (&mut self.words, &self.starts);
         step_graph::enqueue(name, &sig, || {
             stream
                 .context()
                 .bind_to_thread()
                 .map_err(|e| launch_err(name, e))?;
-            let mut params: Vec<*mut c_void> = words
-                .iter_mut()
-                .map(|w| (w as *mut u64).cast::<c_void>())
+            let base = words.as_mut_ptr();
+            // SAFETY: every start is an index into `words` (pushed with its word).
+            let mut params: Vec<*mut c_void> = starts
+                .iter()
+                .map(|&i| unsafe { base.add(i) }.cast::<c_void>())
                 .collect();
-            // SAFETY: the caller's contract; `params` point into `words`, alive for
-            // the call (the driver copies the values at launch).
+            // SAFETY: the caller's contract; `params` point into `words`, alive and
+            // not moved for the call (the driver copies the values at launch).
             unsafe {
                 cudarc::driver::result::launch_kernel(
                     func.cu_function(),

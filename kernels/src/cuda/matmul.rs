@@ -4,19 +4,18 @@
 use std::ffi::c_void;
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::driver::{
-    CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::CudaRef;
 use crate::cuda::staging::bytes_of;
-use crate::cuda::{grid, lanes, launch_err, CudaBackend};
+use crate::cuda::{grid, lanes, CudaBackend};
 use crate::device::GpuMatmul;
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::f32_to_bf16;
 use crate::matmul::Precision;
+use crate::step_graph;
 use crate::weights::WeightMatrix;
 
 /// A `[rows, cols]` weight matrix in device memory (the backend's
@@ -129,13 +128,11 @@ impl CudaBackend {
                 // The bf16 copy of x lives in the lane's scratch (no allocation per GEMM).
                 let xp = self.scratch_u16(m * k)?;
                 let xv = x.cuda();
-                let mut b = self
-                    .stream()
-                    .launch_builder(self.kernel("f32_to_bf16_kernel")?);
+                let mut b = self.launch_of("f32_to_bf16_kernel")?;
                 let n_x = (m * k) as u64;
-                b.arg(&xv).arg(&xp).arg(&n_x);
+                b.ptr(&xv).u64(xp).u64(n_x);
                 // SAFETY: the scratch at `xp` holds at least m·k elements.
-                unsafe { b.launch(grid(m * k)) }.map_err(|e| launch_err("f32_to_bf16", e))?;
+                unsafe { b.launch(grid(m * k)) }?;
                 self.gemm(GemmArgs {
                     x: GemmInput::Bf16(xp),
                     w: wd.device_ptr(self.stream()).0,
@@ -152,24 +149,22 @@ impl CudaBackend {
                 // (a view may start anywhere in its buffer; weights start allocations).
                 let (xp, _sx) = xv.device_ptr(self.stream());
                 let vec = i32::from(k.is_multiple_of(8) && xp.is_multiple_of(16));
-                let mut b = self
-                    .stream()
-                    .launch_builder(self.kernel("matmul_bf16_exact")?);
+                let mut b = self.launch_of("matmul_bf16_exact")?;
                 let (mu, nu, ku) = (mi as u32, ni as u32, ki as u32);
-                b.arg(&xv)
-                    .arg(wd)
-                    .arg(out)
-                    .arg(&mu)
-                    .arg(&nu)
-                    .arg(&ku)
-                    .arg(&vec);
+                b.ptr(&xv)
+                    .ptr(wd)
+                    .ptr_mut(out)
+                    .u32(mu)
+                    .u32(nu)
+                    .u32(ku)
+                    .i32(vec);
                 let cfg = LaunchConfig {
                     grid_dim: (nu.div_ceil(MM_WARPS), mu.div_ceil(MM_TOKENS), 1),
                     block_dim: (MM_WARPS * 32, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: shapes checked; the kernel bounds every index by m, n, k.
-                unsafe { b.launch(cfg) }.map_err(|e| launch_err("matmul_bf16_exact", e))?;
+                unsafe { b.launch(cfg) }?;
                 Ok(())
             }
         }
@@ -199,32 +194,64 @@ impl CudaBackend {
             }
             GemmInput::Bf16(p) => (p, blas_sys::cudaDataType::CUDA_R_16BF, None),
         };
-        // SAFETY: pointers are live device buffers of the checked sizes, enqueued on the
-        // handle's stream (the backend's).
-        unsafe {
-            blas::gemm_ex(
-                handle,
-                op_t,
-                op_n,
-                a.n,
-                a.m,
-                a.k,
-                &alpha as *const f32 as *const c_void,
-                a.w as *const c_void,
-                a.w_type,
-                a.k,
-                x_ptr as *const c_void,
-                x_type,
-                a.k,
-                &beta as *const f32 as *const c_void,
-                out_ptr as *mut c_void,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                a.n,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| KernelError::Device(format!("cuBLAS GEMM: {e:?}")))
+        let (out_type, compute, algo) = (
+            blas_sys::cudaDataType::CUDA_R_32F,
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        );
+        // Every value the GEMM is issued with (the handle fixes the stream and the
+        // workspace); `lda = ldb = k`, `ldc = n`.
+        let sig = [
+            handle as usize as u64,
+            op_t as u64,
+            op_n as u64,
+            a.n as u64,
+            a.m as u64,
+            a.k as u64,
+            u64::from(alpha.to_bits()),
+            a.w,
+            a.w_type as u64,
+            a.k as u64,
+            x_ptr,
+            x_type as u64,
+            a.k as u64,
+            u64::from(beta.to_bits()),
+            out_ptr,
+            out_type as u64,
+            a.n as u64,
+            compute as u64,
+            algo as u64,
+        ];
+        // The guards of the pointers (`_so`, `_sx`) and the handle's lock are held until
+        // the GEMM is enqueued (the end of the function).
+        step_graph::enqueue("gemm", &sig, || {
+            // SAFETY: pointers are live device buffers of the checked sizes, enqueued on
+            // the handle's stream (the backend's).
+            unsafe {
+                blas::gemm_ex(
+                    handle,
+                    op_t,
+                    op_n,
+                    a.n,
+                    a.m,
+                    a.k,
+                    &alpha as *const f32 as *const c_void,
+                    a.w as *const c_void,
+                    a.w_type,
+                    a.k,
+                    x_ptr as *const c_void,
+                    x_type,
+                    a.k,
+                    &beta as *const f32 as *const c_void,
+                    out_ptr as *mut c_void,
+                    out_type,
+                    a.n,
+                    compute,
+                    algo,
+                )
+            }
+            .map_err(|e| KernelError::Device(format!("cuBLAS GEMM: {e:?}")))
+        })
     }
 
     pub(crate) fn embedding_op(
@@ -250,16 +277,16 @@ impl CudaBackend {
         let cfg = grid(ids.len() * cols);
         match &table.data {
             Weights::F32(t) => {
-                let mut b = self.stream().launch_builder(self.kernel("embed_f32")?);
-                b.arg(t).arg(&dev_ids).arg(out).arg(&n).arg(&c);
+                let mut b = self.launch_of("embed_f32")?;
+                b.ptr(t).u64(dev_ids).ptr_mut(out).u64(n).u64(c);
                 // SAFETY: ids checked against the table rows.
-                unsafe { b.launch(cfg) }.map_err(|e| launch_err("embedding", e))?;
+                unsafe { b.launch(cfg) }?;
             }
             Weights::Bf16(t) => {
-                let mut b = self.stream().launch_builder(self.kernel("embed_bf16")?);
-                b.arg(t).arg(&dev_ids).arg(out).arg(&n).arg(&c);
+                let mut b = self.launch_of("embed_bf16")?;
+                b.ptr(t).u64(dev_ids).ptr_mut(out).u64(n).u64(c);
                 // SAFETY: as above.
-                unsafe { b.launch(cfg) }.map_err(|e| launch_err("embedding", e))?;
+                unsafe { b.launch(cfg) }?;
             }
         }
         Ok(())

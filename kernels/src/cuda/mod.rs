@@ -89,6 +89,7 @@ pub use sampling::{MAX_TOP_LOGPROBS, SORT_CAP};
 
 use crate::device::{CudaGraphs, GpuMatmul};
 use crate::error::KernelError;
+use crate::step_graph;
 use device::{
     driver_err, keep_pool_memory, require_cublas, require_cuda13, require_driver, require_nvrtc,
 };
@@ -306,6 +307,7 @@ impl CudaBackend {
     /// Waits until every op the calling thread's stream holds has finished (and
     /// reports an error a kernel hit).
     pub fn synchronize(&self) -> Result<(), KernelError> {
+        step_graph::refuse("waits for the stream")?;
         self.stream()
             .synchronize()
             .map_err(|e| driver_err("synchronizing the stream", e))
@@ -318,6 +320,7 @@ impl CudaBackend {
         len: usize,
         zeroed: bool,
     ) -> Result<CudaSlice<f32>, KernelError> {
+        step_graph::refuse("allocates device memory")?;
         let r = if len == 0 {
             self.stream().null::<f32>()
         } else if zeroed {
@@ -334,6 +337,7 @@ impl CudaBackend {
         &self,
         host: &[T],
     ) -> Result<CudaSlice<T>, KernelError> {
+        step_graph::refuse("allocates device memory")?;
         if host.is_empty() {
             // Zero-length allocations are refused by the driver; one element is harmless.
             return unsafe { self.stream().alloc::<T>(1) }.map_err(|e| driver_err("allocating", e));

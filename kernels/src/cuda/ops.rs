@@ -2,7 +2,7 @@
 //! launches its kernel from `kernels/elementwise.cu` or `kernels/rope_embed.cu`.
 
 use crate::shape_checks::{check_strided_copy, rope_token_width};
-use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut};
 
 use crate::backend::Strided;
 use crate::cuda::memory::CudaRef;
@@ -10,6 +10,7 @@ use crate::cuda::staging::bytes_of;
 use crate::cuda::{grid, launch_err, per_row, CudaBackend};
 use crate::error::{check_len, KernelError};
 use crate::ops::RopeTable;
+use crate::step_graph;
 
 /// RoPE tables on the device: the host [`RopeTable`]'s cos/sin (YaRN's attention factor
 /// included) for its precomputed positions, and its inverse frequencies, from which
@@ -64,10 +65,10 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let mut b = self.stream().launch_builder(self.kernel("fill_f32")?);
-        b.arg(x).arg(&n).arg(&value);
+        let mut b = self.launch_of("fill_f32")?;
+        b.ptr_mut(x).u64(n).f32(value);
         // SAFETY: the kernel writes x[0..n).
-        unsafe { b.launch(grid(n as usize)) }.map_err(|e| launch_err("fill", e))?;
+        unsafe { b.launch(grid(n as usize)) }?;
         Ok(())
     }
 
@@ -82,10 +83,10 @@ impl CudaBackend {
             return Ok(());
         }
         let bv = b_.cuda();
-        let mut b = self.stream().launch_builder(self.kernel("add_f32")?);
-        b.arg(a).arg(&bv).arg(&n);
+        let mut b = self.launch_of("add_f32")?;
+        b.ptr_mut(a).ptr(&bv).u64(n);
         // SAFETY: equal lengths checked.
-        unsafe { b.launch(grid(n as usize)) }.map_err(|e| launch_err("add", e))?;
+        unsafe { b.launch(grid(n as usize)) }?;
         Ok(())
     }
 
@@ -100,10 +101,10 @@ impl CudaBackend {
             return Ok(());
         }
         let bv = bias.cuda();
-        let mut b = self.stream().launch_builder(self.kernel("add_bias_f32")?);
-        b.arg(x).arg(&bv).arg(&n).arg(&w);
+        let mut b = self.launch_of("add_bias_f32")?;
+        b.ptr_mut(x).ptr(&bv).u64(n).u64(w);
         // SAFETY: x is whole rows of the bias width.
-        unsafe { b.launch(grid(n as usize)) }.map_err(|e| launch_err("add_bias", e))?;
+        unsafe { b.launch(grid(n as usize)) }?;
         Ok(())
     }
 
@@ -120,10 +121,10 @@ impl CudaBackend {
             return Ok(());
         }
         let (gv, uv) = (gate.cuda(), up.cuda());
-        let mut b = self.stream().launch_builder(self.kernel("silu_mul_f32")?);
-        b.arg(&gv).arg(&uv).arg(out).arg(&n);
+        let mut b = self.launch_of("silu_mul_f32")?;
+        b.ptr(&gv).ptr(&uv).ptr_mut(out).u64(n);
         // SAFETY: lengths checked.
-        unsafe { b.launch(grid(n as usize)) }.map_err(|e| launch_err("silu_mul", e))?;
+        unsafe { b.launch(grid(n as usize)) }?;
         Ok(())
     }
 
@@ -136,7 +137,6 @@ impl CudaBackend {
     ) -> Result<(), KernelError> {
         let d = weight.len();
         let wv = weight.cuda();
-        let f = self.kernel("rms_norm_f32")?;
         match x {
             RmsInput::Separate(x, out) => {
                 check_len("rms_norm out", x.len(), out.len())?;
@@ -145,12 +145,10 @@ impl CudaBackend {
                     return Ok(());
                 }
                 let xv = x.cuda();
-                let mut b = self.stream().launch_builder(f);
-                let d = d as u64;
-                b.arg(&xv).arg(&wv).arg(out).arg(&d).arg(&eps);
+                let mut b = self.launch_of("rms_norm_f32")?;
+                b.ptr(&xv).ptr(&wv).ptr_mut(out).u64(d as u64).f32(eps);
                 // SAFETY: one block per whole row.
-                unsafe { b.launch(per_row(rows, BLOCK_NORM)?) }
-                    .map_err(|e| launch_err("rms_norm", e))?;
+                unsafe { b.launch(per_row(rows, BLOCK_NORM)?) }?;
             }
             RmsInput::InPlace(x) => {
                 let rows = rows_of("rms_norm x", x.len(), d)?;
@@ -158,12 +156,10 @@ impl CudaBackend {
                     return Ok(());
                 }
                 let (ptr, _sync) = x.device_ptr_mut(self.stream());
-                let mut b = self.stream().launch_builder(f);
-                let d = d as u64;
-                b.arg(&ptr).arg(&wv).arg(&ptr).arg(&d).arg(&eps);
+                let mut b = self.launch_of("rms_norm_f32")?;
+                b.u64(ptr).ptr(&wv).u64(ptr).u64(d as u64).f32(eps);
                 // SAFETY: the kernel reads a row fully before writing it.
-                unsafe { b.launch(per_row(rows, BLOCK_NORM)?) }
-                    .map_err(|e| launch_err("rms_norm", e))?;
+                unsafe { b.launch(per_row(rows, BLOCK_NORM)?) }?;
             }
         }
         Ok(())
@@ -178,9 +174,22 @@ impl CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
-        self.stream()
-            .memcpy_dtod(&src.cuda(), dst)
+        let sv = src.cuda();
+        let stream = self.stream();
+        let (from, _read) = sv.device_ptr(stream);
+        let (to, _write) = dst.device_ptr_mut(stream);
+        let bytes = src.len() * std::mem::size_of::<f32>();
+        step_graph::enqueue("memcpy_dtod", &[to, from, bytes as u64], || {
+            stream
+                .context()
+                .bind_to_thread()
+                .map_err(|e| launch_err("copy", e))?;
+            // SAFETY: both views hold `src.len()` f32s (checked above), in this context.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(to, from, bytes, stream.cu_stream())
+            }
             .map_err(|e| launch_err("copy", e))
+        })
     }
 
     pub(crate) fn copy_strided_op(
@@ -195,19 +204,17 @@ impl CudaBackend {
             return Ok(());
         }
         let sv = src.cuda();
-        let mut b = self
-            .stream()
-            .launch_builder(self.kernel("copy_strided_f32")?);
+        let mut b = self.launch_of("copy_strided_f32")?;
         let a = [s.stride, s.offset, d.stride, d.offset, rows, width].map(|v| v as u64);
-        b.arg(&sv)
-            .arg(&a[0])
-            .arg(&a[1])
-            .arg(dst)
-            .arg(&a[2])
-            .arg(&a[3]);
-        b.arg(&a[4]).arg(&a[5]);
+        b.ptr(&sv)
+            .u64(a[0])
+            .u64(a[1])
+            .ptr_mut(dst)
+            .u64(a[2])
+            .u64(a[3]);
+        b.u64(a[4]).u64(a[5]);
         // SAFETY: both layouts checked to fit.
-        unsafe { b.launch(grid(rows * width)) }.map_err(|e| launch_err("copy_strided", e))?;
+        unsafe { b.launch(grid(rows * width)) }?;
         Ok(())
     }
 
@@ -225,13 +232,11 @@ impl CudaBackend {
         let idx = row_indices("gathered row", rows, src.len() / width)?;
         let [idx] = self.stage_meta([bytes_of(&idx)])?;
         let sv = src.cuda();
-        let mut b = self
-            .stream()
-            .launch_builder(self.kernel("gather_rows_f32")?);
+        let mut b = self.launch_of("gather_rows_f32")?;
         let (n, w) = (rows.len() as u64, width as u64);
-        b.arg(&sv).arg(&idx).arg(dst).arg(&n).arg(&w);
+        b.ptr(&sv).u64(idx).ptr_mut(dst).u64(n).u64(w);
         // SAFETY: indices checked against the source rows.
-        unsafe { b.launch(grid(rows.len() * width)) }.map_err(|e| launch_err("gather_rows", e))?;
+        unsafe { b.launch(grid(rows.len() * width)) }?;
         Ok(())
     }
 
@@ -251,14 +256,12 @@ impl CudaBackend {
         let idx = row_indices("scatter-add row", rows, dst.len() / width)?;
         let [idx, sc] = self.stage_meta([bytes_of(&idx), bytes_of(scales)])?;
         let sv = src.cuda();
-        let mut b = self
-            .stream()
-            .launch_builder(self.kernel("scatter_add_rows_f32")?);
-        b.arg(&sv).arg(&idx).arg(&sc).arg(dst);
+        let mut b = self.launch_of("scatter_add_rows_f32")?;
+        b.ptr(&sv).u64(idx).u64(sc).ptr_mut(dst);
         let (n, w) = (rows.len() as u64, width as u64);
-        b.arg(&n).arg(&w);
+        b.u64(n).u64(w);
         // SAFETY: indices checked against the destination rows.
-        unsafe { b.launch(grid(width)) }.map_err(|e| launch_err("scatter_add_rows", e))?;
+        unsafe { b.launch(grid(width)) }?;
         Ok(())
     }
 
@@ -299,15 +302,15 @@ impl CudaBackend {
         let rows_per_token = (width / stride) as u64;
         let n_tokens = positions.len() as u64;
         let il = interleaved as i32;
-        let mut b = self.stream().launch_builder(self.kernel("rope_f32")?);
-        b.arg(x).arg(&pos).arg(&n_tokens).arg(&rows_per_token);
+        let mut b = self.launch_of("rope_f32")?;
+        b.ptr_mut(x).u64(pos).u64(n_tokens).u64(rows_per_token);
         let (stride, offset) = (stride as u64, offset as u64);
-        b.arg(&stride).arg(&offset).arg(&half).arg(&il);
-        b.arg(&table.cos).arg(&table.sin).arg(&table.inv_freq);
-        b.arg(&table.max_positions).arg(&table.attention_factor);
+        b.u64(stride).u64(offset).u32(half).i32(il);
+        b.ptr(&table.cos).ptr(&table.sin).ptr(&table.inv_freq);
+        b.u32(table.max_positions).f32(table.attention_factor);
         let pairs = positions.len() * rows_per_token as usize * half as usize;
         // SAFETY: every rotated pair lies inside its row (checked above).
-        unsafe { b.launch(grid(pairs)) }.map_err(|e| launch_err("rope", e))?;
+        unsafe { b.launch(grid(pairs)) }?;
         Ok(())
     }
 }

@@ -12,14 +12,13 @@
 //! by `f32::total_cmp` on both, but a NaN the device computes may carry another sign or
 //! payload than the host's, so rows with NaN logits are not guaranteed to match.
 
-use cudarc::driver::PushKernelArg;
-
 use crate::backend::Backend;
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::CudaRef;
-use crate::cuda::{launch_err, per_row, CudaBackend};
+use crate::cuda::{per_row, CudaBackend};
 use crate::error::KernelError;
 use crate::moe_routing::{check_routing, route_experts, RouterParams, RouterScoring, Routing};
+use crate::step_graph;
 
 /// The widest rows (experts) the routing kernel takes: `ROUTE_MAX_EXPERTS` in
 /// `routing.cu`. DeepSeek-V3 has 256, Kimi K2 384.
@@ -47,6 +46,7 @@ impl CudaBackend {
                 weights: Vec::new(),
             });
         }
+        step_graph::refuse("downloads the MoE routing")?;
         // As the host: groups only when limited to some and there are several; a group
         // count then divides the experts, so it is at most 1024 like them.
         let grouped = p.group_limited && p.n_group > 1;
@@ -69,18 +69,15 @@ impl CudaBackend {
         let sigmoid = (p.scoring == RouterScoring::Sigmoid) as i32;
         let norm = p.norm_topk_prob as i32;
         let scaling = p.routed_scaling_factor;
-        let mut b = self
-            .stream()
-            .launch_builder(self.kernel("route_experts_f32")?);
-        b.arg(&lv).arg(&bv).arg(&has_bias);
-        b.arg(&e32).arg(&k32).arg(&g32).arg(&tg32);
-        b.arg(&grouped).arg(&sigmoid).arg(&norm).arg(&scaling);
-        b.arg(&mut ids).arg(&mut weights);
+        let mut b = self.launch_of("route_experts_f32")?;
+        b.ptr(&lv).ptr(&bv).i32(has_bias);
+        b.u32(e32).u32(k32).u32(g32).u32(tg32);
+        b.i32(grouped).i32(sigmoid).i32(norm).f32(scaling);
+        b.ptr_mut(&mut ids).ptr_mut(&mut weights);
         // SAFETY: one block per whole row of n_experts ≤ ROUTE_MAX_EXPERTS logits (the
         // bias, when read, has n_experts values); `ids` and `weights` hold k per row;
         // k ≤ n_experts and topk_group ≤ n_group, which divides n_experts when grouped.
-        unsafe { b.launch(per_row(n, ROUTE_THREADS)?) }
-            .map_err(|e| launch_err("route_experts", e))?;
+        unsafe { b.launch(per_row(n, ROUTE_THREADS)?) }?;
         let mut host_ids = vec![0u32; n * k];
         let mut host_weights = vec![0.0f32; n * k];
         self.stream()

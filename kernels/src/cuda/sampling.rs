@@ -10,13 +10,14 @@
 //! row are parallel f64 sums there, sequential on the host; exponentials round alike
 //! but for a vanishing fraction of inputs).
 
-use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::CudaRef;
-use crate::cuda::{launch_err, per_row, CudaBackend};
+use crate::cuda::{per_row, CudaBackend};
 use crate::error::KernelError;
 use crate::row_sampling::{check_draws, RowDraw, RowDrawn};
+use crate::step_graph;
 
 /// Threads per block of the sampling kernels (their shared arrays are sized for it).
 const SAMPLE_THREADS: u32 = 1024;
@@ -87,6 +88,7 @@ impl CudaBackend {
     /// Copies a draw table to the device. Not through the step's staging arena: it
     /// holds f64 numbers, and sampling ends the step with a download anyway.
     fn upload_draws<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>, KernelError> {
+        step_graph::refuse("allocates sampling metadata")?;
         if host.is_empty() {
             // SAFETY: one element nobody reads; the driver refuses zero-length buffers.
             return unsafe { self.stream().alloc::<T>(1) }
@@ -113,6 +115,7 @@ impl CudaBackend {
                 "sample_rows: a vocabulary of {vocab} does not fit u32 token ids"
             )));
         }
+        step_graph::refuse("downloads sampled tokens")?;
         let n = draws.len();
         let meta = DrawMeta::of(draws, vocab)?;
         let rows = self.upload_draws(&meta.rows)?;
@@ -129,22 +132,15 @@ impl CudaBackend {
         let mut status = alloc_u32(n)?;
         let lv = logits.cuda();
         let vocab64 = vocab as u64;
-        let mut b = self
-            .stream()
-            .launch_builder(self.kernel("sample_rows_f32")?);
-        b.arg(&lv)
-            .arg(&vocab64)
-            .arg(&rows)
-            .arg(&top_k)
-            .arg(&flags)
-            .arg(&fparams)
-            .arg(&uniform)
-            .arg(&mut tokens)
-            .arg(&mut status);
+        let mut b = self.launch_of("sample_rows_f32")?;
+        b.ptr(&lv).u64(vocab64).ptr(&rows).ptr(&top_k).ptr(&flags);
+        b.ptr(&fparams)
+            .ptr(&uniform)
+            .ptr_mut(&mut tokens)
+            .ptr_mut(&mut status);
         // SAFETY: one block of SAMPLE_THREADS per draw; every array holds one entry per
         // draw (`fparams` three); rows were checked against the logits.
-        unsafe { b.launch(per_row(n, SAMPLE_THREADS)?) }
-            .map_err(|e| launch_err("sample_rows", e))?;
+        unsafe { b.launch(per_row(n, SAMPLE_THREADS)?) }?;
 
         // Log-probabilities of the draws that ask for them (and that the device computes).
         let mut which = Vec::new();
@@ -168,23 +164,13 @@ impl CudaBackend {
             let mut lp = self.alloc_f32(which.len(), true)?;
             let mut ids = alloc_u32(ids_host.len())?;
             let mut vals = self.alloc_f32(vals_host.len(), true)?;
-            let mut b = self
-                .stream()
-                .launch_builder(self.kernel("row_logprobs_f32")?);
-            b.arg(&lv)
-                .arg(&vocab64)
-                .arg(&rows)
-                .arg(&tokens)
-                .arg(&which_d)
-                .arg(&top_n_d)
-                .arg(&max_n)
-                .arg(&mut lp)
-                .arg(&mut ids)
-                .arg(&mut vals);
+            let mut b = self.launch_of("row_logprobs_f32")?;
+            b.ptr(&lv).u64(vocab64).ptr(&rows).ptr(&tokens);
+            b.ptr(&which_d).ptr(&top_n_d).u32(max_n);
+            b.ptr_mut(&mut lp).ptr_mut(&mut ids).ptr_mut(&mut vals);
             // SAFETY: one block per entry of `which` (draw indices < n); `ids` and `vals`
             // hold `max_n` slots per entry, and `top_n` ≤ `max_n`.
-            unsafe { b.launch(per_row(which.len(), SAMPLE_THREADS)?) }
-                .map_err(|e| launch_err("row_logprobs", e))?;
+            unsafe { b.launch(per_row(which.len(), SAMPLE_THREADS)?) }?;
             self.dtoh(&lp, &mut lp_host)?;
             self.dtoh(&ids, &mut ids_host)?;
             self.dtoh(&vals, &mut vals_host)?;
@@ -252,6 +238,7 @@ impl CudaBackend {
                 src.len()
             )));
         }
+        step_graph::refuse("downloads sampled tokens")?;
         self.stream()
             .memcpy_dtoh(src, host)
             .map_err(|e| driver_err("downloading", e))

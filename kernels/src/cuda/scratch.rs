@@ -15,6 +15,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use crate::cuda::device::driver_err;
 use crate::error::KernelError;
+use crate::step_graph;
 
 /// One lane's scratch buffers, by element type.
 pub(crate) struct Scratch {
@@ -54,6 +55,8 @@ fn take<T: cudarc::driver::DeviceRepr>(
 ) -> Result<u64, KernelError> {
     let n = n.max(1);
     if buf.as_ref().is_none_or(|b| b.len() < n) {
+        // Reusing scratch is fine in a graph; growing it allocates (and frees).
+        step_graph::refuse("allocates device scratch")?;
         let len = n.checked_add(n / 4).unwrap_or(n);
         // SAFETY: scratch is written by an op's kernel before it reads it. The old
         // buffer (dropped by the assignment) is freed in stream order, after the

@@ -24,6 +24,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, PinnedHostSlic
 
 use crate::cuda::device::driver_err;
 use crate::error::KernelError;
+use crate::step_graph;
 
 /// Alignment of every staged part (the widest element staged is 8 bytes).
 const ALIGN: usize = 16;
@@ -148,16 +149,16 @@ impl MetaArena {
                 std::ptr::copy_nonoverlapping(part.as_ptr(), dst, part.len());
                 std::slice::from_raw_parts(dst as *const u8, part.len())
             };
-            // SAFETY: the device range `[off, off + len)` lies in the arena; pinned
-            // source, so the copy is asynchronous (no host wait).
-            unsafe {
-                cudarc::driver::result::memcpy_htod_async(
-                    base + off as u64,
-                    host,
-                    self.stream.cu_stream(),
-                )
-            }
-            .map_err(|e| driver_err("staging metadata", e))?;
+            let dst = base + off as u64;
+            let args = [dst, host.as_ptr() as usize as u64, host.len() as u64];
+            step_graph::enqueue("memcpy_htod", &args, || {
+                // SAFETY: the device range `[off, off + len)` lies in the arena; pinned
+                // source, so the copy is asynchronous (no host wait).
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(dst, host, self.stream.cu_stream())
+                }
+                .map_err(|e| driver_err("staging metadata", e))
+            })?;
         }
         self.used = end;
         Ok(offsets.map(|off| base + off as u64))
@@ -167,6 +168,9 @@ impl MetaArena {
     /// consumed, both halves idle), grows the arenas when `need` or a busy step calls
     /// for it, and starts over at offset 0.
     fn wrap(&mut self, need: usize) -> Result<(), KernelError> {
+        // A graph would replay copies from pinned memory this reuses (and the wait
+        // cannot be captured).
+        step_graph::refuse("staged step metadata outgrew its arena")?;
         self.stream
             .synchronize()
             .map_err(|e| driver_err("waiting for the stream to reuse staged metadata", e))?;

@@ -20,6 +20,10 @@
 //! GPU. Events are reused from call to call: a wait captures the event's state when it is
 //! enqueued, and barrier A of the next call comes after every wait of this one.
 //!
+//! The meeting on the host cannot be part of a CUDA graph: every call refuses a graph
+//! pass ([`crate::step_graph::refuse`]) before it does anything, so a step with one runs
+//! eagerly on every rank.
+//!
 //! Sums run in rank order (`((x0 + x1) + x2) + …`, f32 accumulation, bf16 rounded once),
 //! and every rank runs the same kernel on the same inputs: identical bits on every rank.
 //! Ranks must be threads of one process (no CUDA IPC between processes here) whose
@@ -39,6 +43,10 @@ use super::rendezvous::{Published, Rendezvous};
 use super::sum_kernel::{SumKernels, MAX_SOURCES};
 use crate::comm::elems::check_all_to_all;
 use crate::error::{check_len, KernelError};
+use crate::step_graph;
+
+/// Why a device-local collective refuses a graph pass.
+const MEETS_ON_HOST: &str = "device-local collectives meet on the host";
 
 /// State shared by the ranks of one group.
 struct Shared {
@@ -210,24 +218,33 @@ impl DeviceLocalCollectives {
             return Ok(());
         }
         let (mine, theirs) = (self.shared.places[self.rank], self.shared.places[from]);
-        // SAFETY: callers pass ranges inside live buffers whose producers were waited on
-        // (the `ready` events); the contexts are the ranks' live primary contexts.
-        unsafe {
-            if mine.0 == theirs.0 {
-                cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())
-            } else {
-                cudarc::driver::sys::cuMemcpyPeerAsync(
-                    dst,
-                    mine.1 as cudarc::driver::sys::CUcontext,
-                    src,
-                    theirs.1 as cudarc::driver::sys::CUcontext,
-                    bytes,
-                    self.stream.cu_stream(),
-                )
-                .result()
+        let peer = mine.0 != theirs.0;
+        let kind = if peer { "memcpy_peer" } else { "memcpy_dtod" };
+        step_graph::enqueue(kind, &[dst, src, bytes as u64], || {
+            // SAFETY: callers pass ranges inside live buffers whose producers were waited
+            // on (the `ready` events); the contexts are the ranks' live primary contexts.
+            unsafe {
+                if !peer {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        dst,
+                        src,
+                        bytes,
+                        self.stream.cu_stream(),
+                    )
+                } else {
+                    cudarc::driver::sys::cuMemcpyPeerAsync(
+                        dst,
+                        mine.1 as cudarc::driver::sys::CUcontext,
+                        src,
+                        theirs.1 as cudarc::driver::sys::CUcontext,
+                        bytes,
+                        self.stream.cu_stream(),
+                    )
+                    .result()
+                }
             }
-        }
-        .map_err(drv("device-local copy"))
+            .map_err(drv("device-local copy"))
+        })
     }
 
     /// The addresses the sum kernel reads: the peers' `ptr + offset` (`bytes` long), those
@@ -277,6 +294,7 @@ impl DeviceLocalCollectives {
         input: CudaView<'_, T>,
         mut out: CudaViewMut<'_, T>,
     ) -> Result<(), KernelError> {
+        step_graph::refuse(MEETS_ON_HOST)?;
         let c = input.len();
         check_len("all_gather output", self.size() * c, out.len())?;
         let es = std::mem::size_of::<T>();
@@ -301,6 +319,7 @@ impl DeviceLocalCollectives {
         &self,
         mut data: CudaViewMut<'_, T>,
     ) -> Result<(), KernelError> {
+        step_graph::refuse(MEETS_ON_HOST)?;
         let n = data.len();
         let es = std::mem::size_of::<T>();
         let mut scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
@@ -339,6 +358,7 @@ impl DeviceLocalCollectives {
         input: CudaView<'_, T>,
         mut out: CudaViewMut<'_, T>,
     ) -> Result<(), KernelError> {
+        step_graph::refuse(MEETS_ON_HOST)?;
         let c = out.len();
         check_len("reduce_scatter input", self.size() * c, input.len())?;
         let es = std::mem::size_of::<T>();
@@ -366,6 +386,7 @@ impl DeviceLocalCollectives {
         mut data: CudaViewMut<'_, T>,
         root: usize,
     ) -> Result<(), KernelError> {
+        step_graph::refuse(MEETS_ON_HOST)?;
         if root >= self.size() {
             return Err(KernelError::Shape(format!(
                 "broadcast root {root} out of range"
@@ -396,6 +417,7 @@ impl DeviceLocalCollectives {
         counts: &[usize],
         mut out: CudaViewMut<'_, T>,
     ) -> Result<(), KernelError> {
+        step_graph::refuse(MEETS_ON_HOST)?;
         check_len("all_gather_varying counts", self.size(), counts.len())?;
         check_len("all_gather_varying input", counts[self.rank], input.len())?;
         check_len("all_gather_varying output", counts.iter().sum(), out.len())?;
@@ -425,6 +447,7 @@ impl DeviceLocalCollectives {
         input: CudaView<'_, T>,
         mut out: CudaViewMut<'_, T>,
     ) -> Result<(), KernelError> {
+        step_graph::refuse(MEETS_ON_HOST)?;
         let n = self.size();
         check_all_to_all(n, input.len(), out.len())?;
         let c = input.len() / n;

@@ -18,6 +18,7 @@ use cudarc::nccl::sys::{ncclComm, ncclComm_t, ncclRedOp_t};
 use super::elem::{drv, nccl, GpuCommElem};
 use crate::comm::elems::check_all_to_all;
 use crate::error::{check_len, KernelError};
+use crate::step_graph;
 
 /// How long [`NcclCollectives::abort`] waits for a call in progress before aborting
 /// under it.
@@ -98,22 +99,30 @@ impl NcclCollectives {
         self.stream.cu_stream() as _
     }
 
+    /// The signature words of an NCCL call on `comm` and this stream: the communicator,
+    /// `args` (buffers, count, type, op or peer) and the stream.
+    fn sig<const N: usize>(&self, comm: ncclComm_t, args: [u64; N]) -> Vec<u64> {
+        let mut sig = Vec::with_capacity(N + 2);
+        sig.push(comm as usize as u64);
+        sig.extend(args);
+        sig.push(self.cu_stream() as usize as u64);
+        sig
+    }
+
     /// Opens a group of calls issued together (`ncclGroupStart`).
     pub fn group_start(&self) {
-        if let Err(e) = nccl_result::group_start() {
+        if let Err(e) = enqueue_group_start() {
             *self
                 .group_error
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(nccl("ncclGroupStart")(e));
+                .unwrap_or_else(PoisonError::into_inner) = Some(e);
         }
     }
 
     /// Closes the group (`ncclGroupEnd`), reporting an error of the matching
     /// `group_start` too.
     pub fn group_end(&self) -> Result<(), KernelError> {
-        let end = nccl_result::group_end()
-            .map(|_| ())
-            .map_err(nccl("ncclGroupEnd"));
+        let end = enqueue_group_end();
         if let Some(e) = self
             .group_error
             .lock()
@@ -135,20 +144,18 @@ impl NcclCollectives {
         self.with_comm("ncclAllGather", |comm| {
             let (src, _read) = input.device_ptr(&self.stream);
             let (dst, _write) = out.device_ptr_mut(&self.stream);
-            // SAFETY: both pointers are live device buffers of the stated lengths on this
-            // context; the guards keep cudarc's events until the call is enqueued.
-            unsafe {
-                nccl_result::all_gather(
-                    src as _,
-                    dst as _,
-                    input.len(),
-                    T::NCCL,
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map(|_| ())
-            .map_err(nccl("ncclAllGather"))
+            let n = input.len();
+            let sig = self.sig(comm, [src, dst, n as u64, T::NCCL as u64]);
+            step_graph::enqueue("nccl_all_gather", &sig, || {
+                // SAFETY: both pointers are live device buffers of the stated lengths on
+                // this context; the guards keep cudarc's events until the call is
+                // enqueued.
+                unsafe {
+                    nccl_result::all_gather(src as _, dst as _, n, T::NCCL, comm, self.cu_stream())
+                }
+                .map(|_| ())
+                .map_err(nccl("ncclAllGather"))
+            })
         })
     }
 
@@ -162,20 +169,24 @@ impl NcclCollectives {
         let n = data.len();
         self.with_comm("ncclAllReduce", |comm| {
             let (ptr, _write) = data.device_ptr_mut(&self.stream);
-            // SAFETY: in-place all-reduce of a live device buffer of `n` elements.
-            unsafe {
-                nccl_result::all_reduce(
-                    ptr as _,
-                    ptr as _,
-                    n,
-                    T::NCCL,
-                    ncclRedOp_t::ncclSum,
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map(|_| ())
-            .map_err(nccl("ncclAllReduce"))
+            let op = ncclRedOp_t::ncclSum;
+            let sig = self.sig(comm, [ptr, ptr, n as u64, T::NCCL as u64, op as u64]);
+            step_graph::enqueue("nccl_all_reduce", &sig, || {
+                // SAFETY: in-place all-reduce of a live device buffer of `n` elements.
+                unsafe {
+                    nccl_result::all_reduce(
+                        ptr as _,
+                        ptr as _,
+                        n,
+                        T::NCCL,
+                        op,
+                        comm,
+                        self.cu_stream(),
+                    )
+                }
+                .map(|_| ())
+                .map_err(nccl("ncclAllReduce"))
+            })
         })
     }
 
@@ -191,20 +202,24 @@ impl NcclCollectives {
         self.with_comm("ncclReduceScatter", |comm| {
             let (src, _read) = input.device_ptr(&self.stream);
             let (dst, _write) = out.device_ptr_mut(&self.stream);
-            // SAFETY: live device buffers of size × n and n elements.
-            unsafe {
-                nccl_result::reduce_scatter(
-                    src as _,
-                    dst as _,
-                    n,
-                    T::NCCL,
-                    ncclRedOp_t::ncclSum,
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map(|_| ())
-            .map_err(nccl("ncclReduceScatter"))
+            let op = ncclRedOp_t::ncclSum;
+            let sig = self.sig(comm, [src, dst, n as u64, T::NCCL as u64, op as u64]);
+            step_graph::enqueue("nccl_reduce_scatter", &sig, || {
+                // SAFETY: live device buffers of size × n and n elements.
+                unsafe {
+                    nccl_result::reduce_scatter(
+                        src as _,
+                        dst as _,
+                        n,
+                        T::NCCL,
+                        op,
+                        comm,
+                        self.cu_stream(),
+                    )
+                }
+                .map(|_| ())
+                .map_err(nccl("ncclReduceScatter"))
+            })
         })
     }
 
@@ -222,20 +237,23 @@ impl NcclCollectives {
         let n = data.len();
         self.with_comm("ncclBroadcast", |comm| {
             let (ptr, _write) = data.device_ptr_mut(&self.stream);
-            // SAFETY: in-place broadcast of a live buffer of n elements.
-            unsafe {
-                nccl_result::broadcast(
-                    ptr as _,
-                    ptr as _,
-                    n,
-                    T::NCCL,
-                    root as i32,
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map(|_| ())
-            .map_err(nccl("ncclBroadcast"))
+            let sig = self.sig(comm, [ptr, ptr, n as u64, T::NCCL as u64, root as u64]);
+            step_graph::enqueue("nccl_broadcast", &sig, || {
+                // SAFETY: in-place broadcast of a live buffer of n elements.
+                unsafe {
+                    nccl_result::broadcast(
+                        ptr as _,
+                        ptr as _,
+                        n,
+                        T::NCCL,
+                        root as i32,
+                        comm,
+                        self.cu_stream(),
+                    )
+                }
+                .map(|_| ())
+                .map_err(nccl("ncclBroadcast"))
+            })
         })
     }
 
@@ -256,35 +274,39 @@ impl NcclCollectives {
         self.with_comm("all_gather_varying", |comm| {
             let (src, _read) = input.device_ptr(&self.stream);
             let (dst, _write) = out.device_ptr_mut(&self.stream);
-            nccl_result::group_start().map_err(nccl("ncclGroupStart"))?;
+            enqueue_group_start()?;
             let mut at = 0u64;
             let mut first_err = None;
             for (root, &c) in counts.iter().enumerate() {
                 if c > 0 {
                     let send = if root == self.rank { src } else { 0 };
-                    // SAFETY: `dst + at` holds `c` elements of `out`; on the root `src`
-                    // holds them; NCCL ignores the send pointer elsewhere.
-                    let r = unsafe {
-                        nccl_result::broadcast(
-                            send as _,
-                            (dst + at * elem) as _,
-                            c,
-                            T::NCCL,
-                            root as i32,
-                            comm,
-                            self.cu_stream(),
-                        )
-                    };
+                    let recv = dst + at * elem;
+                    let sig = self.sig(comm, [send, recv, c as u64, T::NCCL as u64, root as u64]);
+                    let r = step_graph::enqueue("nccl_broadcast", &sig, || {
+                        // SAFETY: `dst + at` holds `c` elements of `out`; on the root
+                        // `src` holds them; NCCL ignores the send pointer elsewhere.
+                        unsafe {
+                            nccl_result::broadcast(
+                                send as _,
+                                recv as _,
+                                c,
+                                T::NCCL,
+                                root as i32,
+                                comm,
+                                self.cu_stream(),
+                            )
+                        }
+                        .map(|_| ())
+                        .map_err(nccl("ncclBroadcast"))
+                    });
                     if let Err(e) = r {
-                        first_err.get_or_insert(nccl("ncclBroadcast")(e));
+                        first_err.get_or_insert(e);
                     }
                 }
                 at += c as u64;
             }
             // The group must be closed even after a failed enqueue.
-            let end = nccl_result::group_end()
-                .map(|_| ())
-                .map_err(nccl("ncclGroupEnd"));
+            let end = enqueue_group_end();
             match first_err {
                 Some(e) => Err(e),
                 None => end,
@@ -308,53 +330,73 @@ impl NcclCollectives {
             let (dst, _write) = out.device_ptr_mut(&self.stream);
             let me = self.rank as u64;
             if c > 0 {
-                // SAFETY: chunk `rank` of both buffers, `bytes` long, inside them.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(
-                        dst + me * bytes,
-                        src + me * bytes,
-                        bytes as usize,
-                        self.stream.cu_stream(),
-                    )
-                }
-                .map_err(drv("all_to_all own chunk"))?;
+                let (to, from) = (dst + me * bytes, src + me * bytes);
+                step_graph::enqueue("memcpy_dtod", &[to, from, bytes], || {
+                    // SAFETY: chunk `rank` of both buffers, `bytes` long, inside them.
+                    unsafe {
+                        cudarc::driver::result::memcpy_dtod_async(
+                            to,
+                            from,
+                            bytes as usize,
+                            self.stream.cu_stream(),
+                        )
+                    }
+                    .map_err(drv("all_to_all own chunk"))
+                })?;
             }
             if c == 0 || self.size == 1 {
                 return Ok(());
             }
-            nccl_result::group_start().map_err(nccl("ncclGroupStart"))?;
+            enqueue_group_start()?;
             let mut first_err = None;
             for peer in (0..self.size).filter(|&p| p != self.rank) {
                 let p = peer as u64;
-                // SAFETY: chunk `peer` of each buffer, `c` elements, inside the buffers.
-                let sent = unsafe {
-                    nccl_result::send(
-                        (src + p * bytes) as _,
-                        c,
-                        T::NCCL,
-                        peer as i32,
-                        comm,
-                        self.cu_stream(),
-                    )
-                };
-                // SAFETY: as above.
-                let got = unsafe {
-                    nccl_result::recv(
-                        (dst + p * bytes) as _,
-                        c,
-                        T::NCCL,
-                        peer as i32,
-                        comm,
-                        self.cu_stream(),
-                    )
-                };
+                let (send, recv) = (src + p * bytes, dst + p * bytes);
+                let (n64, ty, peer64) = (c as u64, T::NCCL as u64, peer as u64);
+                let sent = step_graph::enqueue(
+                    "nccl_send",
+                    &self.sig(comm, [send, n64, ty, peer64]),
+                    || {
+                        // SAFETY: chunk `peer` of each buffer, `c` elements, inside the
+                        // buffers.
+                        unsafe {
+                            nccl_result::send(
+                                send as _,
+                                c,
+                                T::NCCL,
+                                peer as i32,
+                                comm,
+                                self.cu_stream(),
+                            )
+                        }
+                        .map(|_| ())
+                        .map_err(nccl("ncclSend/ncclRecv"))
+                    },
+                );
+                let got = step_graph::enqueue(
+                    "nccl_recv",
+                    &self.sig(comm, [recv, n64, ty, peer64]),
+                    || {
+                        // SAFETY: as above.
+                        unsafe {
+                            nccl_result::recv(
+                                recv as _,
+                                c,
+                                T::NCCL,
+                                peer as i32,
+                                comm,
+                                self.cu_stream(),
+                            )
+                        }
+                        .map(|_| ())
+                        .map_err(nccl("ncclSend/ncclRecv"))
+                    },
+                );
                 if let Err(e) = sent.and(got) {
-                    first_err.get_or_insert(nccl("ncclSend/ncclRecv")(e));
+                    first_err.get_or_insert(e);
                 }
             }
-            let end = nccl_result::group_end()
-                .map(|_| ())
-                .map_err(nccl("ncclGroupEnd"));
+            let end = enqueue_group_end();
             match first_err {
                 Some(e) => Err(e),
                 None => end,
@@ -403,4 +445,22 @@ impl Drop for NcclCollectives {
             let _ = unsafe { nccl_result::comm_destroy(comm) };
         }
     }
+}
+
+/// `ncclGroupStart` as a step operation (a check pass skips it, like the calls inside).
+fn enqueue_group_start() -> Result<(), KernelError> {
+    step_graph::enqueue("nccl_group_start", &[], || {
+        nccl_result::group_start()
+            .map(|_| ())
+            .map_err(nccl("ncclGroupStart"))
+    })
+}
+
+/// `ncclGroupEnd` as a step operation.
+fn enqueue_group_end() -> Result<(), KernelError> {
+    step_graph::enqueue("nccl_group_end", &[], || {
+        nccl_result::group_end()
+            .map(|_| ())
+            .map_err(nccl("ncclGroupEnd"))
+    })
 }

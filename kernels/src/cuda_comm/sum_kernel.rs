@@ -3,11 +3,12 @@
 
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
 use super::elem::{drv, GpuCommElem};
 use super::probe::{check_lib, CudaLib};
+use crate::cuda::KernelLaunch;
 use crate::error::KernelError;
 
 /// The kernel source, kept in its own file so it can be compiled and read as CUDA C.
@@ -15,17 +16,6 @@ pub const SUM_SOURCE: &str = include_str!("sum.cu");
 
 /// Sources one launch sums (`DCP_MAX_SOURCES` in `sum.cu`): ranks sharing one GPU.
 pub const MAX_SOURCES: usize = 16;
-
-/// `DcpSources` of `sum.cu`: the sources' device pointers, passed by value as one
-/// kernel parameter (128 bytes, well under the 4 KiB parameter limit).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Sources {
-    ptr: [u64; MAX_SOURCES],
-}
-
-// SAFETY: a plain `repr(C)` array of u64, laid out as `DcpSources` in sum.cu.
-unsafe impl DeviceRepr for Sources {}
 
 /// NVRTC's PTX of [`SUM_SOURCE`], compiled on first use (a failure is kept: it will not
 /// succeed on a second try in the same process). Needs NVRTC only, no driver or GPU.
@@ -84,10 +74,11 @@ impl SumKernels {
         if n == 0 {
             return Ok(());
         }
-        let mut sources = Sources {
-            ptr: [0; MAX_SOURCES],
-        };
-        sources.ptr[..srcs.len()].copy_from_slice(srcs);
+        // `DcpSources` of `sum.cu`: the sources' device pointers, passed by value as
+        // one kernel parameter of MAX_SOURCES words (128 bytes, well under the 4 KiB
+        // parameter limit).
+        let mut sources = [0u64; MAX_SOURCES];
+        sources[..srcs.len()].copy_from_slice(srcs);
         let func = if T::SUM_KERNEL == <f32 as GpuCommElem>::SUM_KERNEL {
             &self.f32
         } else {
@@ -102,12 +93,10 @@ impl SumKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = stream.launch_builder(func);
-        launch.arg(&out).arg(&sources).arg(&n_src).arg(&n64);
+        let mut launch = KernelLaunch::new(T::SUM_KERNEL, func, stream);
+        launch.u64(out).words(&sources).i32(n_src).u64(n64);
         // SAFETY: argument types and order match the kernel's signature; the caller
         // vouches for the pointers.
         unsafe { launch.launch(cfg) }
-            .map(|_| ())
-            .map_err(drv("launching the device-local sum"))
     }
 }

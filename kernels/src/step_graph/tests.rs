@@ -80,7 +80,11 @@ impl StepGraphs for FakeQueue {
     }
     fn note_graph_step(&self, captured: bool) {
         *self.refusals.borrow_mut() = 0;
-        self.log(if captured { "graph: new" } else { "graph: replayed" });
+        self.log(if captured {
+            "graph: new"
+        } else {
+            "graph: replayed"
+        });
     }
 }
 
@@ -210,7 +214,9 @@ fn a_failed_capture_falls_back_to_eager() {
     assert_eq!(r.unwrap(), 1);
     let log = q.take_log();
     assert_eq!(log.last().unwrap(), "issue 0 (Eager)", "{log:?}");
-    assert!(log.iter().any(|l| l.starts_with("refused: capturing the step failed")));
+    assert!(log
+        .iter()
+        .any(|l| l.starts_with("refused: capturing the step failed")));
 }
 
 #[test]
