@@ -405,7 +405,7 @@ mod tests {
         for rows in [1, 8, 32, 300] {
             for max_kv in [1, 100, 511, 512, 4000, 33_000, 131_072] {
                 let (splits, chunk) = split_plan(rows, max_kv);
-                assert!(splits >= 1 && splits <= MAX_SPLITS);
+                assert!((1..=MAX_SPLITS).contains(&splits));
                 assert!(splits * chunk >= max_kv, "{rows} {max_kv}");
                 assert_eq!(split_plan(rows, bucket(max_kv)), (splits, chunk));
             }
