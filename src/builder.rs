@@ -88,6 +88,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Whether GPU ranks replay decode steps from CUDA graphs (default: on; `off`
+    /// launches every kernel one by one, as vLLM's `--enforce-eager`).
+    pub fn cuda_graphs(mut self, mode: dcpserve_kernels::CudaGraphs) -> Self {
+        self.config.cuda_graphs = mode;
+        self
+    }
+
     /// How the KV cache stores values (default `auto`: float32 under `DType::Float32`,
     /// bfloat16 otherwise; see [`EngineConfig::kv_cache_dtype`]).
     pub fn kv_cache_dtype(mut self, dtype: dcpserve_kernels::KvCacheDType) -> Self {

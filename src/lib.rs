@@ -31,7 +31,7 @@ pub use dcpserve_config::{
     default_model_path, parse_kv_cache_dtype, DType, DistributedBackend, EngineConfig,
     ModeledLinkConfig, ParallelConfig, SpeculativeConfig, SpeculativeMethod, DEFAULT_MODEL_FILE,
 };
-pub use dcpserve_kernels::{CpuMatmul, Device, GpuMatmul, KvCacheDType};
+pub use dcpserve_kernels::{CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType};
 pub use dcpserve_model::ChatMessage;
 pub use engine::{Completion, Engine, GenerationEvent, GenerationStream, Prompt};
 pub use error::{Error, Result};

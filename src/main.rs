@@ -148,6 +148,10 @@ struct EngineArgs {
     /// vLLM) or exact (f32 activations times bf16 weights, closest to the CPU engine).
     #[arg(long, default_value = "bf16")]
     gpu_matmul: dcpserve::GpuMatmul,
+    /// GPU ranks: replay decode steps from CUDA graphs (on, the default) or launch every
+    /// kernel one by one (off, like vLLM's --enforce-eager)
+    #[arg(long, default_value = "on")]
+    cuda_graphs: dcpserve::CudaGraphs,
     /// Quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights on the CPU: int8 (activations quantized to
     /// int8 per 32-block, VNNI/AVX2 integer dot products), f32 (weights decoded to
     /// f32), or auto (f32 unless DCPSERVE_CPU_MATMUL=int8; int8 costs accuracy).
@@ -232,6 +236,7 @@ impl EngineArgs {
             device: self.device,
             gpu_memory_utilization: self.gpu_memory_utilization,
             gpu_matmul: self.gpu_matmul,
+            cuda_graphs: self.cuda_graphs,
             cpu_matmul: self.cpu_matmul.parse::<dcpserve::CpuMatmul>()?,
             kv_cache_dtype: dcpserve::parse_kv_cache_dtype(&self.kv_cache_dtype)?,
             block_size: self.block_size,
@@ -412,5 +417,38 @@ mod tests {
             Cli::try_parse_from(["dcpserve", "generate", "--prompt", "x", "--device", "gpu"])
                 .is_err()
         );
+    }
+
+    fn generate_engine(extra: &[&str]) -> Result<super::EngineArgs, clap::Error> {
+        let args = ["dcpserve", "generate", "--prompt", "x"]
+            .iter()
+            .chain(extra);
+        match Cli::try_parse_from(args)?.command {
+            Command::Generate(a) => Ok(a.engine),
+            _ => panic!("not generate"),
+        }
+    }
+
+    #[test]
+    fn gpu_matmul_and_cuda_graphs_flags_parse_for_generate() {
+        let a = generate_engine(&["--gpu-matmul", "exact", "--cuda-graphs", "off"]).unwrap();
+        assert_eq!(a.gpu_matmul, dcpserve::GpuMatmul::Exact);
+        assert_eq!(a.cuda_graphs, dcpserve::CudaGraphs::Off);
+        // Both reach the engine config (any existing path stands in for the model).
+        let a = generate_engine(&["--model", "Cargo.toml", "--cuda-graphs", "off"]).unwrap();
+        let (_, cfg) = a.config().unwrap();
+        assert_eq!(cfg.cuda_graphs, dcpserve::CudaGraphs::Off);
+        assert_eq!(cfg.gpu_matmul, dcpserve::GpuMatmul::Bf16);
+        let a = generate_engine(&["--cuda-graphs=on"]).unwrap();
+        assert_eq!(a.cuda_graphs, dcpserve::CudaGraphs::On);
+        let a = generate_engine(&[]).unwrap();
+        assert_eq!(a.gpu_matmul, dcpserve::GpuMatmul::Bf16, "bf16 by default");
+        assert_eq!(a.cuda_graphs, dcpserve::CudaGraphs::On, "on by default");
+        assert!(generate_engine(&["--gpu-matmul", "fp4"]).is_err());
+        let err = generate_engine(&["--cuda-graphs", "eager"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("expected on or off"), "{err}");
     }
 }

@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// exact (f32 activations, closest to the CPU engine) [default: bf16].
     #[arg(long)]
     pub gpu_matmul: Option<crate::GpuMatmul>,
+    /// GPU ranks: replay decode steps from CUDA graphs (on, the default) or launch every
+    /// kernel one by one (off, like vLLM's --enforce-eager)
+    #[arg(long)]
+    pub cuda_graphs: Option<crate::CudaGraphs>,
     /// Quantized weights on the CPU: auto (= f32 unless DCPSERVE_CPU_MATMUL=int8), int8
     /// (int8 activations, VNNI/AVX2 integer dot products) or f32 (weights decoded).
     #[arg(long)]
@@ -176,6 +180,7 @@ impl ServeArgs {
             device: self.device,
             gpu_memory_utilization: self.gpu_memory_utilization,
             gpu_matmul: self.gpu_matmul,
+            cuda_graphs: self.cuda_graphs,
             enable_prefix_caching: if self.no_enable_prefix_caching {
                 Some(false)
             } else if self.enable_prefix_caching {
@@ -489,6 +494,37 @@ mod tests {
         let e = cli.serve.model_entry().engine_config().unwrap();
         assert_eq!(e.device, dcpserve_kernels::Device::Cpu, "cpu by default");
         assert!(Cli::try_parse_from(["serve", "--device", "tpu"]).is_err());
+    }
+
+    #[test]
+    fn gpu_matmul_and_cuda_graphs_flags_reach_the_engine_config() {
+        use dcpserve_kernels::{CudaGraphs, GpuMatmul};
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--device",
+            "cuda",
+            "--gpu-matmul",
+            "exact",
+            "--cuda-graphs",
+            "off",
+        ])
+        .unwrap();
+        let e = cli.serve.model_entry().engine_config().unwrap();
+        assert_eq!(e.gpu_matmul, GpuMatmul::Exact);
+        assert_eq!(e.cuda_graphs, CudaGraphs::Off);
+        let cli = Cli::try_parse_from(["serve", "--cuda-graphs=on"]).unwrap();
+        let e = cli.serve.model_entry().engine_config().unwrap();
+        assert_eq!(e.cuda_graphs, CudaGraphs::On);
+        let cli = Cli::try_parse_from(["serve"]).unwrap();
+        let e = cli.serve.model_entry().engine_config().unwrap();
+        assert_eq!(e.gpu_matmul, GpuMatmul::Bf16, "bf16 by default");
+        assert_eq!(e.cuda_graphs, CudaGraphs::On, "on by default");
+        assert!(Cli::try_parse_from(["serve", "--gpu-matmul", "fp4"]).is_err());
+        let err = Cli::try_parse_from(["serve", "--cuda-graphs", "eager"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("expected on or off"), "{err}");
     }
 
     #[test]

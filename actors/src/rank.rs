@@ -15,7 +15,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use dcpserve_kernels::{Backend, CpuBackend, CpuMatmul, Device, GpuMatmul, KvCacheDType};
+use dcpserve_kernels::{
+    Backend, CpuBackend, CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType,
+};
 use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, TurnPoints, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -68,6 +70,8 @@ pub struct RankArgs {
     pub cpu_matmul: CpuMatmul,
     /// How the rank's CUDA backend multiplies by bf16 weights.
     pub gpu_matmul: GpuMatmul,
+    /// Whether the rank's CUDA backend replays decode steps from CUDA graphs.
+    pub cuda_graphs: CudaGraphs,
     pub placement: Placement,
     pub num_blocks: usize,
     /// How the rank's KV cache stores values.
@@ -228,8 +232,12 @@ fn compute_thread(
             run_rank(args, backend, comms, jobs, ready, myself)
         }
         Device::Cuda => {
-            match crate::rank_cuda::cuda_rank_backend(args.rank, &args.comm_specs, args.gpu_matmul)
-            {
+            match crate::rank_cuda::cuda_rank_backend(
+                args.rank,
+                &args.comm_specs,
+                args.gpu_matmul,
+                args.cuda_graphs,
+            ) {
                 Ok((backend, gpu_comms)) => run_rank(args, backend, gpu_comms, jobs, ready, myself),
                 Err(e) => {
                     let _ = ready.send(Err(format!("rank {}: {e}", args.rank)));

@@ -19,7 +19,7 @@ use std::time::Duration;
 use dcpserve_kernels::comm::{CommGroupSpec, Transport};
 use dcpserve_kernels::cuda_comm::{cuda_devices_for_ranks, join_gpu_group};
 use dcpserve_kernels::device::gpu_for_rank;
-use dcpserve_kernels::{Collectives, CudaBackend, GpuMatmul};
+use dcpserve_kernels::{Collectives, CudaBackend, CudaGraphs, GpuMatmul};
 use dcpserve_model::arch::RankComms;
 
 use crate::collective::{RankChannels, RankCommSpecs};
@@ -34,13 +34,14 @@ pub(crate) fn cuda_rank_backend(
     rank: usize,
     specs: &RankCommSpecs,
     gpu_matmul: GpuMatmul,
+    cuda_graphs: CudaGraphs,
 ) -> Result<(CudaBackend, RankChannels<CudaBackend>), String> {
     let visible = cuda_devices_for_ranks().map_err(|e| format!("--device cuda: {e}"))?;
     let gpu = gpu_for_rank(rank, visible)
         .ok_or("--device cuda: the CUDA driver shows no GPU to this process")?;
     check_cuda_specs(specs)?;
     let backend = CudaBackend::with_micro_batches(gpu, specs.micro_batches.len())
-        .map(|b| b.with_gpu_matmul(gpu_matmul))
+        .map(|b| b.with_gpu_matmul(gpu_matmul).with_cuda_graphs(cuda_graphs))
         .map_err(|e| format!("--device cuda, GPU {gpu}: {e}"))?;
     let join = |spec: &CommGroupSpec,
                 what: &str,
@@ -139,9 +140,14 @@ mod tests {
             eprintln!("skipped: this machine has a CUDA driver");
             return;
         }
-        let e = cuda_rank_backend(1, &specs(2, None), GpuMatmul::default())
-            .err()
-            .unwrap();
+        let e = cuda_rank_backend(
+            1,
+            &specs(2, None),
+            GpuMatmul::default(),
+            CudaGraphs::default(),
+        )
+        .err()
+        .unwrap();
         assert!(e.starts_with("--device cuda"), "{e}");
     }
 }

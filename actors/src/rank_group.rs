@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use dcpserve_config::MergeExchange;
 use dcpserve_kernels::dcp::Layout;
-use dcpserve_kernels::{CpuMatmul, Device, GpuMatmul, KvCacheDType, LinkModel};
+use dcpserve_kernels::{CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType, LinkModel};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
@@ -55,6 +55,8 @@ pub struct RankGroupSpec {
     pub cpu_matmul: CpuMatmul,
     /// How the ranks' CUDA backends multiply by bf16 weights.
     pub gpu_matmul: GpuMatmul,
+    /// Whether the ranks' CUDA backends replay decode steps from CUDA graphs.
+    pub cuda_graphs: CudaGraphs,
     pub layout: Layout,
     /// KV blocks per rank.
     pub num_blocks: usize,
@@ -264,6 +266,7 @@ fn rank_spec(spec: &RankGroupSpec, groups: &GroupLayout, rank: usize, generation
         device: spec.device,
         cpu_matmul: spec.cpu_matmul,
         gpu_matmul: spec.gpu_matmul,
+        cuda_graphs: spec.cuda_graphs,
         placement: layout.placement(rank),
         num_blocks: spec.num_blocks,
         kv_cache_dtype: spec.kv_cache_dtype,

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use dcpserve_kernels::dcp::MergeExchange;
-use dcpserve_kernels::{CpuMatmul, Device, GpuMatmul, KvCacheDType};
+use dcpserve_kernels::{CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType};
 
 use crate::parallel::{ConfigError, ParallelConfig};
 use crate::speculative::SpeculativeConfig;
@@ -90,6 +90,10 @@ pub struct EngineConfig {
     /// GEMMs with f32 accumulation (`bf16`, the default, as vLLM) or f32 activations
     /// (`exact`, closest to the CPU engine).
     pub gpu_matmul: GpuMatmul,
+    /// Whether GPU ranks replay decode steps from CUDA graphs (`--cuda-graphs`): `on`
+    /// (the default, as vLLM) or `off` (every kernel launched one by one, as vLLM's
+    /// `--enforce-eager`). CPU ranks ignore it.
+    pub cuda_graphs: CudaGraphs,
     /// Longest prompt + output; `None` uses the model's context length.
     pub max_model_len: Option<usize>,
     /// Most sequences in one step.
@@ -142,6 +146,7 @@ impl Default for EngineConfig {
             kv_cache_memory_bytes: None,
             gpu_memory_utilization: 0.9,
             gpu_matmul: GpuMatmul::Bf16,
+            cuda_graphs: CudaGraphs::On,
             max_model_len: None,
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,

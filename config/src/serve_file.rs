@@ -83,6 +83,8 @@ pub struct ModelEntry {
     pub gpu_memory_utilization: Option<f64>,
     /// `bf16` (default) or `exact`, as `--gpu-matmul`.
     pub gpu_matmul: Option<dcpserve_kernels::GpuMatmul>,
+    /// `on` (default) or `off`, as `--cuda-graphs`.
+    pub cuda_graphs: Option<dcpserve_kernels::CudaGraphs>,
     /// `auto`, `float32`, `bfloat16`, `fp8` (= `fp8_e4m3`) or `fp8_e5m2`, as vLLM's
     /// `--kv-cache-dtype` (see `EngineConfig::kv_cache_dtype`).
     pub kv_cache_dtype: Option<String>,
@@ -142,6 +144,7 @@ impl ModelEntry {
                 .gpu_memory_utilization
                 .unwrap_or(d.gpu_memory_utilization),
             gpu_matmul: self.gpu_matmul.unwrap_or(d.gpu_matmul),
+            cuda_graphs: self.cuda_graphs.unwrap_or(d.cuda_graphs),
             kv_cache_dtype: match &self.kv_cache_dtype {
                 Some(s) => crate::engine::parse_kv_cache_dtype(s)?,
                 None => None,
@@ -286,6 +289,7 @@ mod tests {
             device = "cuda"
             gpu_memory_utilization = 0.8
             gpu_matmul = "exact"
+            cuda_graphs = "off"
             [models.sampling]
             temperature = 0.5
             max_tokens = 12
@@ -303,6 +307,7 @@ mod tests {
         assert_eq!(e.kv_cache_dtype(), dcpserve_kernels::KvCacheDType::Fp8E4M3);
         assert_eq!(e.gpu_memory_utilization, 0.8);
         assert_eq!(e.gpu_matmul, dcpserve_kernels::GpuMatmul::Exact);
+        assert_eq!(e.cuda_graphs, dcpserve_kernels::CudaGraphs::Off);
         let b = cfg.models[1].engine_config().unwrap();
         assert_eq!(b.kv_cache_dtype, None, "auto when left out");
         assert_eq!(
@@ -310,6 +315,11 @@ mod tests {
             "vLLM's default when left out"
         );
         assert_eq!(b.gpu_matmul, dcpserve_kernels::GpuMatmul::Bf16);
+        assert_eq!(
+            b.cuda_graphs,
+            dcpserve_kernels::CudaGraphs::On,
+            "on when left out"
+        );
         assert_eq!(e.device, dcpserve_kernels::Device::Cuda);
         assert_eq!(b.device, dcpserve_kernels::Device::Cpu, "cpu when left out");
         assert_eq!(cfg.models[0].sampling.max_tokens, Some(12));
@@ -331,5 +341,15 @@ mod tests {
         assert!(e.0.contains("int4"), "{e}");
         let e = ServeConfig::from_toml("[[models]]\ndevice='gpu'").unwrap_err();
         assert!(e.0.contains("gpu") && e.0.contains("cuda"), "{e}");
+        let e = ServeConfig::from_toml("[[models]]\ngpu_matmul='fp4'").unwrap_err();
+        assert!(e.0.contains("fp4") && e.0.contains("exact"), "{e}");
+        let e = ServeConfig::from_toml("[[models]]\ncuda_graphs='eager'").unwrap_err();
+        assert!(
+            e.0.contains("eager") && e.0.contains("on") && e.0.contains("off"),
+            "{e}"
+        );
+        // A boolean is not one of the two words.
+        let e = ServeConfig::from_toml("[[models]]\ncuda_graphs=true").unwrap_err();
+        assert!(e.0.contains("cuda_graphs"), "{e}");
     }
 }

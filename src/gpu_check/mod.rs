@@ -44,6 +44,11 @@ pub struct GpuCheckArgs {
     /// Skip the engine cases (kernels and bandwidth only).
     #[arg(long)]
     pub skip_engine: bool,
+    /// With --device cuda: whether the checked backend and the engine cases replay
+    /// decode steps from CUDA graphs (on, the default) or launch every kernel one by
+    /// one (off), as the engine's --cuda-graphs.
+    #[arg(long, default_value = "on")]
+    pub cuda_graphs: CudaGraphs,
 }
 
 /// One section of the report and whether it passed.
@@ -189,17 +194,22 @@ pub async fn run(args: &GpuCheckArgs) -> Result<()> {
 async fn cuda_sections(args: &GpuCheckArgs) -> Result<(String, Vec<Section>)> {
     // Exact products for the op checks (`Precision::Fast` cases cover the tensor cores).
     let dev = CudaBackend::new(0)
-        .map(|d| d.with_gpu_matmul(dcpserve_kernels::GpuMatmul::Exact))
+        .map(|d| {
+            d.with_gpu_matmul(dcpserve_kernels::GpuMatmul::Exact)
+                .with_cuda_graphs(args.cuda_graphs)
+        })
         .map_err(|e| anyhow::anyhow!("gpu-check --device cuda: {e}"))?;
     let line = format!(
-        "device: cuda, GPU 0 of {}: {} ({:.1} GiB, {:.1} GiB free)",
+        "device: cuda, GPU 0 of {}: {} ({:.1} GiB, {:.1} GiB free), CUDA graphs {}",
         dcpserve_kernels::cuda_device_count().unwrap_or(0),
         dev.device_name(),
         dev.total_memory().unwrap_or(0) as f64 / (1u64 << 30) as f64,
         dev.free_memory().unwrap_or(0) as f64 / (1u64 << 30) as f64,
+        args.cuda_graphs,
     );
     let checked = |c: EngineConfig| EngineConfig {
         device: Device::Cuda,
+        cuda_graphs: args.cuda_graphs,
         ..c
     };
     let mut sections = sections_on(&dev, args, &checked).await?;

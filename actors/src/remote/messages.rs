@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dcpserve_kernels::{CpuMatmul, Device, GpuMatmul, KvCacheDType};
+use dcpserve_kernels::{CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use serde::de::DeserializeOwned;
@@ -87,6 +87,7 @@ pub struct RankSpec {
     pub device: Device,
     pub cpu_matmul: CpuMatmul,
     pub gpu_matmul: GpuMatmul,
+    pub cuda_graphs: CudaGraphs,
     pub placement: Placement,
     pub num_blocks: usize,
     pub kv_cache_dtype: KvCacheDType,
@@ -115,6 +116,7 @@ impl RankSpec {
             device: self.device,
             cpu_matmul: self.cpu_matmul,
             gpu_matmul: self.gpu_matmul,
+            cuda_graphs: self.cuda_graphs,
             placement: self.placement,
             num_blocks: self.num_blocks,
             kv_cache_dtype: self.kv_cache_dtype,
@@ -161,5 +163,47 @@ mod tests {
         assert_eq!(payload, b"plan bytes");
         assert!(decode::<ToRankProcess>(&bytes[..3]).is_err());
         assert!(decode::<ToRankProcess>(&bytes[..6]).is_err());
+    }
+
+    /// A CUDA rank in another process gets its GPU settings with its spec.
+    #[test]
+    fn a_rank_spec_round_trips_with_its_gpu_settings() {
+        use dcpserve_kernels::dcp::{Layout, MergeExchange};
+
+        let layout = Layout::new(2, 1, 1, 16, 1).unwrap();
+        let groups = GroupLayout::new(&layout, &crate::process_map::ProcessMap::single(2)).unwrap();
+        for (gpu_matmul, cuda_graphs) in [
+            (GpuMatmul::Exact, CudaGraphs::Off),
+            (GpuMatmul::Bf16, CudaGraphs::On),
+        ] {
+            let spec = RankSpec {
+                rank: 1,
+                tp_size: 2,
+                generation: 3,
+                comm_specs: groups.rank_specs(&layout, 1, None, MergeExchange::default()),
+                model: PathBuf::from("models/m.gguf"),
+                precision: WeightPrecision::BF16,
+                device: Device::Cuda,
+                cpu_matmul: CpuMatmul::Auto,
+                gpu_matmul,
+                cuda_graphs,
+                placement: layout.placement(1),
+                num_blocks: 8,
+                kv_cache_dtype: KvCacheDType::BF16,
+                max_step_tokens: 64,
+                threads: None,
+                mtp: false,
+            };
+            let msg = ToRankProcess::Start {
+                generation: 3,
+                groups: groups.clone(),
+                ranks: vec![spec.clone()],
+            };
+            let (back, _): (ToRankProcess, _) = decode(&encode(&msg, b"")).unwrap();
+            let ToRankProcess::Start { ranks, .. } = back else {
+                panic!("not a start message");
+            };
+            assert_eq!(ranks, [spec]);
+        }
     }
 }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use dcpserve_config::{MergeExchange, ParallelConfig};
 use dcpserve_kernels::spec_sampling::{target_probs, TargetProbs};
-use dcpserve_kernels::{sample, CpuMatmul, Device, GpuMatmul, KvCacheDType, Rng, SamplingParams};
+use dcpserve_kernels::{
+    sample, CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType, Rng, SamplingParams,
+};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use futures::future::BoxFuture;
@@ -32,6 +34,9 @@ pub struct DraftModelSpec {
     pub cpu_matmul: CpuMatmul,
     /// How the draft's CUDA ranks multiply by bf16 weights.
     pub gpu_matmul: GpuMatmul,
+    /// Whether the draft's CUDA ranks replay decode steps from CUDA graphs (the
+    /// target's `--cuda-graphs`).
+    pub cuda_graphs: CudaGraphs,
     pub block_size: usize,
     /// KV blocks per draft rank.
     pub num_blocks: usize,
@@ -96,6 +101,7 @@ impl DraftModelProposer {
             device: spec.device,
             cpu_matmul: spec.cpu_matmul,
             gpu_matmul: spec.gpu_matmul,
+            cuda_graphs: spec.cuda_graphs,
             layout,
             num_blocks: spec.num_blocks,
             kv_cache_dtype: spec.kv_cache_dtype,
