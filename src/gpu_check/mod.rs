@@ -159,7 +159,10 @@ pub async fn run(args: &GpuCheckArgs) -> Result<()> {
                 {
                     let mut v = sections_on(&dev, args, &|c| c).await?;
                     let none = |_: &CpuBackend| {
-                        (0, "cpu: no device graphs, both runs launch eagerly (the dry run)".into())
+                        (
+                            0,
+                            "cpu: no device graphs, both runs launch eagerly (the dry run)".into(),
+                        )
                     };
                     let (a, b) = (CpuBackend::new(2), CpuBackend::new(2));
                     v.push(graphs_section(args, a, b, &none, false)?);

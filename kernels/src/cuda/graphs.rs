@@ -178,7 +178,9 @@ impl StepGraphs for CudaBackend {
         let graph = unsafe { result::stream::end_capture(stream) }
             .map_err(|e| driver_err("ending a stream capture", e))?;
         if graph.is_null() {
-            return Err(KernelError::Device("the stream capture produced no graph".into()));
+            return Err(KernelError::Device(
+                "the stream capture produced no graph".into(),
+            ));
         }
         // SAFETY: `graph` is the valid graph just captured; destroyed right after
         // instantiation (the exec does not need it).

@@ -136,7 +136,10 @@ fn gather_vocab<B: Backend>(
     let mut at = 0;
     for p in &parts {
         let w = p.len();
-        let src = (dev.view(&bufs.gathered, at..at + w * m)?, Strided::packed(w));
+        let src = (
+            dev.view(&bufs.gathered, at..at + w * m)?,
+            Strided::packed(w),
+        );
         let dst = (
             dev.view_mut(&mut bufs.logits, 0..m * vocab)?,
             Strided::new(vocab, p.start),

@@ -267,4 +267,3 @@ impl<B: Backend> MlaModel<B> {
         take_logits(&self.backend, &ws.head, logits_for.len(), cfg.vocab_size)
     }
 }
-
