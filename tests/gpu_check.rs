@@ -45,7 +45,7 @@ fn the_dry_run_on_the_cpu_writes_a_passing_report() {
         "tiny-deepseek tp=2 dcp=2 I=1 Float32 2mb",
         // Graph replay against eager launches (both eager on the CPU: the code path).
         "## decode steps from CUDA graphs against eager launches — passed",
-        "40 decode steps (4 then 3 sequences, contexts 2..73): 0 step(s) with logits differing",
+        "40 decode steps (4 then 3 sequences, contexts 2..640): 0 step(s) with logits differing",
     ] {
         assert!(
             report.contains(section),

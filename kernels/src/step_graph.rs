@@ -15,12 +15,16 @@
 //!    launched: it is exactly the launches this step would make, reading this step's
 //!    metadata from the same pinned addresses.
 //! 2. **Record** (on a miss): the step runs again under stream capture; the captured
-//!    graph is stored under its own key and launched.
+//!    graph is stored under its own key and launched. A key seen for the first time is
+//!    run eagerly instead (a warm-up: first runs initialise things a capture must not
+//!    contain, and a shape seen once is not worth a graph); an error in the capture
+//!    also falls back to an eager run.
 //! 3. **Eager**: any operation that cannot be part of a graph (a download, a host
 //!    wait, an allocation, a collective with host rendezvous) refuses itself in a graph
 //!    pass ([`refuse`]); the step is then run eagerly. A lane whose steps keep refusing
 //!    ([`REFUSALS_BEFORE_OFF`] in a row, e.g. MoE routing read back on the host) turns
-//!    graphs off for good, with the reason.
+//!    graphs off for good, with the reason; refusals that pass once buffers have grown
+//!    ([`refuse_for_now`]) weigh far less.
 //!
 //! Steps are made graph-stable by design elsewhere: buffers live in workspaces and
 //! scratch that persist across steps, metadata has bucketed sizes, and attention's
@@ -38,8 +42,14 @@ use std::hash::{DefaultHasher, Hasher};
 
 use crate::error::KernelError;
 
-/// Refused graph steps in a row after which a lane stops trying graphs.
+/// Refused graph steps in a row after which a lane stops trying graphs (refusals
+/// that only a first-time growth causes count [`PASSING_REFUSAL_WEIGHT`] of one).
 pub const REFUSALS_BEFORE_OFF: u32 = 4;
+
+/// How many refusals "for now" ([`refuse_for_now`]: a buffer growing, an arena
+/// outgrown) make one lasting refusal: they pass once the buffers have grown, so only a
+/// long run of them turns graphs off.
+pub const PASSING_REFUSAL_WEIGHT: u32 = 16;
 
 /// How the calling thread's device operations are issued right now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,12 +69,21 @@ pub struct GraphKey {
     pub ops: u64,
 }
 
+/// Why a graph pass could not be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// What the refusing operation does.
+    pub what: String,
+    /// It passes once buffers have grown ([`refuse_for_now`]).
+    pub passing: bool,
+}
+
 struct PassState {
     pass: GraphPass,
     hasher: DefaultHasher,
     ops: u64,
     /// The first operation that refused to be part of a graph in this pass.
-    refused: Option<String>,
+    refused: Option<Refusal>,
 }
 
 thread_local! {
@@ -94,7 +113,7 @@ fn start(pass: GraphPass) {
 }
 
 /// Ends the calling thread's pass: its key and what refused, back to eager.
-fn finish() -> (GraphKey, Option<String>) {
+fn finish() -> (GraphKey, Option<Refusal>) {
     PASS.with(|p| {
         let st = std::mem::replace(
             &mut *p.borrow_mut(),
@@ -142,16 +161,30 @@ pub fn enqueue(
 }
 
 /// Called by an operation that cannot be part of a graph (`what` it does: "downloads
-/// logits", "allocates device memory"): fine when eager; in a graph pass it marks the
-/// pass refused and fails, so the step is run again eagerly.
+/// logits", "meets other ranks on the host"): fine when eager; in a graph pass it marks
+/// the pass refused and fails, so the step is run again eagerly.
 pub fn refuse(what: &str) -> Result<(), KernelError> {
+    refuse_as(what, false)
+}
+
+/// [`refuse`] for an operation that only this once keeps the step out of a graph (a
+/// buffer growing to a new size, a metadata arena outgrown): the eager run grows it and
+/// later steps fit.
+pub fn refuse_for_now(what: &str) -> Result<(), KernelError> {
+    refuse_as(what, true)
+}
+
+fn refuse_as(what: &str, passing: bool) -> Result<(), KernelError> {
     PASS.with(|p| {
         let mut st = p.borrow_mut();
         if st.pass == GraphPass::Eager {
             return Ok(());
         }
         if st.refused.is_none() {
-            st.refused = Some(what.to_string());
+            st.refused = Some(Refusal {
+                what: what.to_string(),
+                passing,
+            });
         }
         Err(KernelError::Unavailable(format!(
             "{what}: not possible inside a graph step (it is run again eagerly)"
@@ -171,6 +204,11 @@ pub trait StepGraphs: Send + Sync {
     fn restore_state(&self) -> Result<(), KernelError>;
     /// Launches the graph stored under `key`, if there is one; whether it did.
     fn launch_cached(&self, key: GraphKey) -> Result<bool, KernelError>;
+    /// Notes that a step with `key` was seen; true the first time (recently), when the
+    /// step runs eagerly instead of being captured: that warms up what a first run
+    /// initialises (cuBLAS heuristics, lazy loading), which must not happen inside a
+    /// capture, and does not capture shapes seen only once.
+    fn first_sighting(&self, key: GraphKey) -> bool;
     /// Starts capturing the queue's operations.
     fn begin_capture(&self) -> Result<(), KernelError>;
     /// Ends the capture, stores the graph under `key` and launches it.
@@ -179,7 +217,7 @@ pub trait StepGraphs: Send + Sync {
     /// none is running.
     fn abandon_capture(&self);
     /// Notes a refused step (`why`); returns true when the queue now turns graphs off.
-    fn note_refusal(&self, why: &str) -> bool;
+    fn note_refusal(&self, why: &Refusal) -> bool;
     /// Notes a step that ran as a graph (`captured`: newly captured, else replayed).
     fn note_graph_step(&self, captured: bool);
 }
@@ -196,7 +234,7 @@ pub trait StepGraphs: Send + Sync {
 /// let r: Result<u32, KernelError> = run_step(None, || Ok(7));
 /// assert_eq!(r.unwrap(), 7);
 /// ```
-pub fn run_step<T, E: From<KernelError>>(
+pub fn run_step<T, E: From<KernelError> + std::fmt::Display>(
     graphs: Option<&dyn StepGraphs>,
     mut step: impl FnMut() -> Result<T, E>,
 ) -> Result<T, E> {
@@ -220,28 +258,41 @@ pub fn run_step<T, E: From<KernelError>>(
     }
     drop(checked);
     g.restore_state()?;
-    g.begin_capture()?;
+    if g.first_sighting(key) {
+        return step();
+    }
+    if let Err(e) = g.begin_capture() {
+        let why = format!("starting a capture failed: {e}");
+        return eager_after_refusal(g, &Refusal::lasting(why), step);
+    }
     start(GraphPass::Record);
     let recorded = step();
     let (key, refused) = finish();
-    if let Some(why) = refused {
-        g.abandon_capture();
-        return eager_after_refusal(g, &why, step);
-    }
-    let recorded = match recorded {
-        Ok(r) => r,
-        Err(e) => {
-            g.abandon_capture();
-            return Err(e);
-        }
+    // The check pass ran the same host code without an error, so an error now comes
+    // from the capture itself (an operation the driver would not capture): like a
+    // refusal, the step runs eagerly.
+    let why = match (refused, recorded) {
+        (Some(why), _) => why,
+        (None, Err(e)) => Refusal::lasting(format!("a captured operation failed: {e}")),
+        (None, Ok(recorded)) => match g.finish_capture(key) {
+            Ok(()) => {
+                g.note_graph_step(true);
+                return Ok(recorded);
+            }
+            Err(e) => Refusal::lasting(format!("capturing the step failed: {e}")),
+        },
     };
-    if let Err(e) = g.finish_capture(key) {
-        // Nothing of the pass ran: run it eagerly, and stop trying if this repeats.
-        g.abandon_capture();
-        return eager_after_refusal(g, &format!("capturing the step failed: {e}"), step);
+    g.abandon_capture();
+    eager_after_refusal(g, &why, step)
+}
+
+impl Refusal {
+    fn lasting(what: String) -> Refusal {
+        Refusal {
+            what,
+            passing: false,
+        }
     }
-    g.note_graph_step(true);
-    Ok(recorded)
 }
 
 /// Returns the thread to eager passes and ends a capture left open, when dropped.
@@ -257,7 +308,7 @@ impl Drop for Reset<'_> {
 /// The step once more, eagerly, after a graph pass refused (`why`).
 fn eager_after_refusal<T, E: From<KernelError>>(
     g: &dyn StepGraphs,
-    why: &str,
+    why: &Refusal,
     mut step: impl FnMut() -> Result<T, E>,
 ) -> Result<T, E> {
     g.note_refusal(why);

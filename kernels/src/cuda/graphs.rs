@@ -22,7 +22,9 @@ use crate::cuda::device::driver_err;
 use crate::cuda::lanes;
 use crate::cuda::CudaBackend;
 use crate::error::KernelError;
-use crate::step_graph::{GraphKey, StepGraphs, REFUSALS_BEFORE_OFF};
+use crate::step_graph::{
+    GraphKey, Refusal, StepGraphs, PASSING_REFUSAL_WEIGHT, REFUSALS_BEFORE_OFF,
+};
 
 /// Graphs kept per lane (each is a few hundred nodes of host and device memory).
 pub(crate) const MAX_GRAPHS: usize = 64;
@@ -65,8 +67,12 @@ pub(crate) struct LaneGraphs {
     clock: u64,
     /// Why graphs are off on this lane, once they are.
     off: Option<String>,
-    /// Refused steps in a row.
+    /// Refused steps in a row, weighted (a passing refusal counts 1, a lasting one
+    /// [`PASSING_REFUSAL_WEIGHT`]).
     streak: u32,
+    /// Keys seen once and not captured yet (their first step ran eagerly), with the
+    /// clock of that step; bounded like the graphs.
+    seen: HashMap<GraphKey, u64>,
     /// The staging arena's position when the step's first pass began.
     saved_meta: Option<usize>,
     capturing: bool,
@@ -191,10 +197,33 @@ impl StepGraphs for CudaBackend {
         }
         .map_err(|e| driver_err("instantiating a CUDA graph", e))?;
         // SAFETY: the fresh exec, on the lane's stream.
-        let launched = unsafe { result::graph::launch(exec, stream) };
+        if let Err(e) = unsafe { result::graph::launch(exec, stream) } {
+            // Not kept: a graph that cannot launch would fail every later replay.
+            // SAFETY: the exec just instantiated, never launched.
+            let _ = unsafe { result::graph::exec_destroy(exec) };
+            return Err(driver_err("launching a CUDA graph", e));
+        }
         let mut g = self.lane_graphs();
+        g.seen.remove(&key);
         g.store(key, exec);
-        launched.map_err(|e| driver_err("launching a CUDA graph", e))
+        Ok(())
+    }
+
+    fn first_sighting(&self, key: GraphKey) -> bool {
+        let mut g = self.lane_graphs();
+        if g.seen.contains_key(&key) {
+            return false;
+        }
+        let clock = g.clock;
+        g.seen.insert(key, clock);
+        if g.seen.len() > 4 * MAX_GRAPHS {
+            // Forget the older half (shapes that did not come back soon).
+            let mut clocks: Vec<u64> = g.seen.values().copied().collect();
+            clocks.sort_unstable();
+            let cut = clocks[clocks.len() / 2];
+            g.seen.retain(|_, &mut c| c > cut);
+        }
+        true
     }
 
     fn abandon_capture(&self) {
@@ -211,17 +240,22 @@ impl StepGraphs for CudaBackend {
         }
     }
 
-    fn note_refusal(&self, why: &str) -> bool {
+    fn note_refusal(&self, why: &Refusal) -> bool {
         let lane = self.lane_index();
         let mut g = self.lane_graphs();
         g.stats.refused += 1;
-        g.streak += 1;
-        if g.streak >= REFUSALS_BEFORE_OFF && g.off.is_none() {
+        g.streak += if why.passing {
+            1
+        } else {
+            PASSING_REFUSAL_WEIGHT
+        };
+        let why = &why.what;
+        if g.streak >= REFUSALS_BEFORE_OFF * PASSING_REFUSAL_WEIGHT && g.off.is_none() {
             tracing::warn!(
                 device = self.ordinal(),
                 stream = lane,
-                "CUDA graphs off for this stream: {REFUSALS_BEFORE_OFF} decode steps in a row \
-                 could not be captured ({why}); its steps launch kernels one by one"
+                "CUDA graphs off for this stream: its decode steps keep failing to be \
+                 captured (last: {why}); they launch kernels one by one"
             );
             g.off = Some(why.to_string());
         }

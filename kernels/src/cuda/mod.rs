@@ -29,11 +29,12 @@
 //!   (attention split partials, bf16 copies of GEMM inputs) live in the stream's
 //!   reused scratch (`scratch`).
 //! * CUDA graphs (`graphs`, [`CudaGraphs`], on by default): a decode step of a dense
-//!   model runs through [`step_graph::run_step`](crate::step_graph::run_step); every
+//!   model on one rank (no collectives: NCCL needs all ranks to capture together) runs
+//!   through [`step_graph::run_step`](crate::step_graph::run_step); every
 //!   kernel, copy, GEMM and NCCL call is issued with its full signature, so a step
 //!   whose signatures hash to a stored graph's key launches that graph instead, and a
 //!   new one is captured otherwise. Steps that download, wait, allocate or meet other
-//!   ranks on the host (MoE routing, device-local collectives) run eagerly, and a
+//!   ranks on the host (MoE routing) run eagerly, and a
 //!   stream whose steps keep doing so stops trying.
 //! * Sampling: `sample_rows`, which the answering rank uses, draws every row on the
 //!   device (`kernels/sampling.cu`) and brings back only the tokens and the
@@ -115,6 +116,9 @@ const BLOCK: u32 = 256;
 /// }
 /// ```
 pub struct CudaBackend {
+    /// Each lane's captured step graphs (`graphs`); first, so they are destroyed before
+    /// the streams and the kernel modules they use (fields drop in order).
+    graphs: Vec<std::sync::Mutex<graphs::LaneGraphs>>,
     ctx: Arc<CudaContext>,
     /// One lane (stream, cuBLAS handle) per micro-batch; ops go to the calling
     /// thread's bound lane ([`lanes::bound`]).
@@ -127,8 +131,6 @@ pub struct CudaBackend {
     gpu_matmul: GpuMatmul,
     /// Whether decode steps may run as CUDA graphs (`--cuda-graphs`).
     cuda_graphs: CudaGraphs,
-    /// Each lane's captured step graphs (`graphs`).
-    graphs: Vec<std::sync::Mutex<graphs::LaneGraphs>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -320,7 +322,7 @@ impl CudaBackend {
         len: usize,
         zeroed: bool,
     ) -> Result<CudaSlice<f32>, KernelError> {
-        step_graph::refuse("allocates device memory")?;
+        step_graph::refuse_for_now("allocates device memory")?;
         let r = if len == 0 {
             self.stream().null::<f32>()
         } else if zeroed {

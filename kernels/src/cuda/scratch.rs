@@ -56,7 +56,7 @@ fn take<T: cudarc::driver::DeviceRepr>(
     let n = n.max(1);
     if buf.as_ref().is_none_or(|b| b.len() < n) {
         // Reusing scratch is fine in a graph; growing it allocates (and frees).
-        step_graph::refuse("allocates device scratch")?;
+        step_graph::refuse_for_now("allocates device scratch")?;
         let len = n.checked_add(n / 4).unwrap_or(n);
         // SAFETY: scratch is written by an op's kernel before it reads it. The old
         // buffer (dropped by the assignment) is freed in stream order, after the

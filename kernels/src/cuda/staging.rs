@@ -170,7 +170,7 @@ impl MetaArena {
     fn wrap(&mut self, need: usize) -> Result<(), KernelError> {
         // A graph would replay copies from pinned memory this reuses (and the wait
         // cannot be captured).
-        step_graph::refuse("staged step metadata outgrew its arena")?;
+        step_graph::refuse_for_now("staged step metadata outgrew its arena")?;
         self.stream
             .synchronize()
             .map_err(|e| driver_err("waiting for the stream to reuse staged metadata", e))?;

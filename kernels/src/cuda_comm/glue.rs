@@ -11,11 +11,17 @@ use crate::cuda::{CudaBackend, CudaRef};
 use crate::error::KernelError;
 use cudarc::driver::CudaViewMut;
 
-fn same_stream(dev: &CudaBackend, c: &GpuCollectives) {
+/// Checks that the collective runs on the stream of the calling thread's ops; in a
+/// graph pass a collective on another stream would not be captured, so it refuses.
+fn same_stream(dev: &CudaBackend, c: &GpuCollectives) -> Result<(), KernelError> {
+    if Arc::ptr_eq(dev.stream(), c.stream()) {
+        return Ok(());
+    }
     debug_assert!(
-        Arc::ptr_eq(dev.stream(), c.stream()),
+        false,
         "GPU collectives built on another stream than the rank backend's"
     );
+    crate::step_graph::refuse("runs a collective on another stream")
 }
 
 impl Collectives<CudaBackend> for GpuCollectives {
@@ -37,7 +43,7 @@ impl Collectives<CudaBackend> for GpuCollectives {
         input: CudaRef<'_>,
         out: CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
-        same_stream(dev, self);
+        same_stream(dev, self)?;
         GpuCollectives::all_gather::<f32>(self, input.cuda(), out)
     }
     fn all_reduce_sum(
@@ -45,7 +51,7 @@ impl Collectives<CudaBackend> for GpuCollectives {
         dev: &CudaBackend,
         data: CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
-        same_stream(dev, self);
+        same_stream(dev, self)?;
         GpuCollectives::all_reduce_sum::<f32>(self, data)
     }
     fn reduce_scatter_sum(
@@ -54,7 +60,7 @@ impl Collectives<CudaBackend> for GpuCollectives {
         input: CudaRef<'_>,
         out: CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
-        same_stream(dev, self);
+        same_stream(dev, self)?;
         GpuCollectives::reduce_scatter_sum::<f32>(self, input.cuda(), out)
     }
     fn all_gather_varying(
@@ -64,7 +70,7 @@ impl Collectives<CudaBackend> for GpuCollectives {
         counts: &[usize],
         out: CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
-        same_stream(dev, self);
+        same_stream(dev, self)?;
         GpuCollectives::all_gather_varying::<f32>(self, input.cuda(), counts, out)
     }
     fn all_to_all(
@@ -73,7 +79,7 @@ impl Collectives<CudaBackend> for GpuCollectives {
         input: CudaRef<'_>,
         out: CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
-        same_stream(dev, self);
+        same_stream(dev, self)?;
         GpuCollectives::all_to_all::<f32>(self, input.cuda(), out)
     }
     fn abort(&self) {

@@ -14,6 +14,7 @@ struct FakeQueue {
     graphs: RefCell<HashMap<GraphKey, u64>>,
     capturing: RefCell<bool>,
     refusals: RefCell<u32>,
+    seen: RefCell<Vec<GraphKey>>,
     off: RefCell<bool>,
     fail_capture: bool,
 }
@@ -69,11 +70,24 @@ impl StepGraphs for FakeQueue {
             self.log("abandon");
         }
     }
-    fn note_refusal(&self, why: &str) -> bool {
-        self.log(format!("refused: {why}"));
+    fn first_sighting(&self, key: GraphKey) -> bool {
+        let mut seen = self.seen.borrow_mut();
+        if seen.contains(&key) {
+            return false;
+        }
+        seen.push(key);
+        self.log("first sighting");
+        true
+    }
+    fn note_refusal(&self, why: &Refusal) -> bool {
+        self.log(format!("refused: {}", why.what));
         let mut r = self.refusals.borrow_mut();
-        *r += 1;
-        if *r >= REFUSALS_BEFORE_OFF {
+        *r += if why.passing {
+            1
+        } else {
+            PASSING_REFUSAL_WEIGHT
+        };
+        if *r >= REFUSALS_BEFORE_OFF * PASSING_REFUSAL_WEIGHT {
             *self.off.borrow_mut() = true;
         }
         *self.off.borrow()
@@ -107,14 +121,31 @@ fn without_graphs_the_step_runs_once_eagerly() {
     assert_eq!(q.take_log(), ["issue 0 (Eager)", "issue 1 (Eager)"]);
 }
 
+/// Runs a step of `ops` kernels with argument `arg`, returning the log.
+fn run(q: &FakeQueue, ops: u64, arg: u64) -> Vec<String> {
+    let r: Result<u64, KernelError> = run_step(Some(q), || step(q, ops, arg));
+    assert_eq!(r.unwrap(), ops);
+    assert_eq!(current_pass(), GraphPass::Eager);
+    q.take_log()
+}
+
 #[test]
-fn a_new_step_is_captured_then_replayed_without_issuing() {
+fn a_new_step_runs_eagerly_then_is_captured_then_replayed_without_issuing() {
     let q = FakeQueue::default();
-    let r: Result<u64, KernelError> = run_step(Some(&q), || step(&q, 2, 7));
-    assert_eq!(r.unwrap(), 2);
-    // The check pass issued nothing; the record pass issued into the capture.
+    // First sighting: the check pass issued nothing, the step runs eagerly (warm-up).
     assert_eq!(
-        q.take_log(),
+        run(&q, 2, 7),
+        [
+            "save",
+            "restore",
+            "first sighting",
+            "issue 0 (Eager)",
+            "issue 1 (Eager)"
+        ]
+    );
+    // Second: the record pass issues into the capture, which is stored and launched.
+    assert_eq!(
+        run(&q, 2, 7),
         [
             "save",
             "restore",
@@ -125,21 +156,20 @@ fn a_new_step_is_captured_then_replayed_without_issuing() {
             "graph: new"
         ]
     );
-    let r: Result<u64, KernelError> = run_step(Some(&q), || step(&q, 2, 7));
-    assert_eq!(r.unwrap(), 2);
-    assert_eq!(q.take_log(), ["save", "replay 2", "graph: replayed"]);
-    assert_eq!(current_pass(), GraphPass::Eager);
+    // Then: replayed, nothing issued one by one.
+    assert_eq!(run(&q, 2, 7), ["save", "replay 2", "graph: replayed"]);
 }
 
 #[test]
 fn any_changed_argument_or_count_is_a_new_graph() {
     let q = FakeQueue::default();
-    let _: Result<u64, KernelError> = run_step(Some(&q), || step(&q, 2, 7));
-    q.take_log();
+    run(&q, 2, 7);
+    run(&q, 2, 7);
     for (ops, arg) in [(2, 8), (3, 7)] {
-        let _: Result<u64, KernelError> = run_step(Some(&q), || step(&q, ops, arg));
-        let log = q.take_log();
-        assert!(log.contains(&"capture".to_string()), "{ops} {arg}: {log:?}");
+        let first = run(&q, ops, arg);
+        assert!(first.contains(&"first sighting".to_string()), "{first:?}");
+        let second = run(&q, ops, arg);
+        assert!(second.contains(&"capture".to_string()), "{second:?}");
     }
     assert_eq!(q.graphs.borrow().len(), 3);
 }
@@ -174,15 +204,47 @@ fn a_refusing_operation_runs_the_step_eagerly_and_repeated_refusals_turn_graphs_
     assert_eq!(q.take_log(), ["issue 0 (Eager)", "issue 0 (Eager)"]);
     // And `refuse` is harmless when eager.
     assert!(refuse("anything").is_ok());
+    assert!(refuse_for_now("anything").is_ok());
+}
+
+#[test]
+fn refusals_for_now_weigh_little_and_a_graph_step_clears_them() {
+    let q = FakeQueue::default();
+    let mut grown = false;
+    // A buffer that must grow once, the first time.
+    let mut growing = || -> Result<u64, KernelError> {
+        if !grown {
+            refuse_for_now("allocates device scratch")?;
+            grown = true;
+        }
+        step(&q, 1, 1)
+    };
+    let r = run_step(Some(&q), &mut growing);
+    assert_eq!(r.unwrap(), 1);
+    assert_eq!(*q.refusals.borrow(), 1);
+    assert!(q.graphs_on());
+    // More passing refusals than REFUSALS_BEFORE_OFF do not turn graphs off.
+    for _ in 0..REFUSALS_BEFORE_OFF * 2 {
+        let _ = run_step(Some(&q), || -> Result<u64, KernelError> {
+            refuse_for_now("staged step metadata outgrew its arena")?;
+            Ok(0)
+        });
+    }
+    assert!(q.graphs_on());
+    // A step that ends up as a graph clears the streak.
+    run(&q, 1, 1);
+    run(&q, 1, 1);
+    assert_eq!(*q.refusals.borrow(), 0);
 }
 
 #[test]
 fn a_refusal_while_recording_abandons_the_capture() {
     let q = FakeQueue::default();
+    run(&q, 1, 1);
     let mut calls = 0;
     let r = run_step(Some(&q), || {
         calls += 1;
-        // Only the second pass (the record pass) refuses, as a grown arena might.
+        // Only the second pass (the record pass) refuses.
         if calls == 2 {
             refuse("waits for the stream")?;
         }
@@ -205,14 +267,37 @@ fn a_refusal_while_recording_abandons_the_capture() {
 }
 
 #[test]
+fn an_error_while_recording_falls_back_to_eager() {
+    let q = FakeQueue::default();
+    run(&q, 1, 1);
+    let mut calls = 0;
+    let r = run_step(Some(&q), || {
+        calls += 1;
+        // The driver refuses an operation under capture (the check pass was fine).
+        if calls == 2 {
+            return Err(KernelError::Device(
+                "operation not permitted when stream is capturing".into(),
+            ));
+        }
+        step(&q, 1, 1)
+    });
+    assert_eq!(r.unwrap(), 1);
+    let log = q.take_log();
+    assert!(log.contains(&"abandon".to_string()), "{log:?}");
+    assert!(log
+        .iter()
+        .any(|l| l.starts_with("refused: a captured operation failed")));
+    assert_eq!(log.last().unwrap(), "issue 0 (Eager)");
+}
+
+#[test]
 fn a_failed_capture_falls_back_to_eager() {
     let q = FakeQueue {
         fail_capture: true,
         ..Default::default()
     };
-    let r: Result<u64, KernelError> = run_step(Some(&q), || step(&q, 1, 1));
-    assert_eq!(r.unwrap(), 1);
-    let log = q.take_log();
+    run(&q, 1, 1);
+    let log = run(&q, 1, 1);
     assert_eq!(log.last().unwrap(), "issue 0 (Eager)", "{log:?}");
     assert!(log
         .iter()
@@ -234,6 +319,7 @@ fn a_real_error_is_returned_from_the_check_pass_without_issuing() {
 #[test]
 fn a_panicking_step_leaves_the_thread_eager_and_no_capture_open() {
     let q = FakeQueue::default();
+    run(&q, 1, 1);
     let mut calls = 0;
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _: Result<u64, KernelError> = run_step(Some(&q), || {

@@ -225,9 +225,13 @@ impl<B: Backend> DecoderModel<B> {
         let widths = self.widths();
         let dev = &self.backend;
         let mut cache = cache;
-        // A decode step may be replayed from a device graph (the backend's, when it has
-        // them); the step then leaves its logits in the workspace, copied out after.
-        let graphs = if input.is_decode() {
+        // A decode step of a model on one rank may be replayed from a device graph (the
+        // backend's, when it has them); the step leaves its logits in the workspace,
+        // copied out after. Not with collectives: NCCL needs every rank of a
+        // communicator to capture and launch its graphs together, and the ranks here
+        // decide on their own (their keys differ, e.g. a DCP rank's local context).
+        let alone = comms.world.size() == 1 && comms.dcp.size() == 1;
+        let graphs = if alone && input.is_decode() {
             dev.step_graphs()
         } else {
             None
