@@ -353,45 +353,26 @@ impl NcclCollectives {
                 let p = peer as u64;
                 let (send, recv) = (src + p * bytes, dst + p * bytes);
                 let (n64, ty, peer64) = (c as u64, T::NCCL as u64, peer as u64);
-                let sent = step_graph::enqueue(
-                    "nccl_send",
-                    &self.sig(comm, [send, n64, ty, peer64]),
-                    || {
+                // One point-to-point call: `nccl_send` of chunk `peer` of the input or
+                // `nccl_recv` into chunk `peer` of the output.
+                let p2p = |kind: &'static str, addr: u64| {
+                    step_graph::enqueue(kind, &self.sig(comm, [addr, n64, ty, peer64]), || {
+                        let (stream, peer) = (self.cu_stream(), peer as i32);
                         // SAFETY: chunk `peer` of each buffer, `c` elements, inside the
                         // buffers.
                         unsafe {
-                            nccl_result::send(
-                                send as _,
-                                c,
-                                T::NCCL,
-                                peer as i32,
-                                comm,
-                                self.cu_stream(),
-                            )
+                            if kind == "nccl_send" {
+                                nccl_result::send(addr as _, c, T::NCCL, peer, comm, stream)
+                            } else {
+                                nccl_result::recv(addr as _, c, T::NCCL, peer, comm, stream)
+                            }
                         }
                         .map(|_| ())
                         .map_err(nccl("ncclSend/ncclRecv"))
-                    },
-                );
-                let got = step_graph::enqueue(
-                    "nccl_recv",
-                    &self.sig(comm, [recv, n64, ty, peer64]),
-                    || {
-                        // SAFETY: as above.
-                        unsafe {
-                            nccl_result::recv(
-                                recv as _,
-                                c,
-                                T::NCCL,
-                                peer as i32,
-                                comm,
-                                self.cu_stream(),
-                            )
-                        }
-                        .map(|_| ())
-                        .map_err(nccl("ncclSend/ncclRecv"))
-                    },
-                );
+                    })
+                };
+                let sent = p2p("nccl_send", send);
+                let got = p2p("nccl_recv", recv);
                 if let Err(e) = sent.and(got) {
                     first_err.get_or_insert(e);
                 }
