@@ -42,8 +42,8 @@ use std::hash::{DefaultHasher, Hasher};
 
 use crate::error::KernelError;
 
-/// Refused graph steps in a row after which a lane stops trying graphs (refusals
-/// that only a first-time growth causes count [`PASSING_REFUSAL_WEIGHT`] of one).
+/// Refused graph steps in a row after which a lane stops trying graphs (a refusal that
+/// only a first-time growth causes counts as 1/[`PASSING_REFUSAL_WEIGHT`] of one).
 pub const REFUSALS_BEFORE_OFF: u32 = 4;
 
 /// How many refusals "for now" ([`refuse_for_now`]: a buffer growing, an arena

@@ -169,24 +169,8 @@ impl NcclCollectives {
         let n = data.len();
         self.with_comm("ncclAllReduce", |comm| {
             let (ptr, _write) = data.device_ptr_mut(&self.stream);
-            let op = ncclRedOp_t::ncclSum;
-            let sig = self.sig(comm, [ptr, ptr, n as u64, T::NCCL as u64, op as u64]);
-            step_graph::enqueue("nccl_all_reduce", &sig, || {
-                // SAFETY: in-place all-reduce of a live device buffer of `n` elements.
-                unsafe {
-                    nccl_result::all_reduce(
-                        ptr as _,
-                        ptr as _,
-                        n,
-                        T::NCCL,
-                        op,
-                        comm,
-                        self.cu_stream(),
-                    )
-                }
-                .map(|_| ())
-                .map_err(nccl("ncclAllReduce"))
-            })
+            // SAFETY: in-place all-reduce of a live device buffer of `n` elements.
+            unsafe { self.sum_call::<T>(comm, Sum::AllReduce, ptr, ptr, n) }
         })
     }
 
@@ -202,24 +186,44 @@ impl NcclCollectives {
         self.with_comm("ncclReduceScatter", |comm| {
             let (src, _read) = input.device_ptr(&self.stream);
             let (dst, _write) = out.device_ptr_mut(&self.stream);
-            let op = ncclRedOp_t::ncclSum;
-            let sig = self.sig(comm, [src, dst, n as u64, T::NCCL as u64, op as u64]);
-            step_graph::enqueue("nccl_reduce_scatter", &sig, || {
-                // SAFETY: live device buffers of size × n and n elements.
-                unsafe {
-                    nccl_result::reduce_scatter(
-                        src as _,
-                        dst as _,
-                        n,
-                        T::NCCL,
-                        op,
-                        comm,
-                        self.cu_stream(),
-                    )
+            // SAFETY: live device buffers of size × n and n elements.
+            unsafe { self.sum_call::<T>(comm, Sum::ReduceScatter, src, dst, n) }
+        })
+    }
+
+    /// One NCCL sum over the ranks from `src` into `dst` (`n` elements each way for an
+    /// all-reduce; `n` per rank received for a reduce-scatter), enqueued with its
+    /// signature.
+    ///
+    /// # Safety
+    /// `src` and `dst` must be live device buffers of the sizes the call implies.
+    unsafe fn sum_call<T: GpuCommElem>(
+        &self,
+        comm: ncclComm_t,
+        kind: Sum,
+        src: u64,
+        dst: u64,
+        n: usize,
+    ) -> Result<(), KernelError> {
+        let op = ncclRedOp_t::ncclSum;
+        let sig = self.sig(comm, [src, dst, n as u64, T::NCCL as u64, op as u64]);
+        let (what, name) = match kind {
+            Sum::AllReduce => ("nccl_all_reduce", "ncclAllReduce"),
+            Sum::ReduceScatter => ("nccl_reduce_scatter", "ncclReduceScatter"),
+        };
+        step_graph::enqueue(what, &sig, || {
+            let (s, d, stream) = (src as _, dst as _, self.cu_stream());
+            // SAFETY: the caller's contract.
+            unsafe {
+                match kind {
+                    Sum::AllReduce => nccl_result::all_reduce(s, d, n, T::NCCL, op, comm, stream),
+                    Sum::ReduceScatter => {
+                        nccl_result::reduce_scatter(s, d, n, T::NCCL, op, comm, stream)
+                    }
                 }
-                .map(|_| ())
-                .map_err(nccl("ncclReduceScatter"))
-            })
+            }
+            .map(|_| ())
+            .map_err(nccl(name))
         })
     }
 
@@ -444,4 +448,11 @@ fn enqueue_group_end() -> Result<(), KernelError> {
             .map(|_| ())
             .map_err(nccl("ncclGroupEnd"))
     })
+}
+
+/// The two NCCL sums ([`GpuCollectives::sum_call`]).
+#[derive(Clone, Copy)]
+enum Sum {
+    AllReduce,
+    ReduceScatter,
 }
