@@ -241,23 +241,32 @@ impl NcclCollectives {
         let n = data.len();
         self.with_comm("ncclBroadcast", |comm| {
             let (ptr, _write) = data.device_ptr_mut(&self.stream);
-            let sig = self.sig(comm, [ptr, ptr, n as u64, T::NCCL as u64, root as u64]);
-            step_graph::enqueue("nccl_broadcast", &sig, || {
-                // SAFETY: in-place broadcast of a live buffer of n elements.
-                unsafe {
-                    nccl_result::broadcast(
-                        ptr as _,
-                        ptr as _,
-                        n,
-                        T::NCCL,
-                        root as i32,
-                        comm,
-                        self.cu_stream(),
-                    )
-                }
+            // SAFETY: in-place broadcast of a live buffer of n elements.
+            unsafe { self.broadcast_call::<T>(comm, ptr, ptr, n, root) }
+        })
+    }
+
+    /// One `ncclBroadcast` of `n` elements from `root`'s `send` into `recv`, enqueued
+    /// with its signature.
+    ///
+    /// # Safety
+    /// `recv` must hold `n` elements, and on the root `send` too (NCCL ignores `send`
+    /// on the other ranks).
+    unsafe fn broadcast_call<T: GpuCommElem>(
+        &self,
+        comm: ncclComm_t,
+        send: u64,
+        recv: u64,
+        n: usize,
+        root: usize,
+    ) -> Result<(), KernelError> {
+        let sig = self.sig(comm, [send, recv, n as u64, T::NCCL as u64, root as u64]);
+        step_graph::enqueue("nccl_broadcast", &sig, || {
+            let (s, r, stream) = (send as _, recv as _, self.cu_stream());
+            // SAFETY: the caller's contract.
+            unsafe { nccl_result::broadcast(s, r, n, T::NCCL, root as i32, comm, stream) }
                 .map(|_| ())
                 .map_err(nccl("ncclBroadcast"))
-            })
         })
     }
 
@@ -285,24 +294,9 @@ impl NcclCollectives {
                 if c > 0 {
                     let send = if root == self.rank { src } else { 0 };
                     let recv = dst + at * elem;
-                    let sig = self.sig(comm, [send, recv, c as u64, T::NCCL as u64, root as u64]);
-                    let r = step_graph::enqueue("nccl_broadcast", &sig, || {
-                        // SAFETY: `dst + at` holds `c` elements of `out`; on the root
-                        // `src` holds them; NCCL ignores the send pointer elsewhere.
-                        unsafe {
-                            nccl_result::broadcast(
-                                send as _,
-                                recv as _,
-                                c,
-                                T::NCCL,
-                                root as i32,
-                                comm,
-                                self.cu_stream(),
-                            )
-                        }
-                        .map(|_| ())
-                        .map_err(nccl("ncclBroadcast"))
-                    });
+                    // SAFETY: `dst + at` holds `c` elements of `out`; on the root
+                    // `src` holds them.
+                    let r = unsafe { self.broadcast_call::<T>(comm, send, recv, c, root) };
                     if let Err(e) = r {
                         first_err.get_or_insert(e);
                     }
