@@ -1,8 +1,10 @@
-//! Runtime CPU feature detection and the switch that forces the portable scalar path.
+//! Runtime CPU feature detection and the instruction-set level the kernels run at.
 //!
-//! Every kernel has an AVX-512 implementation and a scalar fallback. The fallback is
-//! chosen when the CPU lacks the features, when `DCPSERVE_FORCE_SCALAR=1` is set in
-//! the environment, or after [`force_scalar`]`(true)` (handy in tests).
+//! Every hot kernel has an AVX-512 path, an AVX2 + FMA path and a portable scalar
+//! fallback. [`isa`] picks the best level the CPU supports, capped by
+//! `DCPSERVE_CPU_ISA=scalar|avx2|avx512` (for tests and same-machine comparisons;
+//! `DCPSERVE_FORCE_SCALAR=1` is the old spelling of `scalar`) or by [`set_isa_cap`].
+//! AMX is never used: the virtual machines list it without enabling it.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -51,7 +53,87 @@ impl CpuFeatures {
 
     /// True when the AVX-512 kernels can run (F, BW, VL, FMA and F16C).
     pub fn has_avx512_kernels(&self) -> bool {
-        self.avx512f && self.avx512bw && self.avx512vl && self.fma && self.f16c
+        self.avx512f && self.avx512bw && self.avx512vl && self.has_avx2_kernels()
+    }
+
+    /// True when the AVX2 kernels can run (AVX2, FMA and F16C).
+    pub fn has_avx2_kernels(&self) -> bool {
+        self.avx2 && self.fma && self.f16c
+    }
+
+    /// The best kernel level these features allow.
+    pub fn best_isa(&self) -> CpuIsa {
+        if self.has_avx512_kernels() {
+            CpuIsa::Avx512
+        } else if self.has_avx2_kernels() {
+            CpuIsa::Avx2
+        } else {
+            CpuIsa::Scalar
+        }
+    }
+}
+
+/// The vector instruction level of the CPU kernels, ordered from least to most capable.
+///
+/// ```
+/// use dcpserve_kernels::cpu::CpuIsa;
+/// assert_eq!("avx2".parse::<CpuIsa>().unwrap(), CpuIsa::Avx2);
+/// assert!(CpuIsa::Scalar < CpuIsa::Avx2 && CpuIsa::Avx2 < CpuIsa::Avx512);
+/// // Every level up to the running CPU's best can be tested on it.
+/// assert!(CpuIsa::available().contains(&CpuIsa::Scalar));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CpuIsa {
+    /// Portable Rust (the compiler's baseline vectorization only).
+    Scalar = 1,
+    /// 256-bit AVX2 + FMA + F16C.
+    Avx2 = 2,
+    /// 512-bit AVX-512 F/BW/VL (plus BF16 / VNNI where present).
+    Avx512 = 3,
+}
+
+impl CpuIsa {
+    /// Every level, least capable first.
+    pub const ALL: [CpuIsa; 3] = [CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512];
+
+    /// The levels the running CPU can execute (whatever the cap), least capable first:
+    /// what the kernel tests iterate over.
+    pub fn available() -> Vec<CpuIsa> {
+        let best = features().best_isa();
+        CpuIsa::ALL.into_iter().filter(|l| *l <= best).collect()
+    }
+
+    /// The level's name as `DCPSERVE_CPU_ISA` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuIsa::Scalar => "scalar",
+            CpuIsa::Avx2 => "avx2",
+            CpuIsa::Avx512 => "avx512",
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<CpuIsa> {
+        CpuIsa::ALL.into_iter().find(|l| *l as u8 == v)
+    }
+}
+
+impl std::fmt::Display for CpuIsa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for CpuIsa {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" | "none" => Ok(CpuIsa::Scalar),
+            "avx2" => Ok(CpuIsa::Avx2),
+            "avx512" | "avx-512" => Ok(CpuIsa::Avx512),
+            other => Err(format!(
+                "unknown CPU ISA `{other}`: expected one of scalar, avx2, avx512"
+            )),
+        }
     }
 }
 
@@ -66,43 +148,97 @@ pub fn features() -> &'static CpuFeatures {
     FEATURES.get_or_init(CpuFeatures::detect)
 }
 
-// 0 = not decided yet (read the env var), 1 = SIMD allowed, 2 = scalar forced.
-static FORCE: AtomicU8 = AtomicU8::new(0);
+// 0 = not decided yet (read the environment), otherwise a `CpuIsa` as u8 (the cap).
+static CAP: AtomicU8 = AtomicU8::new(0);
+
+/// The cap from the environment: `DCPSERVE_CPU_ISA` (`auto` or unset: none), or
+/// `DCPSERVE_FORCE_SCALAR=1`. An unknown value is reported once and ignored.
+fn env_cap() -> CpuIsa {
+    let forced = std::env::var("DCPSERVE_FORCE_SCALAR")
+        .map(|v| !v.is_empty() && v != "0")
+        .unwrap_or(false);
+    if forced {
+        return CpuIsa::Scalar;
+    }
+    match std::env::var("DCPSERVE_CPU_ISA") {
+        Ok(v) if !v.trim().is_empty() && v.trim() != "auto" => match v.parse::<CpuIsa>() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("DCPSERVE_CPU_ISA ignored: {e}");
+                CpuIsa::Avx512
+            }
+        },
+        _ => CpuIsa::Avx512,
+    }
+}
+
+/// The cap in force ([`set_isa_cap`], else the environment).
+pub fn isa_cap() -> CpuIsa {
+    if let Some(l) = CpuIsa::from_u8(CAP.load(Ordering::Relaxed)) {
+        return l;
+    }
+    let l = env_cap();
+    // Only the first decision sticks, unless set_isa_cap overrides it later.
+    let _ = CAP.compare_exchange(0, l as u8, Ordering::Relaxed, Ordering::Relaxed);
+    CpuIsa::from_u8(CAP.load(Ordering::Relaxed)).unwrap_or(l)
+}
+
+/// Caps the kernel level process-wide (`None`: back to the environment's choice).
+pub fn set_isa_cap(cap: Option<CpuIsa>) {
+    CAP.store(cap.map_or(0, |l| l as u8), Ordering::Relaxed);
+}
+
+/// The level the kernels run at now: the CPU's best, capped.
+///
+/// ```
+/// let level = dcpserve_kernels::cpu::isa();
+/// assert!(level <= dcpserve_kernels::cpu::features().best_isa());
+/// ```
+#[inline]
+pub fn isa() -> CpuIsa {
+    features().best_isa().min(isa_cap())
+}
 
 /// Forces (or stops forcing) the scalar fallback for all kernels, process-wide.
 pub fn force_scalar(on: bool) {
-    FORCE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    set_isa_cap(on.then_some(CpuIsa::Scalar));
 }
 
-/// True when the scalar path is forced by [`force_scalar`] or `DCPSERVE_FORCE_SCALAR`.
+/// True when the kernels run scalar code although the CPU has AVX2 or more because of
+/// the cap ([`force_scalar`], `DCPSERVE_CPU_ISA=scalar`, `DCPSERVE_FORCE_SCALAR`).
 pub fn scalar_forced() -> bool {
-    match FORCE.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            let forced = std::env::var("DCPSERVE_FORCE_SCALAR")
-                .map(|v| !v.is_empty() && v != "0")
-                .unwrap_or(false);
-            // Only the first decision sticks, unless force_scalar overrides it later.
-            let _ = FORCE.compare_exchange(
-                0,
-                if forced { 2 } else { 1 },
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-            FORCE.load(Ordering::Relaxed) == 2
-        }
-    }
+    isa_cap() == CpuIsa::Scalar
 }
 
 /// True when the AVX-512 kernels should be used right now.
 #[inline]
 pub fn use_avx512() -> bool {
-    features().has_avx512_kernels() && !scalar_forced()
+    isa() == CpuIsa::Avx512
+}
+
+/// True when the AVX2 (or better) kernels should be used right now.
+#[inline]
+pub fn use_avx2() -> bool {
+    isa() >= CpuIsa::Avx2
 }
 
 /// True when the `avx512bf16` fast path may be used (see `matmul_fast`).
 #[inline]
 pub fn use_avx512_bf16() -> bool {
     use_avx512() && features().avx512bf16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_limits_the_level_and_parses() {
+        let best = features().best_isa();
+        for cap in CpuIsa::ALL {
+            assert_eq!(cap.name().parse::<CpuIsa>().unwrap(), cap);
+        }
+        assert!("sse9".parse::<CpuIsa>().is_err());
+        assert_eq!(CpuIsa::available().last().copied(), Some(best));
+    }
 }

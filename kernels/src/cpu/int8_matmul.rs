@@ -79,7 +79,7 @@ impl std::str::FromStr for CpuMatmul {
 
 impl CpuMatmul {
     /// Resolves `Auto` (through `DCPSERVE_CPU_MATMUL`, else `F32`); `Int8` without an
-    /// int8 ISA (or with `DCPSERVE_FORCE_SCALAR`) becomes `F32`. Never returns `Auto`.
+    /// int8 ISA (or with the kernel level capped to scalar) becomes `F32`. Never returns `Auto`.
     pub fn resolve(self) -> CpuMatmul {
         let wanted = match self {
             CpuMatmul::Auto => std::env::var("DCPSERVE_CPU_MATMUL")
@@ -89,8 +89,7 @@ impl CpuMatmul {
                 .unwrap_or(CpuMatmul::F32),
             other => other,
         };
-        if wanted == CpuMatmul::Int8 && (Int8Isa::detect().is_none() || crate::cpu::scalar_forced())
-        {
+        if wanted == CpuMatmul::Int8 && Int8Isa::detect().is_none() {
             CpuMatmul::F32
         } else {
             wanted
@@ -145,11 +144,13 @@ impl Int8Isa {
         }
     }
 
-    /// The best available path (`DCPSERVE_INT8_ISA=avx512vnni|avxvnni|avx2` picks
-    /// another available one, for measurements), or `None` without AVX2.
+    /// The best available path within the kernel level cap ([`crate::cpu::isa`]:
+    /// `DCPSERVE_CPU_ISA=avx2` leaves only the 256-bit AVX2 / AVX-VNNI kernels,
+    /// `scalar` none); `DCPSERVE_INT8_ISA=avx512vnni|avxvnni|avx2` picks another
+    /// available one, for measurements. `None` without AVX2.
     pub fn detect() -> Option<Int8Isa> {
-        static ISA: std::sync::OnceLock<Option<Int8Isa>> = std::sync::OnceLock::new();
-        *ISA.get_or_init(|| {
+        static ISA: std::sync::OnceLock<(Option<Int8Isa>, [bool; 4])> = std::sync::OnceLock::new();
+        let (forced, avail) = *ISA.get_or_init(|| {
             let forced = std::env::var("DCPSERVE_INT8_ISA")
                 .ok()
                 .and_then(|v| match v.as_str() {
@@ -159,13 +160,27 @@ impl Int8Isa {
                     "avx2" => Some(Int8Isa::Avx2),
                     _ => None,
                 });
-            match forced {
-                Some(isa) if isa.available() => Some(isa),
-                _ => [Int8Isa::Avx512Vnni, Int8Isa::AvxVnni, Int8Isa::Avx2]
-                    .into_iter()
-                    .find(|isa| isa.available()),
-            }
-        })
+            (forced, Int8Isa::ALL.map(Int8Isa::available))
+        });
+        let level = crate::cpu::isa();
+        let usable = |isa: Int8Isa| {
+            let i = Int8Isa::ALL.iter().position(|x| *x == isa).unwrap_or(0);
+            avail[i] && isa.level() <= level
+        };
+        match forced {
+            Some(isa) if usable(isa) => Some(isa),
+            _ => [Int8Isa::Avx512Vnni, Int8Isa::AvxVnni, Int8Isa::Avx2]
+                .into_iter()
+                .find(|isa| usable(*isa)),
+        }
+    }
+
+    /// The kernel level this path needs ([`crate::cpu::CpuIsa`]).
+    pub fn level(self) -> crate::cpu::CpuIsa {
+        match self {
+            Int8Isa::Avx512Vnni | Int8Isa::Avx512Vnni256 => crate::cpu::CpuIsa::Avx512,
+            Int8Isa::AvxVnni | Int8Isa::Avx2 => crate::cpu::CpuIsa::Avx2,
+        }
     }
 }
 

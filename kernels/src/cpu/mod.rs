@@ -1,4 +1,5 @@
-//! The CPU backend's kernels: AVX-512 code with portable scalar fallbacks, run on a
+//! The CPU backend's kernels: AVX-512 and AVX2 code with portable scalar fallbacks
+//! (the level from [`isa`]), run on a
 //! low-latency [`ThreadPool`](pool::ThreadPool).
 //!
 //! Every function here works on host slices (`&[f32]`); [`crate::CpuBackend`] exposes
@@ -25,5 +26,6 @@ pub mod weights;
 
 pub use backend::CpuBackend;
 pub use features::{
-    features, force_scalar, scalar_forced, use_avx512, use_avx512_bf16, CpuFeatures,
+    features, force_scalar, isa, isa_cap, scalar_forced, set_isa_cap, use_avx2, use_avx512,
+    use_avx512_bf16, CpuFeatures, CpuIsa,
 };
