@@ -50,8 +50,8 @@ fn main() {
         ("lm_head 49152x576", 49152, 576),
     ];
     println!(
-        "threads={threads} avx512={} precision={precision:?} int8={int8} ({isa:?})",
-        dcpserve_kernels::cpu::use_avx512()
+        "threads={threads} cpu isa={} precision={precision:?} int8={int8} ({isa:?})",
+        dcpserve_kernels::cpu::isa()
     );
     for &(name, n, k) in &shapes {
         let wf: Vec<f32> = (0..n * k)

@@ -199,7 +199,7 @@ impl Backend for CpuBackend {
                 x,
                 m,
                 &mut products,
-                crate::cpu::use_avx512(),
+                crate::cpu::isa(),
             )?
         {
             return Ok(());

@@ -1,6 +1,7 @@
 //! `out = x · wᵀ` for f32 activations and weights in any [`WeightFormat`].
 //!
-//! Two strategies (AVX-512, with a scalar fallback of the same structure):
+//! Two strategies (AVX-512 and AVX2 + FMA, in `avx2.rs`, with a scalar fallback of
+//! the same structure; the level from [`crate::cpu::isa`]):
 //! * small `m` (decode): each 4-row group of `w` is decoded on the fly inside the
 //!   dot-product micro-kernel, so weights stream from memory exactly once;
 //! * larger `m`: each thread decodes a panel of 16 weight rows into a thread-local f32
@@ -9,6 +10,7 @@
 //!
 //! Work is split over output columns (rows of `w`) and, for large `m`, over `m` too.
 
+use crate::cpu::CpuIsa;
 use crate::error::{check_len, KernelError};
 use crate::pool::ThreadPool;
 use crate::quant::{dequantize_scalar, WeightFormat};
@@ -67,7 +69,7 @@ pub fn matmul(
         m,
         w,
         out,
-        crate::cpu::use_avx512(),
+        crate::cpu::isa(),
         Precision::Exact,
     )
 }
@@ -81,7 +83,7 @@ pub fn matmul_with_precision(
     out: &mut [f32],
     precision: Precision,
 ) -> Result<(), KernelError> {
-    matmul_impl(pool, x, m, w, out, crate::cpu::use_avx512(), precision)
+    matmul_impl(pool, x, m, w, out, crate::cpu::isa(), precision)
 }
 
 /// Shorthand for [`matmul_with_precision`] with [`Precision::Fast`].
@@ -101,9 +103,10 @@ pub(crate) fn matmul_impl(
     m: usize,
     w: &WeightMatrix,
     out: &mut [f32],
-    simd: bool,
+    isa: CpuIsa,
     precision: Precision,
 ) -> Result<(), KernelError> {
+    debug_assert!(isa <= crate::cpu::features().best_isa());
     let (n, k) = (w.rows(), w.cols());
     check_len("matmul x", m * k, x.len())?;
     check_len("matmul out", m * n, out.len())?;
@@ -116,7 +119,8 @@ pub(crate) fn matmul_impl(
     }
     let threads = pool.n_threads();
     let outp = SyncPtr(out.as_mut_ptr());
-    let fast_bf16 = precision == Precision::Fast && simd && crate::cpu::features().avx512bf16;
+    let fast_bf16 =
+        precision == Precision::Fast && isa == CpuIsa::Avx512 && crate::cpu::features().avx512bf16;
     // Small m is memory-bound: the exact fused path is as fast as any other.
     if m <= SMALL_M {
         // Enough tasks for load balance, few enough to keep dispatch cheap.
@@ -126,7 +130,7 @@ pub(crate) fn matmul_impl(
             let n0 = t * rows_per;
             let n1 = (n0 + rows_per).min(n);
             // SAFETY: each task writes only columns n0..n1 of `out`.
-            unsafe { small_m_task(x, m, w, outp, n0, n1, simd) };
+            unsafe { small_m_task(x, m, w, outp, n0, n1, isa) };
         });
         return Ok(());
     }
@@ -140,13 +144,14 @@ pub(crate) fn matmul_impl(
         let (m0, m1) = (mc * MC, ((mc + 1) * MC).min(m));
         let (n0, n1) = (nc * panels_per * NB, ((nc + 1) * panels_per * NB).min(n));
         // SAFETY: each task writes only rows m0..m1, columns n0..n1 of `out`.
-        unsafe { blocked_task(x, m0, m1, w, outp, n0, n1, simd, fast_bf16) };
+        unsafe { blocked_task(x, m0, m1, w, outp, n0, n1, isa, fast_bf16) };
     });
     Ok(())
 }
 
 /// # Safety
-/// `out` points to an `[m, w.rows()]` buffer; no other task writes columns `n0..n1`.
+/// `out` points to an `[m, w.rows()]` buffer; no other task writes columns `n0..n1`;
+/// the CPU supports `isa`.
 unsafe fn small_m_task(
     x: &[f32],
     m: usize,
@@ -154,18 +159,35 @@ unsafe fn small_m_task(
     out: SyncPtr,
     n0: usize,
     n1: usize,
-    simd: bool,
+    isa: CpuIsa,
 ) {
     let (n, k) = (w.rows(), w.cols());
-    // Q5_0/Q5_1 have a fused AVX-512 decoder; the other extra formats decode panels.
+    // Q5_0/Q5_1 have fused SIMD decoders; the other extra formats decode panels.
+    let simd = isa != CpuIsa::Scalar;
     let fused = !WeightFormat::EXTRA_QUANTS.contains(&w.format())
         || (simd && matches!(w.format(), WeightFormat::Q5_0 | WeightFormat::Q5_1));
     if !fused {
-        decoded_small_m_task(x, m, w, out, n0, n1, simd);
+        decoded_small_m_task(x, m, w, out, n0, n1, isa);
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if simd {
+    if isa == CpuIsa::Avx2 {
+        avx2::small_m(
+            x.as_ptr(),
+            m,
+            w.format(),
+            w.base_ptr(),
+            w.row_stride(),
+            k,
+            out.0,
+            n,
+            n0,
+            n1,
+        );
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == CpuIsa::Avx512 {
         avx::small_m(
             x.as_ptr(),
             m,
@@ -180,7 +202,6 @@ unsafe fn small_m_task(
         );
         return;
     }
-    let _ = simd;
     PANEL.with(|p| {
         let mut p = p.borrow_mut();
         if p.len() < k {
@@ -209,7 +230,7 @@ unsafe fn decoded_small_m_task(
     out: SyncPtr,
     n0: usize,
     n1: usize,
-    simd: bool,
+    isa: CpuIsa,
 ) {
     let (n, k) = (w.rows(), w.cols());
     PANEL.with(|p| {
@@ -226,22 +247,16 @@ unsafe fn decoded_small_m_task(
                 dequantize_scalar(w.format(), w.row_bytes(pn0 + r).unwrap_or_default(), row);
             }
             #[cfg(target_arch = "x86_64")]
-            if simd {
-                avx::panel_f32(
-                    x.as_ptr(),
-                    0,
-                    m,
-                    k,
-                    p.as_ptr() as *const u8,
-                    k * 4,
-                    pn,
-                    out.0.add(pn0),
-                    n,
-                );
+            if isa != CpuIsa::Scalar {
+                let pp = p.as_ptr() as *const u8;
+                if isa == CpuIsa::Avx512 {
+                    avx::panel_f32(x.as_ptr(), 0, m, k, pp, k * 4, pn, out.0.add(pn0), n);
+                } else {
+                    avx2::panel_f32(x.as_ptr(), 0, m, k, pp, k * 4, pn, out.0.add(pn0), n);
+                }
                 pn0 += pn;
                 continue;
             }
-            let _ = simd;
             for i in 0..m {
                 let xr = &x[i * k..(i + 1) * k];
                 for r in 0..pn {
@@ -264,7 +279,7 @@ unsafe fn blocked_task(
     out: SyncPtr,
     n0: usize,
     n1: usize,
-    simd: bool,
+    isa: CpuIsa,
     fast_bf16: bool,
 ) {
     let (n, k) = (w.rows(), w.cols());
@@ -278,7 +293,7 @@ unsafe fn blocked_task(
         while pn0 < n1 {
             let pn = NB.min(n1 - pn0);
             #[cfg(target_arch = "x86_64")]
-            if simd {
+            if isa != CpuIsa::Scalar {
                 if fast_bf16 {
                     BF16_BUFS.with(|b| {
                         let (xb, wb) = &mut *b.borrow_mut();
@@ -303,21 +318,29 @@ unsafe fn blocked_task(
                         (w.base_ptr().add(pn0 * w.row_stride()), w.row_stride())
                     } else {
                         for r in 0..pn {
-                            crate::quant::simd::dequant_row(
-                                w.format(),
+                            let (src, dst) = (
                                 w.base_ptr().add((pn0 + r) * w.row_stride()),
-                                k,
                                 p.as_mut_ptr().add(r * k),
                             );
+                            if isa == CpuIsa::Avx512 {
+                                crate::quant::simd::dequant_row(w.format(), src, k, dst);
+                            } else {
+                                crate::quant::avx2::dequant_row(w.format(), src, k, dst);
+                            }
                         }
                         (p.as_ptr() as *const u8, k * 4)
                     };
-                    avx::panel_f32(x.as_ptr(), m0, m1, k, wp, ws, pn, out.0.add(pn0), n);
+                    let o = out.0.add(pn0);
+                    if isa == CpuIsa::Avx512 {
+                        avx::panel_f32(x.as_ptr(), m0, m1, k, wp, ws, pn, o, n);
+                    } else {
+                        avx2::panel_f32(x.as_ptr(), m0, m1, k, wp, ws, pn, o, n);
+                    }
                 }
                 pn0 += pn;
                 continue;
             }
-            let _ = (simd, fast_bf16);
+            let _ = fast_bf16;
             for r in 0..pn {
                 dequantize_scalar(
                     w.format(),
@@ -758,6 +781,8 @@ pub(crate) mod avx {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod each;
 mod prefetch;
 pub(crate) use each::matmul_each_small;

@@ -1,5 +1,6 @@
 //! Weight element formats (GGML block layouts) and (de)quantization of flat buffers.
 
+use crate::cpu::CpuIsa;
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use half::{bf16, f16};
@@ -21,26 +22,34 @@ pub type WeightFormat = DType;
 pub fn dequantize(format: WeightFormat, bytes: &[u8], out: &mut [f32]) -> Result<(), KernelError> {
     format.check_elems(out.len())?;
     check_len("dequantize bytes", format.bytes_for(out.len()), bytes.len())?;
-    dequantize_unchecked(format, bytes, out, crate::cpu::use_avx512());
+    dequantize_unchecked(format, bytes, out, crate::cpu::isa());
     Ok(())
 }
 
-/// Like [`dequantize`] without validation; `simd` selects the AVX-512 path.
+/// Like [`dequantize`] without validation, at kernel level `isa` (which the CPU must
+/// support: callers pass [`crate::cpu::isa`] or a level from `CpuIsa::available`).
 pub(crate) fn dequantize_unchecked(
     format: WeightFormat,
     bytes: &[u8],
     out: &mut [f32],
-    simd: bool,
+    isa: CpuIsa,
 ) {
     debug_assert_eq!(bytes.len(), format.bytes_for(out.len()));
+    debug_assert!(isa <= crate::cpu::features().best_isa());
     #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` is only true when the AVX-512 kernels are supported, and the
-        // lengths were checked by the caller.
-        unsafe { simd::dequant_row(format, bytes.as_ptr(), out.len(), out.as_mut_ptr()) };
-        return;
+    match isa {
+        // SAFETY: the CPU supports `isa` (above), and the lengths were checked by the
+        // caller.
+        CpuIsa::Avx512 => {
+            unsafe { simd::dequant_row(format, bytes.as_ptr(), out.len(), out.as_mut_ptr()) };
+            return;
+        }
+        CpuIsa::Avx2 => {
+            unsafe { avx2::dequant_row(format, bytes.as_ptr(), out.len(), out.as_mut_ptr()) };
+            return;
+        }
+        CpuIsa::Scalar => {}
     }
-    let _ = simd;
     dequantize_scalar(format, bytes, out);
 }
 
@@ -160,6 +169,9 @@ pub fn quantize(format: WeightFormat, src: &[f32], out: &mut Vec<u8>) -> Result<
     }
     Ok(())
 }
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod simd {
@@ -361,15 +373,13 @@ mod tests {
             quantize(f, &src, &mut bytes).unwrap();
             assert_eq!(bytes.len(), f.bytes_for(96));
             let mut a = vec![0.0; 96];
-            let mut b = vec![0.0; 96];
-            dequantize_unchecked(f, &bytes, &mut a, false);
-            dequantize_unchecked(
-                f,
-                &bytes,
-                &mut b,
-                crate::cpu::features().has_avx512_kernels(),
-            );
-            assert_eq!(a, b, "{f:?}");
+            dequantize_unchecked(f, &bytes, &mut a, CpuIsa::Scalar);
+            // Every SIMD decoder gives the portable decoder's values bit for bit.
+            for isa in CpuIsa::available() {
+                let mut b = vec![0.0; 96];
+                dequantize_unchecked(f, &bytes, &mut b, isa);
+                assert_eq!(a, b, "{f:?} at {isa}");
+            }
             let tol = match f {
                 WeightFormat::F32 => 0.0,
                 WeightFormat::F16 | WeightFormat::BF16 => 0.02,

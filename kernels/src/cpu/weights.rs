@@ -148,7 +148,7 @@ impl WeightMatrix {
             value: r,
             limit: self.rows,
         })?;
-        dequantize_unchecked(self.format, bytes, out, crate::cpu::use_avx512());
+        dequantize_unchecked(self.format, bytes, out, crate::cpu::isa());
         Ok(())
     }
 
@@ -178,10 +178,10 @@ impl WeightMatrix {
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let mut out = vec![0.0f32; self.rows * self.cols];
         if self.cols > 0 {
-            let simd = crate::cpu::use_avx512();
+            let isa = crate::cpu::isa();
             for (r, o) in out.chunks_exact_mut(self.cols).enumerate() {
                 let bytes = self.row_bytes(r).unwrap_or_default();
-                dequantize_unchecked(self.format, bytes, o, simd);
+                dequantize_unchecked(self.format, bytes, o, isa);
             }
         }
         out

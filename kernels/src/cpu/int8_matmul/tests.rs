@@ -245,7 +245,7 @@ fn assert_within_rounding_bound(
         println!("{test}: SKIPPED (no AVX2)");
         return;
     };
-    let simd = crate::cpu::features().has_avx512_kernels();
+    let level = crate::cpu::features().best_isa();
     for &f in formats {
         let (mut se, mut so, mut se_f32) = (0.0f64, 0.0f64, 0.0f64);
         for &(m, n, k) in shapes {
@@ -257,7 +257,7 @@ fn assert_within_rounding_bound(
             let (exact, bound) = exact_reference(&x, m, &w);
             let out = run(isa, &x, m, &w, &pool);
             let mut f32_out = vec![0.0; m * n];
-            matmul_impl(&pool, &x, m, &w, &mut f32_out, simd, Precision::Exact).unwrap();
+            matmul_impl(&pool, &x, m, &w, &mut f32_out, level, Precision::Exact).unwrap();
             for j in 0..m * n {
                 let (o, e, b) = (out[j] as f64, exact[j], bound[j]);
                 // f32 accumulation slack on top of the rounding bound.

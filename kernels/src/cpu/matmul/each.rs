@@ -16,7 +16,7 @@ pub(crate) fn matmul_each_small(
     x: &[f32],
     m: usize,
     products: &mut [(&WeightMatrix, &mut [f32])],
-    simd: bool,
+    isa: crate::cpu::CpuIsa,
 ) -> Result<bool, KernelError> {
     if m == 0 || m > SMALL_M {
         return Ok(m == 0);
@@ -51,7 +51,7 @@ pub(crate) fn matmul_each_small(
         let (i, n0, n1) = tasks[t];
         // SAFETY: each task writes only columns n0..n1 of product i's output, whose
         // length was checked above.
-        unsafe { small_m_task(x, m, weights[i], outs[i], n0, n1, simd) };
+        unsafe { small_m_task(x, m, weights[i], outs[i], n0, n1, isa) };
     });
     Ok(true)
 }

@@ -12,7 +12,9 @@ impl Lcg {
     }
 }
 
-const ALL: [WeightFormat; 6] = [
+const ALL: [WeightFormat; 8] = [
+    WeightFormat::Q5_0,
+    WeightFormat::Q5_1,
     WeightFormat::F32,
     WeightFormat::F16,
     WeightFormat::BF16,
@@ -33,7 +35,7 @@ fn reference(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f64> {
     o
 }
 
-fn check(format: WeightFormat, m: usize, n: usize, k: usize, simd: bool, pool: &ThreadPool) {
+fn check(format: WeightFormat, m: usize, n: usize, k: usize, isa: CpuIsa, pool: &ThreadPool) {
     let mut g = Lcg(m as u64 * 1000 + n as u64 * 7 + k as u64);
     let x: Vec<f32> = (0..m * k).map(|_| g.f()).collect();
     let wf: Vec<f32> = (0..n * k).map(|_| g.f()).collect();
@@ -44,11 +46,11 @@ fn check(format: WeightFormat, m: usize, n: usize, k: usize, simd: bool, pool: &
     let wd = w.to_f32_vec(); // reference uses the decoded weights
     let r = reference(&x, m, &wd, n, k);
     let mut out = vec![f32::NAN; m * n];
-    matmul_impl(pool, &x, m, &w, &mut out, simd, Precision::Exact).unwrap();
+    matmul_impl(pool, &x, m, &w, &mut out, isa, Precision::Exact).unwrap();
     for (a, b) in out.iter().zip(&r) {
         assert!(
             (*a as f64 - b).abs() <= 1e-5 * (k as f64).sqrt() * 4.0,
-            "{format:?} m={m} n={n} k={k} simd={simd}: {a} vs {b}"
+            "{format:?} m={m} n={n} k={k} at {isa}: {a} vs {b}"
         );
     }
 }
@@ -56,7 +58,6 @@ fn check(format: WeightFormat, m: usize, n: usize, k: usize, simd: bool, pool: &
 #[test]
 fn all_formats_match_reference() {
     let pool = ThreadPool::new(2);
-    let simd_ok = crate::cpu::features().has_avx512_kernels();
     for f in ALL {
         for &(m, n, k) in &[
             (1, 37, 64),
@@ -65,18 +66,17 @@ fn all_formats_match_reference() {
             (67, 35, 160),
             (130, 50, 64),
             (4, 4, 32),
+            (2, 23, 96),
         ] {
-            check(f, m, n, k, false, &pool);
-            if simd_ok {
-                check(f, m, n, k, true, &pool);
+            for isa in CpuIsa::available() {
+                check(f, m, n, k, isa, &pool);
             }
         }
     }
     for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
         for &(m, n, k) in &[(1, 9, 7), (2, 13, 45), (9, 17, 33), (70, 18, 77), (1, 3, 1)] {
-            check(f, m, n, k, false, &pool);
-            if simd_ok {
-                check(f, m, n, k, true, &pool);
+            for isa in CpuIsa::available() {
+                check(f, m, n, k, isa, &pool);
             }
         }
     }
@@ -129,13 +129,11 @@ fn fast_bf16_is_close() {
 #[test]
 fn extra_quant_formats_match_reference() {
     let pool = ThreadPool::new(2);
-    let simd_ok = crate::cpu::features().has_avx512_kernels();
     for f in WeightFormat::EXTRA_QUANTS {
         // Small m (decoded panels) and large m (blocked path), several panels of rows.
         for &(m, n, k) in &[(1, 37, 512), (3, 21, 256), (67, 35, 512)] {
-            check(f, m, n, k, false, &pool);
-            if simd_ok {
-                check(f, m, n, k, true, &pool);
+            for isa in CpuIsa::available() {
+                check(f, m, n, k, isa, &pool);
             }
         }
     }
