@@ -8,10 +8,13 @@
 //! One work item is a *tile*: all query heads of one KV head for a few consecutive
 //! tokens of the same sequence (one token in decode), optionally restricted to one
 //! split of the KV range. Each K/V row is then streamed from memory once per tile and
-//! reused from L1 for every query row of the tile (see `avx512`).
+//! reused from L1 for every query row of the tile (see `avx512`). Below AVX-512 an item
+//! is one token's query heads of one KV head, run by the generic `attend_body` with
+//! scalar or AVX2 + FMA primitives (see `avx2`); the level comes from [`crate::cpu::isa`].
 
 use crate::backend::PagedAttentionParams;
 use crate::cpu::kv_store::{KvMut, KvRef};
+use crate::cpu::CpuIsa;
 use crate::dcp::merge::merge_rows;
 use crate::shape_checks::{check_paged_attention, check_write_kv};
 // The attention tests check the merge of split partials through it.
@@ -22,9 +25,11 @@ use crate::pool::ThreadPool;
 use std::cell::RefCell;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
-/// Keys processed per online-softmax step (scalar path).
+/// Keys processed per online-softmax step (scalar and AVX2 paths).
 const CH: usize = 32;
 /// Minimum keys per split when splitting one sequence across threads.
 const SPLIT_MIN: usize = 256;
@@ -172,18 +177,10 @@ pub fn paged_attention_typed(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> Result<(), KernelError> {
-    paged_attention_impl(
-        pool,
-        b,
-        k_cache,
-        v_cache,
-        out,
-        lse,
-        crate::cpu::use_avx512(),
-    )
+    paged_attention_impl(pool, b, k_cache, v_cache, out, lse, crate::cpu::isa())
 }
 
-/// [`paged_attention_typed`] with an explicit kernel choice (`simd` = AVX-512).
+/// [`paged_attention_typed`] at an explicit kernel level (capped to what the CPU runs).
 pub(crate) fn paged_attention_impl(
     pool: &ThreadPool,
     b: &AttentionBatch,
@@ -191,7 +188,7 @@ pub(crate) fn paged_attention_impl(
     v_cache: KvRef<'_>,
     out: &mut [f32],
     lse: &mut [f32],
-    simd: bool,
+    isa: CpuIsa,
 ) -> Result<(), KernelError> {
     validate(b, k_cache, v_cache, out, lse)?;
     let n_tokens = b.token_seq.len();
@@ -204,11 +201,10 @@ pub(crate) fn paged_attention_impl(
         return Ok(());
     }
     let r = nq / nkv;
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = {
-        let _ = simd;
-        false
-    };
+    // Never above the CPU's level: the SIMD paths below rely on it for safety.
+    let isa = isa.min(crate::cpu::features().best_isa());
+    // The AVX-512 kernel works on tiles; the other levels on one token per item.
+    let simd = isa == CpuIsa::Avx512;
     // Tiles: runs of consecutive tokens of one sequence (prefill). Query rows per KV
     // head per tile: enough to amortize each K/V chunk (read from L2/L3 once per tile)
     // over many rows; measured best at 32 for head_dim 64 and 64 for head_dim 128.
@@ -264,7 +260,7 @@ pub(crate) fn paged_attention_impl(
                 // output buffer s; validate() checked the block tables and lengths.
                 unsafe {
                     attend_item(
-                        b, k_cache, v_cache, t0, nt, g, groups, start, end, op, lp, row0, simd,
+                        b, k_cache, v_cache, t0, nt, g, groups, start, end, op, lp, row0, isa,
                     )
                 };
             });
@@ -347,7 +343,7 @@ unsafe fn attend_item(
     out: SyncPtr,
     lse: SyncPtr,
     row0: usize,
-    simd: bool,
+    isa: CpuIsa,
 ) {
     let (nq, nkv, hd) = (b.n_q_heads, b.n_kv_heads, b.head_dim);
     let r = nq / nkv;
@@ -355,7 +351,7 @@ unsafe fn attend_item(
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         #[cfg(target_arch = "x86_64")]
-        if simd {
+        if isa == CpuIsa::Avx512 {
             // f32 caches are read in place; narrower ones through the tile's decoder.
             let (kp, vp) = match (kc.as_f32(), vc.as_f32()) {
                 (Some(k), Some(v)) => (k.as_ptr().add(g * hd), v.as_ptr().add(g * hd)),
@@ -382,10 +378,12 @@ unsafe fn attend_item(
                 lse: lse.0.add(row0),
                 out_tok_stride: nq,
             };
+            // SAFETY: `isa` is capped by the CPU's best level, so the AVX-512 kernel
+            // features are present; the tile's rows are this item's (see above).
             avx512::attend_tile(&tile, &mut s);
             return;
         }
-        let _ = (simd, groups);
+        let _ = (isa, groups);
         let need = r * (CH + 2) + 2 * CH * hd;
         if s.len() < need {
             s.resize(need, 0.0);
@@ -410,6 +408,13 @@ unsafe fn attend_item(
                 start,
                 end: end.min(b.token_kv_len[t] as usize).max(start),
             };
+            #[cfg(target_arch = "x86_64")]
+            if isa == CpuIsa::Avx2 {
+                // SAFETY: `isa` is capped by the CPU's best level
+                // (`paged_attention_impl`), so AVX2, FMA and F16C are present.
+                avx2::attend_body_avx2(&it, o, l, &mut s);
+                continue;
+            }
             attend_body::<Scalar>(&it, o, l, &mut s);
         }
     });
@@ -433,7 +438,7 @@ struct Item<'a> {
     end: usize,
 }
 
-/// Vector primitives of the scalar attention loop.
+/// Vector primitives of the per-token attention loop (`Scalar`, `avx2::Avx2`).
 trait Math {
     /// `Σ a[i]·b[i]` over `a.len()` elements (`b` at least as long).
     fn dot(a: &[f32], b: &[f32]) -> f32;

@@ -133,10 +133,10 @@ fn run_case(
     check(nq, nkv, hd, bs, lens, &tokens, threads, seed, 2.0);
 }
 
-/// Runs `tokens` (`(seq, kv_len)`) through both kernels with caches of every
-/// [`KvCacheDType`]; compares each with the f64 reference on the cache's dequantized
-/// contents (1e-4, as for f32: the kernels convert exactly) and the SIMD kernel with
-/// the scalar one (2e-5).
+/// Runs `tokens` (`(seq, kv_len)`) through the kernel of every level this CPU runs
+/// with caches of every [`KvCacheDType`]; compares each with the f64 reference on the
+/// cache's dequantized contents (1e-4, as for f32: the kernels convert exactly) and
+/// each SIMD level with the scalar one (2e-5).
 #[allow(clippy::too_many_arguments)]
 fn check(
     nq: usize,
@@ -177,7 +177,7 @@ fn check(
     }
 }
 
-/// The scalar and SIMD kernels on caches `kc`/`vc` against the f64 reference over
+/// The kernels of every available level on caches `kc`/`vc` against the f64 reference over
 /// `dense_k`/`dense_v` (per sequence, the values the caches hold).
 fn check_kernels(
     pool: &ThreadPool,
@@ -192,10 +192,12 @@ fn check_kernels(
     let n = tseq.len();
     let dt = kc.dtype();
     let mut results = Vec::new();
-    for simd in [false, crate::cpu::use_avx512()] {
+    let levels = CpuIsa::available();
+    assert_eq!(levels[0], CpuIsa::Scalar);
+    for &isa in &levels {
         let mut out = vec![f32::NAN; n * nq * hd];
         let mut lse = vec![f32::NAN; n * nq];
-        paged_attention_impl(pool, b, kc, vc, &mut out, &mut lse, simd).unwrap();
+        paged_attention_impl(pool, b, kc, vc, &mut out, &mut lse, isa).unwrap();
         for t in 0..n {
             let s = tseq[t] as usize;
             let (ro, rl) = reference(
@@ -211,27 +213,29 @@ fn check_kernels(
             for h in 0..nq {
                 let got = lse[t * nq + h];
                 if rl[h] == f64::NEG_INFINITY {
-                    assert_eq!(got, f32::NEG_INFINITY);
+                    assert_eq!(got, f32::NEG_INFINITY, "{dt} {isa}");
                 } else {
                     assert!(
                         (got as f64 - rl[h]).abs() < 1e-4,
-                        "{dt}: lse {got} vs {}",
+                        "{dt} {isa}: lse {got} vs {}",
                         rl[h]
                     );
                 }
             }
             for (a, e) in out[t * nq * hd..(t + 1) * nq * hd].iter().zip(&ro) {
-                assert!((*a as f64 - e).abs() < 1e-4, "{dt}: out {a} vs {e}");
+                assert!((*a as f64 - e).abs() < 1e-4, "{dt} {isa}: out {a} vs {e}");
             }
         }
         results.push((out, lse));
     }
-    let ((so, sl), (vo, vl)) = (&results[0], &results[1]);
-    for (a, e) in vo.iter().zip(so).chain(vl.iter().zip(sl)) {
-        assert!(
-            a == e || (a - e).abs() < 2e-5,
-            "{dt}: simd {a} vs scalar {e} (nq={nq} nkv={nkv} hd={hd} bs={bs})"
-        );
+    let (so, sl) = &results[0];
+    for (isa, (vo, vl)) in levels.iter().zip(&results).skip(1) {
+        for (a, e) in vo.iter().zip(so).chain(vl.iter().zip(sl)) {
+            assert!(
+                a == e || (a - e).abs() < 2e-5,
+                "{dt}: {isa} {a} vs scalar {e} (nq={nq} nkv={nkv} hd={hd} bs={bs})"
+            );
+        }
     }
 }
 
@@ -247,6 +251,8 @@ fn prefill_tiles_and_odd_head_dims() {
         (2, 1, 136, 7),
         (16, 1, 8, 16),
         (1, 1, 48, 3),
+        (6, 2, 40, 16),
+        (5, 1, 13, 4),
     ] {
         let lens = [300usize, 90, 17];
         let mut tokens = Vec::new();
@@ -385,4 +391,88 @@ fn merge_all_empty_and_errors() {
     };
     let pool = ThreadPool::new(1);
     assert!(paged_attention(&pool, &b, &[0.0; 4], &[0.0; 4], &mut out, &mut lse).is_err());
+}
+
+/// The AVX2 primitives against the scalar ones at every length 1..=40 (all tails).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_primitives_match_scalar() {
+    use super::avx2::Avx2;
+    if !CpuIsa::available().contains(&CpuIsa::Avx2) {
+        return;
+    }
+    // Runs `f` with the features enabled, as `attend_body_avx2` does.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn on_avx2<R>(f: impl FnOnce() -> R) -> R {
+        f()
+    }
+    let mut g = Lcg(3);
+    for n in 1..=40usize {
+        let a: Vec<f32> = (0..n).map(|_| g.f()).collect();
+        let k: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| g.f()).collect()).collect();
+        let kr = [&k[0][..], &k[1][..], &k[2][..], &k[3][..]];
+        // SAFETY (all `on_avx2` calls): the CPU has AVX2, FMA and F16C (checked above).
+        let d = unsafe { on_avx2(|| (Avx2::dot(&a, &k[0]), Avx2::dot4(&a, kr))) };
+        let e = Scalar::dot4(&a, kr);
+        assert!((d.0 - e[0]).abs() < 1e-5, "dot n={n}");
+        for x in 0..4 {
+            assert!(
+                (d.1[x] - e[x]).abs() < 1e-5,
+                "dot4 n={n}: {:?} vs {e:?}",
+                d.1
+            );
+        }
+        // p·V over c = n % 7 + 1 rows of a V laid out with stride n + 3.
+        let c = n % 7 + 1;
+        let v: Vec<f32> = (0..c * (n + 3)).map(|_| g.f()).collect();
+        let offs: Vec<usize> = (0..c).rev().map(|j| j * (n + 3)).collect();
+        let p: Vec<f32> = (0..c).map(|_| g.f()).collect();
+        let (mut x, mut y) = (a.clone(), a.clone());
+        unsafe { on_avx2(|| Avx2::pv(&p, &offs, &v, &mut x)) };
+        Scalar::pv(&p, &offs, &v, &mut y);
+        let (mut x2, mut y2) = (x.clone(), y.clone());
+        unsafe { on_avx2(|| (Avx2::scale(0.3, &mut x), Avx2::axpy(-1.5, &k[1], &mut x2))) };
+        Scalar::scale(0.3, &mut y);
+        Scalar::axpy(-1.5, &k[1], &mut y2);
+        for (a, e) in x.iter().zip(&y).chain(x2.iter().zip(&y2)) {
+            assert!((a - e).abs() < 1e-5, "pv/scale/axpy n={n}: {a} vs {e}");
+        }
+        // exp: -inf gives 0 (and no NaN in the sum); the rest within ~2 ulp of f64
+        // (below the normal range 0 is within 1.2e-38).
+        let mut s: Vec<f32> = (0..n).map(|i| g.f() * 40.0 - 40.0 + i as f32).collect();
+        if n > 1 {
+            s[n / 2] = f32::NEG_INFINITY; // the max stays finite, as in the kernel
+        }
+        let mx = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let want: Vec<f64> = s.iter().map(|&x| ((x - mx) as f64).exp()).collect();
+        let sum = unsafe { on_avx2(|| Avx2::exp_sum(&mut s, mx)) };
+        for (a, e) in s.iter().zip(&want) {
+            assert!(
+                (*a as f64 - e).abs() <= 2.5e-7 * e + 1.2e-38,
+                "exp n={n}: {a} vs {e}"
+            );
+        }
+        let ws: f64 = want.iter().sum();
+        assert!((sum as f64 - ws).abs() < 1e-6 * ws, "exp sum n={n}");
+    }
+    // The clamps: far below the normal range flushes to 0; NaN stays NaN.
+    let mut s = [
+        -90.0f32,
+        -87.0,
+        -200.0,
+        f32::NAN,
+        0.0,
+        -1e-3,
+        -20.0,
+        -50.0,
+        -87.3,
+    ];
+    let want: Vec<f64> = s.iter().map(|&x| (x as f64).exp()).collect();
+    unsafe { on_avx2(|| Avx2::exp_sum(&mut s, 0.0)) };
+    assert_eq!((s[0], s[2]), (0.0, 0.0));
+    assert!(s[3].is_nan());
+    for i in [1, 4, 5, 6, 7, 8] {
+        let (a, e) = (s[i] as f64, want[i]);
+        assert!((a - e).abs() <= 2.5e-7 * e, "exp of lane {i}: {a} vs {e}");
+    }
 }
