@@ -16,5 +16,13 @@ cargo clippy --workspace --all-targets --release --features mpi -- -D warnings
 DCPSERVE_NVRTC_LIB_DIR="$(bash scripts/install-nvrtc.sh)"
 export DCPSERVE_NVRTC_LIB_DIR
 cargo test --workspace --release --features mpi
+# Every CPU kernel level the machine has, whatever its best: the kernel tests compare
+# each level explicitly; these runs cap the level process-wide (DCPSERVE_CPU_ISA), so the
+# backend and the default model (against transformers) also run on the AVX2 paths an
+# AVX2-only CPU takes, and on the scalar fallback.
+for isa in $(bash scripts/cpu-isa-levels.sh); do
+    DCPSERVE_CPU_ISA=$isa cargo test --release --features mpi -p dcpserve-kernels --lib
+    DCPSERVE_CPU_ISA=$isa cargo test --release --features mpi --test default_model --test tiny_models
+done
 # The HTTP API through the real `openai` Python client (pinned; installed in a venv).
 DCPSERVE_CARGO_FEATURES=mpi bash tests/python/run.sh

@@ -125,13 +125,14 @@ pub async fn run(engine: &Engine, spec: &BenchSpec) -> Result<String> {
         decode_n.push(decode_once(engine, spec.batch, 16, spec.decode_tokens, 200 + r).await?);
     }
     Ok(format!(
-        "{{\"prefill_tok_s\": {:.1}, \"decode_1_tok_s\": {:.1}, \"decode_batch_tok_s\": {:.1}, \"batch\": {}, \"prompt_tokens\": {}, \"decode_tokens\": {}, \"repeats\": {}}}",
+        "{{\"prefill_tok_s\": {:.1}, \"decode_1_tok_s\": {:.1}, \"decode_batch_tok_s\": {:.1}, \"batch\": {}, \"prompt_tokens\": {}, \"decode_tokens\": {}, \"repeats\": {}, \"cpu_isa\": \"{}\"}}",
         median(prefill),
         median(decode1),
         median(decode_n),
         spec.batch,
         spec.prompt_tokens,
         spec.decode_tokens,
-        spec.repeats
+        spec.repeats,
+        dcpserve_kernels::cpu::isa()
     ))
 }
