@@ -88,6 +88,17 @@ unsafe fn load_blk<const F: u8>(row: *const u8, b: usize) -> Block8 {
     }
 }
 
+/// Elements `8·q..8·q + 8` of block `b` of a float-format row.
+#[inline(always)]
+unsafe fn load_sub<const F: u8>(row: *const u8, b: usize, q: usize) -> __m256 {
+    let p = row.add(b * blk_bytes(F));
+    match F {
+        F32 => _mm256_loadu_ps((p as *const f32).add(8 * q)),
+        F16 => load8_f16(p.add(16 * q)),
+        _ => load8_bf16(p.add(16 * q)),
+    }
+}
+
 /// Sum of the eight lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -136,6 +147,25 @@ unsafe fn tile<const F: u8, const MR: usize, const NR: usize>(
                 _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
             }
         }
+        if matches!(F, F32 | F16 | BF16) {
+            // Float rows load eight at a time: each x vector is loaded once for all
+            // NR rows (MR + NR loads per MR·NR FMAs keeps the FMA ports busy).
+            for q in 0..4 {
+                let mut wv = [_mm256_setzero_ps(); NR];
+                for (r, v) in wv.iter_mut().enumerate() {
+                    *v = load_sub::<F>(w.add(r * ws), b, q);
+                }
+                // Two chains per accumulator only for one-row tiles (registers).
+                let c = if MR == 1 { q & 1 } else { 0 };
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(x.add(i * xs + b * 32 + 8 * q));
+                    for r in 0..NR {
+                        a[r][c] = _mm256_fmadd_ps(wv[r], xv, a[r][c]);
+                    }
+                }
+            }
+            continue;
+        }
         for r in 0..NR {
             let wv = load_blk::<F>(w.add(r * ws), b);
             for (i, a) in acc.iter_mut().enumerate() {
@@ -170,7 +200,10 @@ unsafe fn tile<const F: u8, const MR: usize, const NR: usize>(
         }
     }
     for (i, a) in acc.iter().enumerate() {
-        let s = a.map(|v| _mm256_add_ps(v[0], v[1]));
+        let mut s = [_mm256_setzero_ps(); NR];
+        for r in 0..NR {
+            s[r] = _mm256_add_ps(a[r][0], a[r][1]);
+        }
         if NR == 4 {
             let v = _mm_add_ps(
                 hsum4(s[0], s[1], s[2], s[3]),

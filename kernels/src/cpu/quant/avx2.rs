@@ -54,11 +54,12 @@ unsafe fn nibbles(p: *const u8) -> [__m256i; 4] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q8_0_block(b: *const u8) -> Block8 {
     let d = bcast_f16(b);
-    let q = |o: usize| {
-        let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + o) as *const __m128i));
-        _mm256_mul_ps(_mm256_cvtepi32_ps(v), d)
-    };
-    [q(0), q(8), q(16), q(24)]
+    let mut out = [_mm256_setzero_ps(); 4];
+    for (v, o) in out.iter_mut().enumerate() {
+        let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + 8 * v) as *const __m128i));
+        *o = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+    }
+    out
 }
 
 /// Decodes one Q4_0 block: `(q − 8)·d`.
@@ -67,7 +68,14 @@ pub(crate) unsafe fn q8_0_block(b: *const u8) -> Block8 {
 pub(crate) unsafe fn q4_0_block(b: *const u8) -> Block8 {
     let d = bcast_f16(b);
     let eight = _mm256_set1_epi32(8);
-    nibbles(b.add(2)).map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, eight)), d))
+    let q = nibbles(b.add(2));
+    let mut out = [_mm256_setzero_ps(); 4];
+    // Index loops, not `array::map`: a closure called from core's (not inlined) map
+    // loses this function's target features and runs out of line, 20× slower.
+    for v in 0..4 {
+        out[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[v], eight)), d);
+    }
+    out
 }
 
 /// Decodes one Q4_1 block: `fma(q, d, m)` (the portable decoder's `mul_add`).
@@ -78,7 +86,12 @@ pub(crate) unsafe fn q4_1_block(b: *const u8) -> Block8 {
     let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((b as *const i32).read_unaligned()));
     let d = _mm256_broadcastss_ps(dm);
     let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-    nibbles(b.add(4)).map(|q| _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m))
+    let q = nibbles(b.add(4));
+    let mut out = [_mm256_setzero_ps(); 4];
+    for v in 0..4 {
+        out[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[v]), d, m);
+    }
+    out
 }
 
 /// Decodes one Q5_0 (`Q5_1 == false`: `(q − 16)·d`) or Q5_1 (`q·d + m`, unfused)
@@ -98,12 +111,12 @@ pub(crate) unsafe fn q5_block<const Q5_1: bool>(b: *const u8) -> Block8 {
     } else {
         _mm256_setzero_ps()
     };
-    for (v, (o, qv)) in out.iter_mut().zip(q).enumerate() {
+    for v in 0..4 {
         // Element 8·v + lane takes bit 8·v + lane of qh.
         let shift = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * v as i32));
         let bit = _mm256_and_si256(_mm256_srlv_epi32(qh, shift), one);
-        let code = _mm256_or_si256(qv, _mm256_slli_epi32::<4>(bit));
-        *o = if Q5_1 {
+        let code = _mm256_or_si256(q[v], _mm256_slli_epi32::<4>(bit));
+        out[v] = if Q5_1 {
             _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(code), d), m)
         } else {
             let c = _mm256_sub_epi32(code, _mm256_set1_epi32(16));
@@ -152,8 +165,8 @@ pub(crate) unsafe fn dequant_row(format: WeightFormat, src: *const u8, n: usize,
                     WeightFormat::Q5_1 => q5_block::<true>(b),
                     _ => q4_1_block(b),
                 };
-                for (j, v) in v.into_iter().enumerate() {
-                    _mm256_storeu_ps(dst.add(blk * 32 + 8 * j), v);
+                for (j, v) in v.iter().enumerate() {
+                    _mm256_storeu_ps(dst.add(blk * 32 + 8 * j), *v);
                 }
             }
         }
