@@ -38,6 +38,8 @@ thread_local! {
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// bf16 copies of the activation chunk and weight panel for [`Precision::Fast`].
     static BF16_BUFS: RefCell<(Vec<u16>, Vec<u16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A task's rows of x, transposed, for the AVX2 blocked kernel (`avx2_gemm`).
+    static X_T: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 #[derive(Clone, Copy)]
@@ -330,11 +332,19 @@ unsafe fn blocked_task(
                         }
                         (p.as_ptr() as *const u8, k * 4)
                     };
-                    let o = out.0.add(pn0);
                     if isa == CpuIsa::Avx512 {
-                        avx::panel_f32(x.as_ptr(), m0, m1, k, wp, ws, pn, o, n);
+                        avx::panel_f32(x.as_ptr(), m0, m1, k, wp, ws, pn, out.0.add(pn0), n);
                     } else {
-                        avx2::panel_f32(x.as_ptr(), m0, m1, k, wp, ws, pn, o, n);
+                        X_T.with(|xt| {
+                            let mut xt = xt.borrow_mut();
+                            // x's rows are packed once per task, for all its panels.
+                            if pn0 == n0 {
+                                avx2_gemm::pack_x_t(x, m0, m1, k, &mut xt);
+                            }
+                            let mp = (m1 - m0).next_multiple_of(16);
+                            let o = out.0.add(m0 * n + pn0);
+                            avx2_gemm::panel_t(&xt, mp, m1 - m0, k, wp, ws, pn, o, n);
+                        });
                     }
                 }
                 pn0 += pn;
@@ -783,6 +793,8 @@ pub(crate) mod avx {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_gemm;
 mod each;
 mod prefetch;
 pub(crate) use each::matmul_each_small;
