@@ -175,15 +175,10 @@ fn validate(
     Ok(())
 }
 
+/// The AVX2 kernel runs at level AVX2 and above (`crate::cpu::isa`, capped by
+/// `DCPSERVE_CPU_ISA`).
 fn simd_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::cpu::use_avx2()
 }
 
 /// Attends all heads of token `t` to its keys `start..end`, writing `n_heads` rows of
