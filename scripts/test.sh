@@ -24,5 +24,9 @@ for isa in $(bash scripts/cpu-isa-levels.sh); do
     DCPSERVE_CPU_ISA=$isa cargo test --release --features mpi -p dcpserve-kernels --lib
     DCPSERVE_CPU_ISA=$isa cargo test --release --features mpi --test default_model --test tiny_models
 done
+# Every TP/DCP layout equal to one rank on the AVX2 paths too (attention merges).
+if bash scripts/cpu-isa-levels.sh | grep -qx avx2; then
+    DCPSERVE_CPU_ISA=avx2 cargo test --release --features mpi --test parallel_equivalence
+fi
 # The HTTP API through the real `openai` Python client (pinned; installed in a venv).
 DCPSERVE_CARGO_FEATURES=mpi bash tests/python/run.sh
