@@ -274,6 +274,19 @@ unsafe fn quantize_row_scalar(x: &[f32], q: *mut i8, dx8: *mut f32, sx: *mut f32
 
 /// Quantizes the `m` rows of `x` into `acts`, in parallel on `pool` when large.
 fn quantize_acts(pool: &ThreadPool, x: &[f32], m: usize, k: usize, acts: &mut QuantizedActs) {
+    quantize_acts_at(pool, x, m, k, acts, crate::cpu::isa());
+}
+
+/// [`quantize_acts`] at kernel level `level` (which the CPU must support).
+fn quantize_acts_at(
+    pool: &ThreadPool,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    acts: &mut QuantizedActs,
+    level: crate::cpu::CpuIsa,
+) {
+    assert!(level <= crate::cpu::features().best_isa());
     acts.resize(m, k);
     let nb = k / QK;
     let nbp = padded_blocks(nb);
@@ -282,8 +295,8 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], m: usize, k: usize, acts: &mut Qu
         SendPtr(acts.dx8.as_mut_ptr()),
         SendPtr(acts.sx.as_mut_ptr()),
     );
-    #[cfg(target_arch = "x86_64")]
-    let simd = crate::cpu::use_avx512();
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = level;
     let rows = |i0: usize, i1: usize| {
         for i in i0..i1 {
             let xr = &x[i * k..(i + 1) * k];
@@ -296,9 +309,16 @@ fn quantize_acts(pool: &ThreadPool, x: &[f32], m: usize, k: usize, acts: &mut Qu
                     sx.ptr().add(i * nbp),
                 );
                 #[cfg(target_arch = "x86_64")]
-                if simd {
-                    avx512::quantize_row(xr, qp, dp, sp);
-                    continue;
+                match level {
+                    crate::cpu::CpuIsa::Avx512 => {
+                        avx512::quantize_row(xr, qp, dp, sp);
+                        continue;
+                    }
+                    crate::cpu::CpuIsa::Avx2 => {
+                        avx2::quantize_row(xr, qp, dp, sp);
+                        continue;
+                    }
+                    crate::cpu::CpuIsa::Scalar => {}
                 }
                 quantize_row_scalar(xr, qp, dp, sp);
             }

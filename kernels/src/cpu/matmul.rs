@@ -65,15 +65,7 @@ pub fn matmul(
     w: &WeightMatrix,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    matmul_impl(
-        pool,
-        x,
-        m,
-        w,
-        out,
-        crate::cpu::isa(),
-        Precision::Exact,
-    )
+    matmul_impl(pool, x, m, w, out, crate::cpu::isa(), Precision::Exact)
 }
 
 /// [`matmul`] that may trade precision for speed (see [`Precision::Fast`]).

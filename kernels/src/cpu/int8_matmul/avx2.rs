@@ -262,3 +262,53 @@ kernels_256!(
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
     dot_evex
 );
+
+/// `quantize_row_scalar` on AVX2 with identical results: the same `127 / amax`
+/// reciprocal, the same f32 products, and `vcvtps2dq`'s round-half-to-even.
+///
+/// # Safety
+/// AVX2 kernels must be available; buffers as for `quantize_row_scalar`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_row(x: &[f32], q: *mut i8, dx8: *mut f32, sx: *mut f32) {
+    use std::arch::x86_64::*;
+    let nb = x.len() / QK;
+    let p = x.as_ptr();
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    for b in 0..nb {
+        let mut v = [_mm256_setzero_ps(); 4];
+        let mut m = _mm256_setzero_ps();
+        for (j, vj) in v.iter_mut().enumerate() {
+            *vj = _mm256_loadu_ps(p.add(b * QK + 8 * j));
+            m = _mm256_max_ps(m, _mm256_and_ps(*vj, abs_mask));
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let d = amax / 127.0;
+        let vid = _mm256_set1_ps(id);
+        let mut qi = [_mm256_setzero_si256(); 4];
+        for j in 0..4 {
+            qi[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
+        }
+        // |q| <= 127: the saturating packs are exact; they interleave 128-bit lanes,
+        // which the final permute undoes.
+        let w01 = _mm256_packs_epi32(qi[0], qi[1]);
+        let w23 = _mm256_packs_epi32(qi[2], qi[3]);
+        let bytes = _mm256_packs_epi16(w01, w23);
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q.add(b * QK) as *mut __m256i, bytes);
+        let s = _mm256_add_epi32(
+            _mm256_add_epi32(qi[0], qi[1]),
+            _mm256_add_epi32(qi[2], qi[3]),
+        );
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<0b10_11_00_01>(s2)));
+        _mm256_storeu_ps(dx8.add(b * 8), _mm256_set1_ps(d));
+        *sx.add(b) = d * sum as f32;
+    }
+    for b in nb..super::padded_blocks(nb) {
+        *sx.add(b) = 0.0;
+    }
+}

@@ -297,18 +297,20 @@ fn int8_error_is_within_the_activation_rounding_bound() {
 
 #[test]
 fn quantizers_agree() {
-    if !crate::cpu::features().has_avx512_kernels() {
-        println!("quantizers_agree: SKIPPED (no AVX-512)");
-        return;
-    }
     let (m, k) = (3, 608);
-    let (x, _) = data(m, 1, k, 3);
+    let (mut x, _) = data(m, 1, k, 3);
+    // A zero block, and a block whose other values round to small codes.
+    x[32..64].fill(0.0);
+    x[70] = 1e6;
     let a = quantize_scalar(&x, m, k);
-    let mut b = QuantizedActs::default();
-    quantize_acts(&ThreadPool::new(1), &x, m, k, &mut b);
-    assert_eq!(a.q[..m * k], b.q[..m * k]);
-    assert_eq!(a.dx8[..m * k / 4], b.dx8[..m * k / 4]);
-    assert_eq!(a.sx, b.sx);
+    // Every SIMD level quantizes exactly like the portable code.
+    for level in crate::cpu::CpuIsa::available() {
+        let mut b = QuantizedActs::default();
+        quantize_acts_at(&ThreadPool::new(1), &x, m, k, &mut b, level);
+        assert_eq!(a.q[..m * k], b.q[..m * k], "{level}");
+        assert_eq!(a.dx8[..m * k / 4], b.dx8[..m * k / 4], "{level}");
+        assert_eq!(a.sx, b.sx, "{level}");
+    }
     // Rounding is to nearest: every value within dx/2 of its original.
     let nb = k / QK;
     for i in 0..m {
