@@ -20,22 +20,79 @@ const TN: usize = 4;
 
 /// Packs rows `m0..m1` of `x` (`[m, k]`) transposed into `xt` (`[k, mp]`, rows past
 /// `m1 − m0` zero), returning `mp`.
-pub(super) fn pack_x_t(x: &[f32], m0: usize, m1: usize, k: usize, xt: &mut Vec<f32>) -> usize {
+///
+/// # Safety
+/// AVX2 kernels supported; `x` holds rows `m0..m1` of length `k`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pack_x_t(
+    x: &[f32],
+    m0: usize,
+    m1: usize,
+    k: usize,
+    xt: &mut Vec<f32>,
+) -> usize {
     let rows = m1 - m0;
     let mp = rows.next_multiple_of(TM);
     xt.clear();
     xt.resize(k * mp, 0.0);
-    // Blocks of 16 K-columns keep both sides in L1 while transposing.
-    for kb in (0..k).step_by(16) {
-        let ke = (kb + 16).min(k);
-        for i in 0..rows {
-            let row = &x[(m0 + i) * k..(m0 + i + 1) * k];
-            for kk in kb..ke {
-                xt[kk * mp + i] = row[kk];
+    let (src, dst) = (x.as_ptr().add(m0 * k), xt.as_mut_ptr());
+    // 8×8 blocks transposed in registers; the ragged edges one value at a time.
+    let (r8, k8) = (rows / 8 * 8, k / 8 * 8);
+    for i in (0..r8).step_by(8) {
+        for kk in (0..k8).step_by(8) {
+            let mut v = [_mm256_setzero_ps(); 8];
+            for (r, vr) in v.iter_mut().enumerate() {
+                *vr = _mm256_loadu_ps(src.add((i + r) * k + kk));
+            }
+            let t = transpose8(v);
+            for (c, tc) in t.iter().enumerate() {
+                _mm256_storeu_ps(dst.add((kk + c) * mp + i), *tc);
+            }
+        }
+        for kk in k8..k {
+            for r in 0..8 {
+                *dst.add(kk * mp + i + r) = *src.add((i + r) * k + kk);
             }
         }
     }
+    for i in r8..rows {
+        for kk in 0..k {
+            *dst.add(kk * mp + i) = *src.add(i * k + kk);
+        }
+    }
     mp
+}
+
+/// Transposes an 8×8 block held as eight row vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose8(v: [__m256; 8]) -> [__m256; 8] {
+    let t0 = _mm256_unpacklo_ps(v[0], v[1]);
+    let t1 = _mm256_unpackhi_ps(v[0], v[1]);
+    let t2 = _mm256_unpacklo_ps(v[2], v[3]);
+    let t3 = _mm256_unpackhi_ps(v[2], v[3]);
+    let t4 = _mm256_unpacklo_ps(v[4], v[5]);
+    let t5 = _mm256_unpackhi_ps(v[4], v[5]);
+    let t6 = _mm256_unpacklo_ps(v[6], v[7]);
+    let t7 = _mm256_unpackhi_ps(v[6], v[7]);
+    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ]
 }
 
 /// `out[m0 + i, pn0 + j] = Σ_kk x[m0 + i, kk] · w[j, kk]` for `i < rows`, `j < pn`:
