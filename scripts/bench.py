@@ -46,7 +46,7 @@ def llama_bin_dir():
 
 def requantize(bin_dir, src, quant):
     """`src` requantized to `quant` by llama.cpp's own tool (cached)."""
-    out = ROOT / "models" / "requant" / f"{src.stem.split('.')[0]}.{quant}.gguf"
+    out = ROOT / "models" / "requant" / f"{src.stem}.{quant}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")

@@ -44,9 +44,31 @@ enum Command {
     BenchSpec(BenchSpecArgs),
     /// Re-quantize a GGUF file (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q5_0, …), as llama-quantize does.
     Quantize(quantize_cmd::QuantizeArgs),
+    /// KL divergence of the int8-activation matmul from the f32 path on a text (one JSON line).
+    #[command(name = "kl-divergence")]
+    KlDivergence(KlDivergenceArgs),
     /// Check a GPU backend: ops against the CPU, decode-attention bandwidth, the engine on the fixtures.
     #[command(name = "gpu-check")]
     GpuCheck(gpu_check::GpuCheckArgs),
+}
+
+#[derive(Args)]
+struct KlDivergenceArgs {
+    /// A GGUF file or a Hugging Face model folder (default: SmolLM2-135M-Instruct Q4_1).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The text to score (plain UTF-8).
+    #[arg(long)]
+    text: PathBuf,
+    /// Tokens per chunk; the second half of each chunk is scored.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Most chunks scored.
+    #[arg(long, default_value_t = 8)]
+    chunks: usize,
+    /// Compute threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
 }
 
 #[derive(Args)]
@@ -359,6 +381,16 @@ fn main() -> Result<()> {
                 let table =
                     bench::spec_bench::run(&path, cfg, spec, a.max_tokens, a.repeats).await?;
                 print!("{table}");
+                Ok(())
+            }
+            Command::KlDivergence(a) => {
+                let model = a.model.unwrap_or_else(dcpserve::default_model_path);
+                let spec = bench::kl_divergence::KlSpec {
+                    ctx: a.ctx,
+                    chunks: a.chunks,
+                    threads: a.threads.max(1),
+                };
+                println!("{}", bench::kl_divergence::run(&model, &a.text, &spec)?);
                 Ok(())
             }
             Command::BenchEngine(a) => {
