@@ -10,7 +10,8 @@
 //! split of the KV range. Each K/V row is then streamed from memory once per tile and
 //! reused from L1 for every query row of the tile (see `avx512`). Below AVX-512 an item
 //! is one token's query heads of one KV head, run by the generic `attend_body` with
-//! scalar or AVX2 + FMA primitives (see `avx2`); the level comes from [`crate::cpu::isa`].
+//! scalar, AVX2 + FMA (see `avx2`) or aarch64 NEON (see `neon`) primitives; the level
+//! comes from [`crate::cpu::isa`].
 
 use crate::backend::PagedAttentionParams;
 use crate::cpu::kv_store::{KvMut, KvRef};
@@ -28,6 +29,8 @@ use std::cell::RefCell;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 /// Keys processed per online-softmax step (scalar and AVX2 paths).
 const CH: usize = 32;
@@ -415,6 +418,11 @@ unsafe fn attend_item(
                 avx2::attend_body_avx2(&it, o, l, &mut s);
                 continue;
             }
+            #[cfg(target_arch = "aarch64")]
+            if isa == CpuIsa::Neon {
+                neon::attend_body_neon(&it, o, l, &mut s);
+                continue;
+            }
             attend_body::<Scalar>(&it, o, l, &mut s);
         }
     });
@@ -438,7 +446,8 @@ struct Item<'a> {
     end: usize,
 }
 
-/// Vector primitives of the per-token attention loop (`Scalar`, `avx2::Avx2`).
+/// Vector primitives of the per-token attention loop (`Scalar`, `avx2::Avx2`,
+/// `neon::Neon`).
 trait Math {
     /// `Σ a[i]·b[i]` over `a.len()` elements (`b` at least as long).
     fn dot(a: &[f32], b: &[f32]) -> f32;

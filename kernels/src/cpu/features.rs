@@ -1,10 +1,11 @@
 //! Runtime CPU feature detection and the instruction-set level the kernels run at.
 //!
-//! Every hot kernel has an AVX-512 path, an AVX2 + FMA path and a portable scalar
-//! fallback. [`isa`] picks the best level the CPU supports, capped by
-//! `DCPSERVE_CPU_ISA=scalar|avx2|avx512` (for tests and same-machine comparisons;
-//! `DCPSERVE_FORCE_SCALAR=1` is the old spelling of `scalar`) or by [`set_isa_cap`].
-//! AMX is never used: the virtual machines list it without enabling it.
+//! Every hot kernel has an AVX-512 path, an AVX2 + FMA path (x86-64), a NEON path
+//! (aarch64) and a portable scalar fallback. [`isa`] picks the best level the CPU
+//! supports, capped by `DCPSERVE_CPU_ISA=scalar|neon|avx2|avx512` (for tests and
+//! same-machine comparisons; `DCPSERVE_FORCE_SCALAR=1` is the old spelling of `scalar`)
+//! or by [`set_isa_cap`]. AMX is never used: the virtual machines list it without
+//! enabling it.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -28,6 +29,8 @@ pub struct CpuFeatures {
     pub fma: bool,
     /// Half-precision conversions.
     pub f16c: bool,
+    /// AArch64 Advanced SIMD (always present there, absent elsewhere).
+    pub neon: bool,
 }
 
 impl CpuFeatures {
@@ -43,9 +46,19 @@ impl CpuFeatures {
                 avx2: is_x86_feature_detected!("avx2"),
                 fma: is_x86_feature_detected!("fma"),
                 f16c: is_x86_feature_detected!("f16c"),
+                neon: false,
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            CpuFeatures {
+                // Architecturally mandatory on AArch64 (the target's baseline); asked
+                // anyway so a future soft-float target would fall back to scalar.
+                neon: std::arch::is_aarch64_feature_detected!("neon"),
+                ..CpuFeatures::default()
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             CpuFeatures::default()
         }
@@ -61,52 +74,90 @@ impl CpuFeatures {
         self.avx2 && self.fma && self.f16c
     }
 
+    /// True when the NEON kernels can run (an AArch64 CPU).
+    pub fn has_neon_kernels(&self) -> bool {
+        self.neon && cfg!(target_arch = "aarch64")
+    }
+
+    /// True when the kernels of `level` can run on these features.
+    pub fn supports(&self, level: CpuIsa) -> bool {
+        match level {
+            CpuIsa::Scalar => true,
+            CpuIsa::Neon => self.has_neon_kernels(),
+            CpuIsa::Avx2 => self.has_avx2_kernels(),
+            CpuIsa::Avx512 => self.has_avx512_kernels(),
+        }
+    }
+
     /// The best kernel level these features allow.
     pub fn best_isa(&self) -> CpuIsa {
         if self.has_avx512_kernels() {
             CpuIsa::Avx512
         } else if self.has_avx2_kernels() {
             CpuIsa::Avx2
+        } else if self.has_neon_kernels() {
+            CpuIsa::Neon
         } else {
             CpuIsa::Scalar
         }
+    }
+
+    /// The best level these features allow that is not above `cap`. Not simply
+    /// `best_isa().min(cap)`: the levels of the two architectures interleave, so an x86
+    /// CPU capped at `neon` runs scalar code, never a level it lacks.
+    pub fn best_isa_up_to(&self, cap: CpuIsa) -> CpuIsa {
+        CpuIsa::ALL
+            .into_iter()
+            .rev()
+            .find(|l| *l <= cap && self.supports(*l))
+            .unwrap_or(CpuIsa::Scalar)
     }
 }
 
 /// The vector instruction level of the CPU kernels, ordered from least to most capable.
 ///
+/// The x86-64 levels (`Avx2`, `Avx512`) and the aarch64 one (`Neon`) never run on the
+/// same CPU. `Neon` sits between `Scalar` and `Avx2`, so the x86 code's
+/// `isa >= CpuIsa::Avx2` tests stay false on aarch64, and a cap of `avx2` or `avx512`
+/// leaves an aarch64 CPU at `Neon`; only x86 levels are ever above it.
+///
 /// ```
 /// use dcpserve_kernels::cpu::CpuIsa;
 /// assert_eq!("avx2".parse::<CpuIsa>().unwrap(), CpuIsa::Avx2);
-/// assert!(CpuIsa::Scalar < CpuIsa::Avx2 && CpuIsa::Avx2 < CpuIsa::Avx512);
-/// // Every level up to the running CPU's best can be tested on it.
+/// assert!(CpuIsa::Scalar < CpuIsa::Neon && CpuIsa::Neon < CpuIsa::Avx2);
+/// assert!(CpuIsa::Avx2 < CpuIsa::Avx512);
+/// // Every level the running CPU has can be tested on it.
 /// assert!(CpuIsa::available().contains(&CpuIsa::Scalar));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CpuIsa {
     /// Portable Rust (the compiler's baseline vectorization only).
     Scalar = 1,
+    /// 128-bit AArch64 Advanced SIMD (NEON) with FMA.
+    Neon = 2,
     /// 256-bit AVX2 + FMA + F16C.
-    Avx2 = 2,
+    Avx2 = 3,
     /// 512-bit AVX-512 F/BW/VL (plus BF16 / VNNI where present).
-    Avx512 = 3,
+    Avx512 = 4,
 }
 
 impl CpuIsa {
     /// Every level, least capable first.
-    pub const ALL: [CpuIsa; 3] = [CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512];
+    pub const ALL: [CpuIsa; 4] = [CpuIsa::Scalar, CpuIsa::Neon, CpuIsa::Avx2, CpuIsa::Avx512];
 
     /// The levels the running CPU can execute (whatever the cap), least capable first:
-    /// what the kernel tests iterate over.
+    /// what the kernel tests iterate over (scalar and NEON on aarch64; scalar and the
+    /// AVX levels it has on x86-64).
     pub fn available() -> Vec<CpuIsa> {
-        let best = features().best_isa();
-        CpuIsa::ALL.into_iter().filter(|l| *l <= best).collect()
+        let f = features();
+        CpuIsa::ALL.into_iter().filter(|l| f.supports(*l)).collect()
     }
 
     /// The level's name as `DCPSERVE_CPU_ISA` spells it.
     pub fn name(self) -> &'static str {
         match self {
             CpuIsa::Scalar => "scalar",
+            CpuIsa::Neon => "neon",
             CpuIsa::Avx2 => "avx2",
             CpuIsa::Avx512 => "avx512",
         }
@@ -128,10 +179,11 @@ impl std::str::FromStr for CpuIsa {
     fn from_str(s: &str) -> Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" | "none" => Ok(CpuIsa::Scalar),
+            "neon" | "asimd" => Ok(CpuIsa::Neon),
             "avx2" => Ok(CpuIsa::Avx2),
             "avx512" | "avx-512" => Ok(CpuIsa::Avx512),
             other => Err(format!(
-                "unknown CPU ISA `{other}`: expected one of scalar, avx2, avx512"
+                "unknown CPU ISA `{other}`: expected one of scalar, neon, avx2, avx512"
             )),
         }
     }
@@ -196,7 +248,13 @@ pub fn set_isa_cap(cap: Option<CpuIsa>) {
 /// ```
 #[inline]
 pub fn isa() -> CpuIsa {
-    features().best_isa().min(isa_cap())
+    let (f, cap) = (features(), isa_cap());
+    let best = f.best_isa();
+    if best <= cap {
+        best
+    } else {
+        f.best_isa_up_to(cap)
+    }
 }
 
 /// Forces (or stops forcing) the scalar fallback for all kernels, process-wide.
@@ -204,7 +262,7 @@ pub fn force_scalar(on: bool) {
     set_isa_cap(on.then_some(CpuIsa::Scalar));
 }
 
-/// True when the kernels run scalar code although the CPU has AVX2 or more because of
+/// True when the kernels run scalar code although the CPU has SIMD kernels because of
 /// the cap ([`force_scalar`], `DCPSERVE_CPU_ISA=scalar`, `DCPSERVE_FORCE_SCALAR`).
 pub fn scalar_forced() -> bool {
     isa_cap() == CpuIsa::Scalar
@@ -216,7 +274,8 @@ pub fn use_avx512() -> bool {
     isa() == CpuIsa::Avx512
 }
 
-/// True when the AVX2 (or better) kernels should be used right now.
+/// True when the AVX2 (or better) kernels should be used right now (never on
+/// aarch64, whose levels all order below `Avx2`).
 #[inline]
 pub fn use_avx2() -> bool {
     isa() >= CpuIsa::Avx2
@@ -234,11 +293,28 @@ mod tests {
 
     #[test]
     fn the_cap_limits_the_level_and_parses() {
-        let best = features().best_isa();
+        let f = features();
+        let best = f.best_isa();
         for cap in CpuIsa::ALL {
             assert_eq!(cap.name().parse::<CpuIsa>().unwrap(), cap);
+            // A cap never selects a level the CPU lacks (x86 capped at neon: scalar).
+            let l = f.best_isa_up_to(cap);
+            assert!(l <= cap && f.supports(l), "cap {cap}: {l}");
         }
         assert!("sse9".parse::<CpuIsa>().is_err());
         assert_eq!(CpuIsa::available().last().copied(), Some(best));
+        assert_eq!(CpuIsa::available()[0], CpuIsa::Scalar);
+        // NEON on aarch64 only, AVX on x86-64 only; the x86 kernels' `>= Avx2` tests
+        // are false at every aarch64 level.
+        #[cfg(target_arch = "aarch64")]
+        {
+            assert_eq!(best, CpuIsa::Neon);
+            assert_eq!(f.best_isa_up_to(CpuIsa::Avx512), CpuIsa::Neon);
+            assert!(CpuIsa::available().iter().all(|l| *l < CpuIsa::Avx2));
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        assert!(!CpuIsa::available().contains(&CpuIsa::Neon));
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(f.best_isa_up_to(CpuIsa::Neon), CpuIsa::Scalar);
     }
 }

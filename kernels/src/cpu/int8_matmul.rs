@@ -334,6 +334,8 @@ fn quantize_acts_at(
 }
 
 /// The quantized activations as the kernels read them.
+// Read by the x86 kernels only; other targets only build the quantizer.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy)]
 pub(crate) struct ActsView {
     pub(crate) q: *const i8,
@@ -349,6 +351,7 @@ unsafe impl Send for ActsView {}
 
 impl ActsView {
     /// Blocks per row.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn nb(&self) -> usize {
         self.k / QK
     }

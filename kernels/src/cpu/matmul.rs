@@ -1,7 +1,7 @@
 //! `out = x · wᵀ` for f32 activations and weights in any [`WeightFormat`].
 //!
-//! Two strategies (AVX-512 and AVX2 + FMA, in `avx2.rs`, with a scalar fallback of
-//! the same structure; the level from [`crate::cpu::isa`]):
+//! Two strategies (AVX-512 and AVX2 + FMA, in `avx2.rs`, NEON on aarch64 in `neon.rs`,
+//! with a scalar fallback of the same structure; the level from [`crate::cpu::isa`]):
 //! * small `m` (decode): each 4-row group of `w` is decoded on the fly inside the
 //!   dot-product micro-kernel, so weights stream from memory exactly once;
 //! * larger `m`: each thread decodes a panel of 16 weight rows into a thread-local f32
@@ -182,6 +182,22 @@ unsafe fn small_m_task(
         );
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == CpuIsa::Neon {
+        neon::small_m(
+            x.as_ptr(),
+            m,
+            w.format(),
+            w.base_ptr(),
+            w.row_stride(),
+            k,
+            out.0,
+            n,
+            n0,
+            n1,
+        );
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa == CpuIsa::Avx512 {
         avx::small_m(
@@ -242,8 +258,15 @@ unsafe fn decoded_small_m_task(
                 let row = &mut p[r * k..(r + 1) * k];
                 dequantize_scalar(w.format(), w.row_bytes(pn0 + r).unwrap_or_default(), row);
             }
+            #[cfg(target_arch = "aarch64")]
+            if isa == CpuIsa::Neon {
+                let pp = p.as_ptr() as *const u8;
+                neon::panel_f32(x.as_ptr(), 0, m, k, pp, k * 4, pn, out.0.add(pn0), n);
+                pn0 += pn;
+                continue;
+            }
             #[cfg(target_arch = "x86_64")]
-            if isa != CpuIsa::Scalar {
+            if isa >= CpuIsa::Avx2 {
                 let pp = p.as_ptr() as *const u8;
                 if isa == CpuIsa::Avx512 {
                     avx::panel_f32(x.as_ptr(), 0, m, k, pp, k * 4, pn, out.0.add(pn0), n);
@@ -288,8 +311,14 @@ unsafe fn blocked_task(
         let mut pn0 = n0;
         while pn0 < n1 {
             let pn = NB.min(n1 - pn0);
+            #[cfg(target_arch = "aarch64")]
+            if isa == CpuIsa::Neon {
+                neon::blocked_panel(x.as_ptr(), m0, m1, w, pn0, pn, out.0.add(pn0), n, &mut p);
+                pn0 += pn;
+                continue;
+            }
             #[cfg(target_arch = "x86_64")]
-            if isa != CpuIsa::Scalar {
+            if isa >= CpuIsa::Avx2 {
                 if fast_bf16 {
                     BF16_BUFS.with(|b| {
                         let (xb, wb) = &mut *b.borrow_mut();
@@ -790,6 +819,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_gemm;
 mod each;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod prefetch;
 pub(crate) use each::matmul_each_small;
 use prefetch::prefetch_row;

@@ -1,5 +1,5 @@
-//! The CPU backend's kernels: AVX-512 and AVX2 code with portable scalar fallbacks
-//! (the level from [`isa`]), run on a
+//! The CPU backend's kernels: AVX-512 and AVX2 code (x86-64), NEON code (aarch64) and
+//! portable scalar fallbacks (the level from [`isa`]), run on a
 //! low-latency [`ThreadPool`](pool::ThreadPool).
 //!
 //! Every function here works on host slices (`&[f32]`); [`crate::CpuBackend`] exposes

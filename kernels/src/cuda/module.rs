@@ -192,7 +192,11 @@ fn cubin(prog: nvrtc_sys::nvrtcProgram, name: &str) -> Result<Vec<u8>, KernelErr
 
 /// A NUL-terminated C string buffer as text.
 fn c_chars_to_string(chars: &[c_char]) -> String {
-    let bytes: Vec<u8> = chars.iter().map(|&c| c as u8).collect();
+    // c_char is i8 on x86-64 and u8 on aarch64: reinterpret, never cast.
+    let bytes: Vec<u8> = chars
+        .iter()
+        .map(|&c| u8::from_ne_bytes(c.to_ne_bytes()))
+        .collect();
     CStr::from_bytes_until_nul(&bytes)
         .map(|c| c.to_string_lossy().into_owned())
         .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned())

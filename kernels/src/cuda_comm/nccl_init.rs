@@ -30,7 +30,8 @@ pub fn nccl_preflight() -> Result<(), KernelError> {
 pub fn new_nccl_unique_id() -> Result<[u8; NCCL_UNIQUE_ID_BYTES], KernelError> {
     nccl_preflight()?;
     let id = nccl_result::get_uniqueid().map_err(nccl("ncclGetUniqueId"))?;
-    Ok(id.internal.map(|c| c as u8))
+    // c_char is i8 on x86-64 and u8 on aarch64: reinterpret, never cast.
+    Ok(id.internal.map(|c| u8::from_ne_bytes(c.to_ne_bytes())))
 }
 
 impl NcclCollectives {

@@ -406,13 +406,27 @@ fn avx2_primitives_match_scalar() {
     unsafe fn on_avx2<R>(f: impl FnOnce() -> R) -> R {
         f()
     }
+    // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+    unsafe { on_avx2(primitives_match_scalar::<Avx2>) };
+}
+
+/// The NEON primitives against the scalar ones at every length 1..=40 (all tails).
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_primitives_match_scalar() {
+    primitives_match_scalar::<super::neon::Neon>();
+}
+
+/// `M`'s primitives against the scalar ones at every length 1..=40 (all tails); the
+/// CPU must support `M`'s instructions.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn primitives_match_scalar<M: Math>() {
     let mut g = Lcg(3);
     for n in 1..=40usize {
         let a: Vec<f32> = (0..n).map(|_| g.f()).collect();
         let k: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| g.f()).collect()).collect();
         let kr = [&k[0][..], &k[1][..], &k[2][..], &k[3][..]];
-        // SAFETY (all `on_avx2` calls): the CPU has AVX2, FMA and F16C (checked above).
-        let d = unsafe { on_avx2(|| (Avx2::dot(&a, &k[0]), Avx2::dot4(&a, kr))) };
+        let d = (M::dot(&a, &k[0]), M::dot4(&a, kr));
         let e = Scalar::dot4(&a, kr);
         assert!((d.0 - e[0]).abs() < 1e-5, "dot n={n}");
         for x in 0..4 {
@@ -428,10 +442,11 @@ fn avx2_primitives_match_scalar() {
         let offs: Vec<usize> = (0..c).rev().map(|j| j * (n + 3)).collect();
         let p: Vec<f32> = (0..c).map(|_| g.f()).collect();
         let (mut x, mut y) = (a.clone(), a.clone());
-        unsafe { on_avx2(|| Avx2::pv(&p, &offs, &v, &mut x)) };
+        M::pv(&p, &offs, &v, &mut x);
         Scalar::pv(&p, &offs, &v, &mut y);
         let (mut x2, mut y2) = (x.clone(), y.clone());
-        unsafe { on_avx2(|| (Avx2::scale(0.3, &mut x), Avx2::axpy(-1.5, &k[1], &mut x2))) };
+        M::scale(0.3, &mut x);
+        M::axpy(-1.5, &k[1], &mut x2);
         Scalar::scale(0.3, &mut y);
         Scalar::axpy(-1.5, &k[1], &mut y2);
         for (a, e) in x.iter().zip(&y).chain(x2.iter().zip(&y2)) {
@@ -445,7 +460,7 @@ fn avx2_primitives_match_scalar() {
         }
         let mx = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let want: Vec<f64> = s.iter().map(|&x| ((x - mx) as f64).exp()).collect();
-        let sum = unsafe { on_avx2(|| Avx2::exp_sum(&mut s, mx)) };
+        let sum = M::exp_sum(&mut s, mx);
         for (a, e) in s.iter().zip(&want) {
             assert!(
                 (*a as f64 - e).abs() <= 2.5e-7 * e + 1.2e-38,
@@ -468,7 +483,7 @@ fn avx2_primitives_match_scalar() {
         -87.3,
     ];
     let want: Vec<f64> = s.iter().map(|&x| (x as f64).exp()).collect();
-    unsafe { on_avx2(|| Avx2::exp_sum(&mut s, 0.0)) };
+    M::exp_sum(&mut s, 0.0);
     assert_eq!((s[0], s[2]), (0.0, 0.0));
     assert!(s[3].is_nan());
     for i in [1, 4, 5, 6, 7, 8] {

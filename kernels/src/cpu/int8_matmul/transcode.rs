@@ -8,6 +8,9 @@
 //! AVX2's `vpmaddubsw` cannot saturate (`63·127·2 < 32767`), and signed (`|c| ≤ 128`)
 //! for Q8_K and the IQ4 codebooks, which the kernels handle with the sign trick.
 
+// Only the x86 kernels call it; elsewhere just its tests build it.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
 use crate::cpu::kquants::dequant::{k4_scale_min, q3_k_scales};
 use crate::cpu::kquants::IQ4_VALUES;
 use crate::dtype::{DType, QK};
