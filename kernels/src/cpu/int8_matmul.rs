@@ -318,7 +318,7 @@ fn quantize_acts_at(
                         avx2::quantize_row(xr, qp, dp, sp);
                         continue;
                     }
-                    crate::cpu::CpuIsa::Scalar => {}
+                    crate::cpu::CpuIsa::Scalar | crate::cpu::CpuIsa::Neon => {}
                 }
                 quantize_row_scalar(xr, qp, dp, sp);
             }
