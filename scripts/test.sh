@@ -24,6 +24,9 @@ for isa in $(bash scripts/cpu-isa-levels.sh); do
     DCPSERVE_CPU_ISA=$isa cargo test --release --features mpi -p dcpserve-kernels --lib
     DCPSERVE_CPU_ISA=$isa cargo test --release --features mpi --test default_model --test tiny_models
 done
+# The NEON kernels: the kernel tests cross-compiled for aarch64 and run under qemu-user
+# (says so and skips when the target or the emulator cannot be installed).
+bash scripts/test-aarch64.sh
 # Every TP/DCP layout equal to one rank on the AVX2 paths too (attention merges).
 if bash scripts/cpu-isa-levels.sh | grep -qx avx2; then
     DCPSERVE_CPU_ISA=avx2 cargo test --release --features mpi --test parallel_equivalence
