@@ -1,7 +1,10 @@
-//! Matmul throughput on SmolLM2-135M shapes.
+//! Matmul throughput on SmolLM2-135M shapes, plus TinyLlama-1.1B ones when a format
+//! with 256-element super-blocks (the K-quants) is asked for: SmolLM2's K = 576 is not
+//! a multiple of 256. A shape a format cannot hold is skipped.
 //!
-//! `cargo run -p dcpserve-kernels --release --example matmul_bench [threads] [formats]`
-//! e.g. `... matmul_bench 2 f32,bf16,q4_1`; set `FAST=1` for `Precision::Fast`,
+//! `cargo run -p dcpserve-kernels --release --example matmul_bench [threads] [formats] [ms]`
+//! e.g. `... matmul_bench 2 f32,bf16,q4_1` or `... matmul_bench 2 q4_k,q6_k 1`
+//! (`ms`: the m values, default `1,32,512`); set `FAST=1` for `Precision::Fast`,
 //! `INT8=1` for the int8-activation kernels on quantized formats (ISA from
 //! `DCPSERVE_INT8_ISA`, else the best available).
 
@@ -23,8 +26,20 @@ fn main() {
             "q8_0" => Some(WeightFormat::Q8_0),
             "q4_0" => Some(WeightFormat::Q4_0),
             "q4_1" => Some(WeightFormat::Q4_1),
+            "q5_0" => Some(WeightFormat::Q5_0),
+            "q5_1" => Some(WeightFormat::Q5_1),
+            "q4_k" => Some(WeightFormat::Q4_K),
+            "q5_k" => Some(WeightFormat::Q5_K),
+            "q6_k" => Some(WeightFormat::Q6_K),
             _ => None,
         })
+        .collect();
+    let ms: Vec<usize> = args
+        .get(3)
+        .map(|s| s.as_str())
+        .unwrap_or("1,32,512")
+        .split(',')
+        .filter_map(|m| m.parse().ok())
         .collect();
     let pool = ThreadPool::new(threads);
     let cpu_time = std::env::var("CPU").is_ok_and(|v| v == "1");
@@ -42,13 +57,21 @@ fn main() {
         _ => matmul_with_precision(&pool, x, m, w, out, precision),
     };
     // (name, N = out features, K = in features)
-    let shapes = [
+    let mut shapes = vec![
         ("q/o 576x576", 576, 576),
         ("kv 192x576", 192, 576),
         ("gate/up 1536x576", 1536, 576),
         ("down 576x1536", 576, 1536),
         ("lm_head 49152x576", 49152, 576),
     ];
+    if formats.iter().any(|f| f.block_elems() > 32) {
+        shapes.extend([
+            ("q/o 2048x2048", 2048, 2048),
+            ("gate/up 5632x2048", 5632, 2048),
+            ("down 2048x5632", 2048, 5632),
+            ("lm_head 32000x2048", 32000, 2048),
+        ]);
+    }
     println!(
         "threads={threads} cpu isa={} precision={precision:?} int8={int8} ({isa:?})",
         dcpserve_kernels::cpu::isa()
@@ -59,9 +82,12 @@ fn main() {
             .collect();
         let w32 = WeightMatrix::from_f32(n, k, wf).expect("shape");
         for &f in &formats {
+            if k % f.block_elems() != 0 {
+                continue;
+            }
             let w = w32.to_format(f).expect("convert");
             let mut line = format!("{name:<20} {f:>5?}:");
-            for m in [1usize, 32, 512] {
+            for &m in &ms {
                 let x: Vec<f32> = (0..m * k)
                     .map(|i| ((i * 31 % 97) as f32 - 48.0) * 1e-2)
                     .collect();

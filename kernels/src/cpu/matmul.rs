@@ -1,7 +1,8 @@
 //! `out = x · wᵀ` for f32 activations and weights in any [`WeightFormat`].
 //!
-//! Two strategies (AVX-512 and AVX2 + FMA, in `avx2.rs`, NEON on aarch64 in `neon.rs`,
-//! with a scalar fallback of the same structure; the level from [`crate::cpu::isa`]):
+//! Two strategies (AVX-512 in `avx512.rs`, AVX2 + FMA in `avx2.rs` and `avx2_gemm.rs`,
+//! NEON on aarch64 in `neon.rs`, with a scalar fallback of the same structure; the level
+//! from [`crate::cpu::isa`]):
 //! * small `m` (decode): each 4-row group of `w` is decoded on the fly inside the
 //!   dot-product micro-kernel, so weights stream from memory exactly once;
 //! * larger `m`: each thread decodes a panel of 16 weight rows into a thread-local f32
@@ -158,11 +159,7 @@ unsafe fn small_m_task(
     isa: CpuIsa,
 ) {
     let (n, k) = (w.rows(), w.cols());
-    // Q5_0/Q5_1 have fused SIMD decoders; the other extra formats decode panels.
-    let simd = isa != CpuIsa::Scalar;
-    let fused = !WeightFormat::EXTRA_QUANTS.contains(&w.format())
-        || (simd && matches!(w.format(), WeightFormat::Q5_0 | WeightFormat::Q5_1));
-    if !fused {
+    if !fused_small_m(w.format(), isa) {
         decoded_small_m_task(x, m, w, out, n0, n1, isa);
         return;
     }
@@ -200,7 +197,7 @@ unsafe fn small_m_task(
     }
     #[cfg(target_arch = "x86_64")]
     if isa == CpuIsa::Avx512 {
-        avx::small_m(
+        avx512::small_m(
             x.as_ptr(),
             m,
             w.format(),
@@ -229,9 +226,9 @@ unsafe fn small_m_task(
     });
 }
 
-/// [`small_m_task`] for the formats without a fused SIMD decoder (the 5-bit, K-quant
-/// and IQ4 types): each panel of [`NB`] weight rows is decoded once to f32, then
-/// multiplied by all `m` rows of `x`.
+/// [`small_m_task`] for the formats without a fused SIMD decoder (Q2_K, Q3_K, Q8_K,
+/// the IQ4 types, and every extra format at the scalar level): each panel of [`NB`]
+/// weight rows is decoded once to f32, then multiplied by all `m` rows of `x`.
 ///
 /// # Safety
 /// As [`small_m_task`].
@@ -269,7 +266,7 @@ unsafe fn decoded_small_m_task(
             if isa >= CpuIsa::Avx2 {
                 let pp = p.as_ptr() as *const u8;
                 if isa == CpuIsa::Avx512 {
-                    avx::panel_f32(x.as_ptr(), 0, m, k, pp, k * 4, pn, out.0.add(pn0), n);
+                    avx512::panel_f32(x.as_ptr(), 0, m, k, pp, k * 4, pn, out.0.add(pn0), n);
                 } else {
                     avx2::panel_f32(x.as_ptr(), 0, m, k, pp, k * 4, pn, out.0.add(pn0), n);
                 }
@@ -322,7 +319,7 @@ unsafe fn blocked_task(
                 if fast_bf16 {
                     BF16_BUFS.with(|b| {
                         let (xb, wb) = &mut *b.borrow_mut();
-                        avx::bf16_panel(
+                        avx512::bf16_panel(
                             x.as_ptr(),
                             m0,
                             m1,
@@ -356,7 +353,7 @@ unsafe fn blocked_task(
                         (p.as_ptr() as *const u8, k * 4)
                     };
                     if isa == CpuIsa::Avx512 {
-                        avx::panel_f32(x.as_ptr(), m0, m1, k, wp, ws, pn, out.0.add(pn0), n);
+                        avx512::panel_f32(x.as_ptr(), m0, m1, k, wp, ws, pn, out.0.add(pn0), n);
                     } else {
                         X_T.with(|xt| {
                             let mut xt = xt.borrow_mut();
@@ -392,6 +389,69 @@ unsafe fn blocked_task(
     });
 }
 
+/// Format codes of the fused SIMD kernels' const generic (`avx2.rs`, `avx512.rs`) and
+/// the byte layout of their blocks.
+#[cfg(target_arch = "x86_64")]
+mod codes {
+    pub(super) const F32: u8 = 0;
+    pub(super) const F16: u8 = 1;
+    pub(super) const BF16: u8 = 2;
+    pub(super) const Q8_0: u8 = 3;
+    pub(super) const Q4_0: u8 = 4;
+    pub(super) const Q4_1: u8 = 5;
+    pub(super) const Q5_0: u8 = 6;
+    pub(super) const Q5_1: u8 = 7;
+    pub(super) const Q4_K: u8 = 8;
+    pub(super) const Q5_K: u8 = 9;
+    pub(super) const Q6_K: u8 = 10;
+
+    /// Bytes per block of format `F`: 32 elements, or for the K-quants one 256-element
+    /// super-block, which the kernels decode as eight 32-element sub-blocks.
+    pub(super) const fn blk_bytes(f: u8) -> usize {
+        match f {
+            F32 => 128,
+            F16 | BF16 => 64,
+            Q8_0 => 34,
+            Q4_0 => 18,
+            Q5_0 => 22,
+            Q5_1 => 24,
+            Q4_K => 144,
+            Q5_K => 176,
+            Q6_K => 210,
+            _ => 20,
+        }
+    }
+
+    /// 32-element (sub-)blocks per block of format `F`.
+    pub(super) const fn subs(f: u8) -> usize {
+        match f {
+            Q4_K | Q5_K | Q6_K => 8,
+            _ => 1,
+        }
+    }
+
+    /// Byte offset in a row of block `s` (of [`subs`] 32-element sub-blocks).
+    pub(super) const fn blk_off(f: u8, s: usize) -> usize {
+        s * blk_bytes(f)
+    }
+
+    /// Byte offset in a row to prefetch while sub-block `j` of block `s` is decoded: a
+    /// K-quant sub-block's bytes are spread over its whole super-block, so the prefetch
+    /// walks each super-block in eight even steps (each under a cache line: none skipped).
+    pub(super) const fn prefetch_off(f: u8, s: usize, j: usize) -> usize {
+        s * blk_bytes(f) + j * blk_bytes(f) / subs(f)
+    }
+}
+
+/// Whether [`small_m_task`] multiplies `format` with the fused decode-while-multiplying
+/// kernels at `isa` (the others decode panels of rows first).
+fn fused_small_m(format: WeightFormat, isa: CpuIsa) -> bool {
+    use WeightFormat as W;
+    let simd = isa != CpuIsa::Scalar;
+    !WeightFormat::EXTRA_QUANTS.contains(&format)
+        || (simd && matches!(format, W::Q5_0 | W::Q5_1 | W::Q4_K | W::Q5_K | W::Q6_K))
+}
+
 /// Dot product with 8 independent accumulators (vectorizes, bounded rounding error).
 fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
@@ -411,413 +471,11 @@ fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod avx {
-    //! AVX-512 micro-kernels.
-    use crate::quant::simd::{
-        load16_bf16, load16_f16, q4_0_block, q4_1_block, q5_block, q8_0_block,
-    };
-    use crate::quant::WeightFormat;
-    use std::arch::x86_64::*;
-
-    use super::PREFETCH_ROWS;
-    const F32: u8 = 0;
-    const F16: u8 = 1;
-    const BF16: u8 = 2;
-    const Q8_0: u8 = 3;
-    const Q4_0: u8 = 4;
-    const Q4_1: u8 = 5;
-    const Q5_0: u8 = 6;
-    const Q5_1: u8 = 7;
-
-    /// Bytes per 32-element block of format `F`.
-    const fn blk_bytes(f: u8) -> usize {
-        match f {
-            F32 => 128,
-            F16 | BF16 => 64,
-            Q8_0 => 34,
-            Q4_0 => 18,
-            Q5_0 => 22,
-            Q5_1 => 24,
-            _ => 20,
-        }
-    }
-
-    /// Decodes 32 elements (block `b`) of a row.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn load_blk<const F: u8>(row: *const u8, b: usize) -> (__m512, __m512) {
-        let p = row.add(b * blk_bytes(F));
-        match F {
-            F32 => (
-                _mm512_loadu_ps(p as *const f32),
-                _mm512_loadu_ps((p as *const f32).add(16)),
-            ),
-            F16 => (load16_f16(p), load16_f16(p.add(32))),
-            BF16 => (load16_bf16(p), load16_bf16(p.add(32))),
-            Q8_0 => q8_0_block(p),
-            Q4_0 => q4_0_block(p),
-            Q5_0 => q5_block::<false>(p),
-            Q5_1 => q5_block::<true>(p),
-            _ => q4_1_block(p),
-        }
-    }
-
-    /// Decodes the last `rem` (< 32) elements of a float-format row, zero-padded.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn load_tail<const F: u8>(
-        row: *const u8,
-        b: usize,
-        m0: __mmask16,
-        m1: __mmask16,
-    ) -> (__m512, __m512) {
-        let p = row.add(b * blk_bytes(F));
-        match F {
-            F32 => (
-                _mm512_maskz_loadu_ps(m0, p as *const f32),
-                _mm512_maskz_loadu_ps(m1, (p as *const f32).add(16)),
-            ),
-            F16 => (
-                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m0, p as *const i16)),
-                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, p.add(32) as *const i16)),
-            ),
-            _ => {
-                let c = |m, q: *const u8| {
-                    let v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, q as *const i16));
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v))
-                };
-                (c(m0, p), c(m1, p.add(32)))
-            }
-        }
-    }
-
-    /// `MR × NR` tile of dot products over the full K, weights decoded on the fly.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const F: u8, const MR: usize, const NR: usize>(
-        x: *const f32,
-        xs: usize,
-        w: *const u8,
-        ws: usize,
-        k: usize,
-        out: *mut f32,
-        os: usize,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-        let nb = k / 32;
-        for b in 0..nb {
-            let mut wv = [(_mm512_setzero_ps(), _mm512_setzero_ps()); NR];
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = load_blk::<F>(w.add(r * ws), b);
-            }
-            // A one-row (decode) tile is bound by the weights' stream: prefetch the
-            // same block of the rows a tile or two ahead.
-            if MR == 1 {
-                for r in 0..NR {
-                    let p = w.wrapping_add((r + PREFETCH_ROWS) * ws + b * blk_bytes(F));
-                    _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-                }
-            }
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xp = x.add(i * xs + b * 32);
-                let x0 = _mm512_loadu_ps(xp);
-                let x1 = _mm512_loadu_ps(xp.add(16));
-                for r in 0..NR {
-                    a[r] = _mm512_fmadd_ps(wv[r].0, x0, a[r]);
-                    a[r] = _mm512_fmadd_ps(wv[r].1, x1, a[r]);
-                }
-            }
-        }
-        let rem = k % 32;
-        if rem != 0 {
-            let m0: __mmask16 = ((1u32 << rem.min(16)) - 1) as u16;
-            let m1: __mmask16 = ((1u32 << rem.saturating_sub(16)) - 1) as u16;
-            let mut wv = [(_mm512_setzero_ps(), _mm512_setzero_ps()); NR];
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = load_tail::<F>(w.add(r * ws), nb, m0, m1);
-            }
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xp = x.add(i * xs + nb * 32);
-                let x0 = _mm512_maskz_loadu_ps(m0, xp);
-                let x1 = _mm512_maskz_loadu_ps(m1, xp.add(16));
-                for r in 0..NR {
-                    a[r] = _mm512_fmadd_ps(wv[r].0, x0, a[r]);
-                    a[r] = _mm512_fmadd_ps(wv[r].1, x1, a[r]);
-                }
-            }
-        }
-        for (i, a) in acc.iter().enumerate() {
-            if NR == 4 {
-                _mm_storeu_ps(out.add(i * os), hsum4(a[0], a[1], a[2], a[3]));
-            } else {
-                for (r, v) in a.iter().enumerate() {
-                    *out.add(i * os + r) = _mm512_reduce_add_ps(*v);
-                }
-            }
-        }
-    }
-
-    /// Horizontal sums of four vectors at once (shared shuffles, ~40% fewer ops
-    /// than four separate reductions).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    pub(crate) unsafe fn hsum4(a: __m512, b: __m512, c: __m512, d: __m512) -> __m128 {
-        let half = |v: __m512| {
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-            _mm256_add_ps(_mm512_castps512_ps256(v), hi)
-        };
-        let ab = _mm256_hadd_ps(half(a), half(b));
-        let cd = _mm256_hadd_ps(half(c), half(d));
-        let abcd = _mm256_hadd_ps(ab, cd);
-        _mm_add_ps(
-            _mm256_castps256_ps128(abcd),
-            _mm256_extractf128_ps::<1>(abcd),
-        )
-    }
-
-    /// Dispatches a tile with runtime `mr`, `nr` in 1..=4.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile_dyn<const F: u8>(
-        mr: usize,
-        nr: usize,
-        x: *const f32,
-        xs: usize,
-        w: *const u8,
-        ws: usize,
-        k: usize,
-        out: *mut f32,
-        os: usize,
-    ) {
-        macro_rules! go {
-            ($($m:literal $n:literal),*) => {
-                match (mr, nr) {
-                    $(($m, $n) => tile::<F, $m, $n>(x, xs, w, ws, k, out, os),)*
-                    _ => unreachable!("tile {mr}x{nr}"),
-                }
-            };
-        }
-        go!(1 1, 1 2, 1 3, 1 4, 2 1, 2 2, 2 3, 2 4, 3 1, 3 2, 3 3, 3 4, 4 1, 4 2, 4 3, 4 4)
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn small_m_f<const F: u8>(
-        x: *const f32,
-        m: usize,
-        w: *const u8,
-        ws: usize,
-        k: usize,
-        out: *mut f32,
-        n: usize,
-        n0: usize,
-        n1: usize,
-    ) {
-        let mut j = n0;
-        while j < n1 {
-            let nr = 4.min(n1 - j);
-            tile_dyn::<F>(m, nr, x, k, w.add(j * ws), ws, k, out.add(j), n);
-            j += nr;
-        }
-    }
-
-    /// Fused decode path for `m <= 4`, output columns `n0..n1`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn small_m(
-        x: *const f32,
-        m: usize,
-        f: WeightFormat,
-        w: *const u8,
-        ws: usize,
-        k: usize,
-        out: *mut f32,
-        n: usize,
-        n0: usize,
-        n1: usize,
-    ) {
-        match f {
-            WeightFormat::F32 => small_m_f::<F32>(x, m, w, ws, k, out, n, n0, n1),
-            WeightFormat::F16 => small_m_f::<F16>(x, m, w, ws, k, out, n, n0, n1),
-            WeightFormat::BF16 => small_m_f::<BF16>(x, m, w, ws, k, out, n, n0, n1),
-            WeightFormat::Q8_0 => small_m_f::<Q8_0>(x, m, w, ws, k, out, n, n0, n1),
-            WeightFormat::Q4_0 => small_m_f::<Q4_0>(x, m, w, ws, k, out, n, n0, n1),
-            WeightFormat::Q4_1 => small_m_f::<Q4_1>(x, m, w, ws, k, out, n, n0, n1),
-            WeightFormat::Q5_0 => small_m_f::<Q5_0>(x, m, w, ws, k, out, n, n0, n1),
-            WeightFormat::Q5_1 => small_m_f::<Q5_1>(x, m, w, ws, k, out, n, n0, n1),
-            other => unreachable!("fused small-m matmul of {other:?}"),
-        }
-    }
-
-    /// Rows `m0..m1` of `x` against a panel of `pn` f32 weight rows (`wp`, stride `ws`
-    /// bytes); `out` points at column 0 of the panel, row stride `n`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn panel_f32(
-        x: *const f32,
-        m0: usize,
-        m1: usize,
-        k: usize,
-        wp: *const u8,
-        ws: usize,
-        pn: usize,
-        out: *mut f32,
-        n: usize,
-    ) {
-        let mut i = m0;
-        while i < m1 {
-            let mr = 4.min(m1 - i);
-            let mut j = 0;
-            while j < pn {
-                let nr = 4.min(pn - j);
-                tile_dyn::<F32>(
-                    mr,
-                    nr,
-                    x.add(i * k),
-                    k,
-                    wp.add(j * ws),
-                    ws,
-                    k,
-                    out.add(i * n + j),
-                    n,
-                );
-                j += nr;
-            }
-            i += mr;
-        }
-    }
-
-    /// Converts `k` floats to bf16 (round to nearest even), zero-padding to `kp`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c,avx512bf16")]
-    unsafe fn to_bf16_row(src: *const f32, k: usize, dst: *mut u16, kp: usize) {
-        let mut i = 0;
-        while i < kp {
-            let rem = k.saturating_sub(i);
-            let m0: __mmask16 = ((1u32 << rem.min(16)) - 1) as u16;
-            let m1: __mmask16 = ((1u32 << rem.saturating_sub(16).min(16)) - 1) as u16;
-            let a = _mm512_maskz_loadu_ps(m0, src.add(i));
-            let b = _mm512_maskz_loadu_ps(m1, src.add(i + 16));
-            let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
-            _mm512_storeu_si512(dst.add(i) as *mut __m512i, v);
-            i += 32;
-        }
-    }
-
-    /// `MR × NR` tile of bf16 dot products (`vdpbf16ps`, f32 accumulation) over `kp`
-    /// (a multiple of 32, zero-padded) elements.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c,avx512bf16")]
-    unsafe fn tile_bf16<const MR: usize, const NR: usize>(
-        x: *const u16,
-        w: *const u16,
-        kp: usize,
-        out: *mut f32,
-        os: usize,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-        let mut b = 0;
-        while b < kp {
-            let mut wv: [__m512bh; NR] =
-                [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); NR];
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
-                    w.add(r * kp + b) as *const __m512i,
-                ));
-            }
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xv = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
-                    x.add(i * kp + b) as *const __m512i,
-                ));
-                for r in 0..NR {
-                    a[r] = _mm512_dpbf16_ps(a[r], xv, wv[r]);
-                }
-            }
-            b += 32;
-        }
-        for (i, a) in acc.iter().enumerate() {
-            if NR == 4 {
-                _mm_storeu_ps(out.add(i * os), hsum4(a[0], a[1], a[2], a[3]));
-            } else {
-                for (r, v) in a.iter().enumerate() {
-                    *out.add(i * os + r) = _mm512_reduce_add_ps(*v);
-                }
-            }
-        }
-    }
-
-    /// Fast path for one panel: activations (converted once per task, when `first`)
-    /// and weights rounded to bf16, `vdpbf16ps` with f32 accumulation.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c,avx512bf16")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn bf16_panel(
-        x: *const f32,
-        m0: usize,
-        m1: usize,
-        k: usize,
-        w: &crate::weights::WeightMatrix,
-        pn0: usize,
-        pn: usize,
-        out: *mut f32,
-        n: usize,
-        panel: &mut [f32],
-        xb: &mut Vec<u16>,
-        wb: &mut Vec<u16>,
-        first: bool,
-    ) {
-        let kp = k.next_multiple_of(32);
-        let mm = m1 - m0;
-        if xb.len() < mm * kp {
-            xb.resize(mm * kp, 0);
-        }
-        if wb.len() < super::NB * kp {
-            wb.resize(super::NB * kp, 0);
-        }
-        if first {
-            for i in 0..mm {
-                to_bf16_row(x.add((m0 + i) * k), k, xb.as_mut_ptr().add(i * kp), kp);
-            }
-        }
-        for r in 0..pn {
-            let src = w.base_ptr().add((pn0 + r) * w.row_stride());
-            let dst = wb.as_mut_ptr().add(r * kp);
-            if w.format() == WeightFormat::BF16 {
-                std::ptr::copy_nonoverlapping(src as *const u16, dst, k);
-                std::ptr::write_bytes(dst.add(k), 0, kp - k);
-            } else {
-                crate::quant::simd::dequant_row(w.format(), src, k, panel.as_mut_ptr());
-                to_bf16_row(panel.as_ptr(), k, dst, kp);
-            }
-        }
-        let mut i = 0;
-        while i < mm {
-            let mr = 4.min(mm - i);
-            let mut j = 0;
-            while j < pn {
-                let nr = 4.min(pn - j);
-                let (xp, wp) = (xb.as_ptr().add(i * kp), wb.as_ptr().add(j * kp));
-                let op = out.add((m0 + i) * n + pn0 + j);
-                macro_rules! go {
-                    ($($m:literal $n:literal),*) => {
-                        match (mr, nr) {
-                            $(($m, $n) => tile_bf16::<$m, $n>(xp, wp, kp, op, n),)*
-                            _ => unreachable!("tile {mr}x{nr}"),
-                        }
-                    };
-                }
-                go!(1 1, 1 2, 1 3, 1 4, 2 1, 2 2, 2 3, 2 4, 3 1, 3 2, 3 3, 3 4, 4 1, 4 2, 4 3, 4 4);
-                j += nr;
-            }
-            i += mr;
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_gemm;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
 mod each;
 #[cfg(target_arch = "aarch64")]
 mod neon;

@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::{padded_blocks, ActsView};
-use crate::matmul::avx::hsum4;
+use crate::matmul::avx512::hsum4;
 use crate::matmul::{prefetch_bytes, PREFETCH_ROWS};
 use crate::quant::{WeightFormat, QK};
 use crate::weights::WeightMatrix;

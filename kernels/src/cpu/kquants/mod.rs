@@ -24,6 +24,10 @@
 
 pub(crate) mod dequant;
 pub(crate) mod quantize;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod simd_avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod simd_avx512;
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
 //! AVX2 + FMA micro-kernels of the f32-activation matmul: the 256-bit twins of the
-//! AVX-512 ones in `matmul.rs`, for the CPUs without AVX-512 (most laptops, Zen 2/3
+//! AVX-512 ones in `avx512.rs`, for the CPUs without AVX-512 (most laptops, Zen 2/3
 //! cloud VMs, pre-Ice-Lake Intel servers).
 //!
 //! Same structure: a tile of `MR` rows of `x` by `NR` weight rows, weights decoded on
@@ -16,29 +16,14 @@ use crate::cpu::quant::dequantize_scalar;
 use crate::quant::WeightFormat;
 use std::arch::x86_64::*;
 
+use super::codes::{
+    blk_bytes, blk_off, prefetch_off, subs, BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K,
+    Q6_K, Q8_0,
+};
 use super::PREFETCH_ROWS;
-
-const F32: u8 = 0;
-const F16: u8 = 1;
-const BF16: u8 = 2;
-const Q8_0: u8 = 3;
-const Q4_0: u8 = 4;
-const Q4_1: u8 = 5;
-const Q5_0: u8 = 6;
-const Q5_1: u8 = 7;
-
-/// Bytes per 32-element block of format `F`.
-const fn blk_bytes(f: u8) -> usize {
-    match f {
-        F32 => 128,
-        F16 | BF16 => 64,
-        Q8_0 => 34,
-        Q4_0 => 18,
-        Q5_0 => 22,
-        Q5_1 => 24,
-        _ => 20,
-    }
-}
+use crate::cpu::kquants::simd_avx2::{
+    k4_scales, q4_k_sub, q5_k_sub, q6_k_sub, q6_scales, SubScales,
+};
 
 const fn format_of(f: u8) -> WeightFormat {
     match f {
@@ -53,11 +38,24 @@ const fn format_of(f: u8) -> WeightFormat {
     }
 }
 
-/// Decodes 32 elements (block `b`) of a row.
+/// The scales of super-block `sb` of a K-quant `F`, shared by its sub-blocks; nothing
+/// for the 32-element formats.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load_blk<const F: u8>(row: *const u8, b: usize) -> Block8 {
-    let p = row.add(b * blk_bytes(F));
+pub(super) unsafe fn sub_scales<const F: u8>(sb: *const u8) -> SubScales {
+    match F {
+        Q4_K | Q5_K => k4_scales(sb),
+        Q6_K => q6_scales(sb),
+        _ => [0.0; 16],
+    }
+}
+
+/// Decodes 32 elements of a row: block `s`, or for the K-quants sub-block `j` of
+/// super-block `s`, whose scales are `sc`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_blk<const F: u8>(row: *const u8, s: usize, j: usize, sc: &SubScales) -> Block8 {
+    let p = row.add(blk_off(F, s));
     match F {
         F32 => {
             let p = p as *const f32;
@@ -84,6 +82,9 @@ unsafe fn load_blk<const F: u8>(row: *const u8, b: usize) -> Block8 {
         Q4_0 => q4_0_block(p),
         Q5_0 => q5_block::<false>(p),
         Q5_1 => q5_block::<true>(p),
+        Q4_K => q4_k_sub(p, j, sc),
+        Q5_K => q5_k_sub(p, j, sc),
+        Q6_K => q6_k_sub(p, j, sc),
         _ => q4_1_block(p),
     }
 }
@@ -138,47 +139,55 @@ unsafe fn tile<const F: u8, const MR: usize, const NR: usize>(
     // Two chains per accumulator for one-row tiles (latency), one otherwise (registers).
     let mut acc = [[[_mm256_setzero_ps(); 2]; NR]; MR];
     let nb = k / 32;
-    for b in 0..nb {
-        if MR == 1 {
-            // Decode is bound by the weights' stream: prefetch the same block of the
-            // rows a tile or two ahead.
-            for r in 0..NR {
-                let p = w.wrapping_add((r + PREFETCH_ROWS) * ws + b * blk_bytes(F));
-                _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-            }
+    for s in 0..nb / subs(F) {
+        // The K-quants' scales, once per super-block and row.
+        let mut sc = [[0.0f32; 16]; NR];
+        for (r, sc) in sc.iter_mut().enumerate() {
+            *sc = sub_scales::<F>(w.add(r * ws + blk_off(F, s)));
         }
-        if matches!(F, F32 | F16 | BF16) {
-            // Float rows load eight at a time: each x vector is loaded once for all
-            // NR rows (MR + NR loads per MR·NR FMAs keeps the FMA ports busy).
-            for q in 0..4 {
-                let mut wv = [_mm256_setzero_ps(); NR];
-                for (r, v) in wv.iter_mut().enumerate() {
-                    *v = load_sub::<F>(w.add(r * ws), b, q);
+        for j in 0..subs(F) {
+            if MR == 1 {
+                // Decode is bound by the weights' stream: prefetch the same block of
+                // the rows a tile or two ahead.
+                for r in 0..NR {
+                    let p = w.wrapping_add((r + PREFETCH_ROWS) * ws + prefetch_off(F, s, j));
+                    _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
                 }
-                // Two chains per accumulator only for one-row tiles (registers).
-                let c = if MR == 1 { q & 1 } else { 0 };
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm256_loadu_ps(x.add(i * xs + b * 32 + 8 * q));
-                    for r in 0..NR {
-                        a[r][c] = _mm256_fmadd_ps(wv[r], xv, a[r][c]);
+            }
+            let b = s * subs(F) + j;
+            if matches!(F, F32 | F16 | BF16) {
+                // Float rows load eight at a time: each x vector is loaded once for all
+                // NR rows (MR + NR loads per MR·NR FMAs keeps the FMA ports busy).
+                for q in 0..4 {
+                    let mut wv = [_mm256_setzero_ps(); NR];
+                    for (r, v) in wv.iter_mut().enumerate() {
+                        *v = load_sub::<F>(w.add(r * ws), b, q);
+                    }
+                    // Two chains per accumulator only for one-row tiles (registers).
+                    let c = if MR == 1 { q & 1 } else { 0 };
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_ps(x.add(i * xs + b * 32 + 8 * q));
+                        for r in 0..NR {
+                            a[r][c] = _mm256_fmadd_ps(wv[r], xv, a[r][c]);
+                        }
                     }
                 }
+                continue;
             }
-            continue;
-        }
-        for r in 0..NR {
-            let wv = load_blk::<F>(w.add(r * ws), b);
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xp = x.add(i * xs + b * 32);
-                let a = &mut a[r];
-                if MR == 1 {
-                    a[0] = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xp), a[0]);
-                    a[1] = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xp.add(8)), a[1]);
-                    a[0] = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xp.add(16)), a[0]);
-                    a[1] = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xp.add(24)), a[1]);
-                } else {
-                    for (q, v) in wv.iter().enumerate() {
-                        a[0] = _mm256_fmadd_ps(*v, _mm256_loadu_ps(xp.add(8 * q)), a[0]);
+            for r in 0..NR {
+                let wv = load_blk::<F>(w.add(r * ws), s, j, &sc[r]);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let xp = x.add(i * xs + b * 32);
+                    let a = &mut a[r];
+                    if MR == 1 {
+                        a[0] = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xp), a[0]);
+                        a[1] = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xp.add(8)), a[1]);
+                        a[0] = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xp.add(16)), a[0]);
+                        a[1] = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xp.add(24)), a[1]);
+                    } else {
+                        for (q, v) in wv.iter().enumerate() {
+                            a[0] = _mm256_fmadd_ps(*v, _mm256_loadu_ps(xp.add(8 * q)), a[0]);
+                        }
                     }
                 }
             }
@@ -191,7 +200,7 @@ unsafe fn tile<const F: u8, const MR: usize, const NR: usize>(
         let mut wt = [0.0f32; 32];
         let eb = blk_bytes(F) / 32;
         for r in 0..NR {
-            let src = std::slice::from_raw_parts(w.add(r * ws + nb * blk_bytes(F)), rem * eb);
+            let src = std::slice::from_raw_parts(w.add(r * ws + blk_off(F, nb)), rem * eb);
             dequantize_scalar(format_of(F), src, &mut wt[..rem]);
             for (i, t) in tail.iter_mut().enumerate() {
                 let xp = std::slice::from_raw_parts(x.add(i * xs + nb * 32), rem);
@@ -201,8 +210,8 @@ unsafe fn tile<const F: u8, const MR: usize, const NR: usize>(
     }
     for (i, a) in acc.iter().enumerate() {
         let mut s = [_mm256_setzero_ps(); NR];
-        for r in 0..NR {
-            s[r] = _mm256_add_ps(a[r][0], a[r][1]);
+        for (s, v) in s.iter_mut().zip(a) {
+            *s = _mm256_add_ps(v[0], v[1]);
         }
         if NR == 4 {
             let v = _mm_add_ps(
@@ -303,6 +312,9 @@ pub(super) unsafe fn small_m(
         WeightFormat::Q4_1 => small_m_f::<Q4_1>(x, m, w, ws, k, out, n, n0, n1),
         WeightFormat::Q5_0 => small_m_f::<Q5_0>(x, m, w, ws, k, out, n, n0, n1),
         WeightFormat::Q5_1 => small_m_f::<Q5_1>(x, m, w, ws, k, out, n, n0, n1),
+        WeightFormat::Q4_K => small_m_f::<Q4_K>(x, m, w, ws, k, out, n, n0, n1),
+        WeightFormat::Q5_K => small_m_f::<Q5_K>(x, m, w, ws, k, out, n, n0, n1),
+        WeightFormat::Q6_K => small_m_f::<Q6_K>(x, m, w, ws, k, out, n, n0, n1),
         other => unreachable!("fused small-m matmul of {other:?}"),
     }
 }

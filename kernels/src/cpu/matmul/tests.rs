@@ -130,11 +130,35 @@ fn fast_bf16_is_close() {
 fn extra_quant_formats_match_reference() {
     let pool = ThreadPool::new(2);
     for f in WeightFormat::EXTRA_QUANTS {
-        // Small m (decoded panels) and large m (blocked path), several panels of rows.
-        for &(m, n, k) in &[(1, 37, 512), (3, 21, 256), (67, 35, 512)] {
+        // Every small m (fused or decoded panels), column counts that leave partial
+        // tiles, and large m (blocked path), over several panels of rows.
+        for &(m, n, k) in &[
+            (1, 37, 512),
+            (2, 23, 256),
+            (3, 21, 256),
+            (4, 18, 768),
+            (67, 35, 512),
+        ] {
             for isa in CpuIsa::available() {
                 check(f, m, n, k, isa, &pool);
             }
+        }
+    }
+}
+
+#[test]
+fn five_bit_and_k_quants_are_fused_at_every_simd_level() {
+    use WeightFormat as W;
+    for isa in CpuIsa::available() {
+        for f in [W::Q5_0, W::Q5_1, W::Q4_K, W::Q5_K, W::Q6_K] {
+            assert_eq!(
+                fused_small_m(f, isa),
+                isa != CpuIsa::Scalar,
+                "{f:?} at {isa}"
+            );
+        }
+        for f in [W::F32, W::BF16, W::Q8_0, W::Q4_0, W::Q4_1] {
+            assert!(fused_small_m(f, isa), "{f:?} at {isa}");
         }
     }
 }
