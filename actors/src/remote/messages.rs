@@ -150,7 +150,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, &[u8]), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dcpserve_kernels::{CpuMatmul, CudaGraphs, Device, GpuMatmul};
+    use dcpserve_kernels::{CudaGraphs, Device, GpuMatmul};
 
     #[test]
     fn messages_round_trip_with_their_payload() {
@@ -180,11 +180,12 @@ mod tests {
                 comm_specs: groups.rank_specs(&layout, 1, None, MergeExchange::default()),
                 model: PathBuf::from("models/m.gguf"),
                 precision: WeightPrecision::BF16,
+                // The rest default, so that a new setting needs no edit here.
                 rank_settings: RankSettings {
                     device: Device::Cuda,
-                    cpu_matmul: CpuMatmul::Auto,
                     gpu_matmul,
                     cuda_graphs,
+                    ..RankSettings::default()
                 },
                 placement: layout.placement(1),
                 num_blocks: 8,
