@@ -72,26 +72,26 @@ impl EngineBuilder {
 
     /// Where the ranks compute (`--device`): the CPU, or CUDA GPUs (checked at start).
     pub fn device(mut self, device: dcpserve_kernels::Device) -> Self {
-        self.config.device = device;
+        self.config.rank_settings.device = device;
         self
     }
 
     /// How quantized weights are multiplied on the CPU (int8 activations or f32).
     pub fn cpu_matmul(mut self, mode: dcpserve_kernels::CpuMatmul) -> Self {
-        self.config.cpu_matmul = mode;
+        self.config.rank_settings.cpu_matmul = mode;
         self
     }
 
     /// How GPU ranks multiply by bf16 weights (default: bf16 tensor-core GEMMs).
     pub fn gpu_matmul(mut self, mode: dcpserve_kernels::GpuMatmul) -> Self {
-        self.config.gpu_matmul = mode;
+        self.config.rank_settings.gpu_matmul = mode;
         self
     }
 
     /// Whether GPU ranks replay decode steps from CUDA graphs (default: on; `off`
     /// launches every kernel one by one, as vLLM's `--enforce-eager`).
     pub fn cuda_graphs(mut self, mode: dcpserve_kernels::CudaGraphs) -> Self {
-        self.config.cuda_graphs = mode;
+        self.config.rank_settings.cuda_graphs = mode;
         self
     }
 

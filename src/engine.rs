@@ -130,7 +130,7 @@ impl Engine {
     ) -> Result<Self> {
         config.validate_limits()?;
         // A missing GPU driver is told before the model's files are opened.
-        crate::device_check::check_device(config.device)?;
+        crate::device_check::check_device(config.rank_settings.device)?;
         // vLLM's defaults (e.g. n-gram sizes) are filled in once, here.
         let mut config = config;
         config.speculative = config.speculative.map(|s| s.normalized()).transpose()?;

@@ -29,7 +29,8 @@ pub use dcpserve_actors::{
 };
 pub use dcpserve_config::{
     default_model_path, parse_kv_cache_dtype, DType, DistributedBackend, EngineConfig,
-    ModeledLinkConfig, ParallelConfig, SpeculativeConfig, SpeculativeMethod, DEFAULT_MODEL_FILE,
+    ModeledLinkConfig, ParallelConfig, RankSettings, RankSettingsFlags, SpeculativeConfig,
+    SpeculativeMethod, DEFAULT_MODEL_FILE,
 };
 pub use dcpserve_kernels::{CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType};
 pub use dcpserve_model::ChatMessage;

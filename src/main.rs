@@ -158,27 +158,12 @@ struct EngineArgs {
     /// Weight precision: auto (bf16, or quantized weights kept quantized), float32, bfloat16.
     #[arg(long, default_value = "auto")]
     dtype: String,
-    /// Where the ranks compute: cpu, or cuda (rank r on visible GPU r mod count; the
-    /// CUDA backend has not run on a GPU yet).
-    #[arg(long, default_value = "cpu")]
-    device: dcpserve::Device,
+    #[command(flatten)]
+    rank_settings: dcpserve::RankSettingsFlags,
     /// With --device cuda: the share of each GPU's memory to use (weights, activations
     /// and the KV cache sized from what remains), as vLLM's flag.
     #[arg(long, default_value_t = 0.9)]
     gpu_memory_utilization: f64,
-    /// With --device cuda: bf16 (cuBLAS bf16 tensor-core GEMMs with f32 accumulation, as
-    /// vLLM) or exact (f32 activations times bf16 weights, closest to the CPU engine).
-    #[arg(long, default_value = "bf16")]
-    gpu_matmul: dcpserve::GpuMatmul,
-    /// GPU ranks: replay decode steps from CUDA graphs (on, the default) or launch every
-    /// kernel one by one (off, like vLLM's --enforce-eager)
-    #[arg(long, default_value = "on")]
-    cuda_graphs: dcpserve::CudaGraphs,
-    /// Quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights on the CPU: int8 (activations quantized to
-    /// int8 per 32-block, VNNI/AVX2 integer dot products), f32 (weights decoded to
-    /// f32), or auto (f32 unless DCPSERVE_CPU_MATMUL=int8; int8 costs accuracy).
-    #[arg(long, default_value = "auto")]
-    cpu_matmul: String,
     /// How the KV cache stores values (vLLM's names): auto (float32 under
     /// --dtype float32, else bfloat16), float32, bfloat16, fp8 (= fp8_e4m3), fp8_e5m2.
     #[arg(long, default_value = "auto")]
@@ -255,11 +240,8 @@ impl EngineArgs {
         }
         let cfg = EngineConfig {
             dtype: self.dtype.parse::<DType>()?,
-            device: self.device,
+            rank_settings: self.rank_settings.rank_settings()?,
             gpu_memory_utilization: self.gpu_memory_utilization,
-            gpu_matmul: self.gpu_matmul,
-            cuda_graphs: self.cuda_graphs,
-            cpu_matmul: self.cpu_matmul.parse::<dcpserve::CpuMatmul>()?,
             kv_cache_dtype: dcpserve::parse_kv_cache_dtype(&self.kv_cache_dtype)?,
             block_size: self.block_size,
             kv_cache_memory_bytes: self.kv_cache_memory_bytes,
@@ -439,12 +421,13 @@ mod tests {
         let Command::Generate(a) = cli.command else {
             panic!("not generate");
         };
-        assert_eq!(a.engine.device, dcpserve::Device::Cuda);
+        assert_eq!(a.engine.rank_settings.device, Some(dcpserve::Device::Cuda));
         let cli = Cli::try_parse_from(["dcpserve", "generate", "--prompt", "x"]).unwrap();
         let Command::Generate(a) = cli.command else {
             panic!("not generate");
         };
-        assert_eq!(a.engine.device, dcpserve::Device::Cpu, "cpu by default");
+        let settings = a.engine.rank_settings.rank_settings().unwrap();
+        assert_eq!(settings.device, dcpserve::Device::Cpu, "cpu by default");
         assert!(
             Cli::try_parse_from(["dcpserve", "generate", "--prompt", "x", "--device", "gpu"])
                 .is_err()
@@ -463,17 +446,19 @@ mod tests {
 
     #[test]
     fn gpu_matmul_and_cuda_graphs_flags_parse_for_generate() {
-        let a = generate_engine(&["--gpu-matmul", "exact", "--cuda-graphs", "off"]).unwrap();
-        assert_eq!(a.gpu_matmul, dcpserve::GpuMatmul::Exact);
-        assert_eq!(a.cuda_graphs, dcpserve::CudaGraphs::Off);
+        let settings = |a: super::EngineArgs| a.rank_settings.rank_settings().unwrap();
+        let s =
+            settings(generate_engine(&["--gpu-matmul", "exact", "--cuda-graphs", "off"]).unwrap());
+        assert_eq!(s.gpu_matmul, dcpserve::GpuMatmul::Exact);
+        assert_eq!(s.cuda_graphs, dcpserve::CudaGraphs::Off);
         // Both reach the engine config (any existing path stands in for the model).
         let a = generate_engine(&["--model", "Cargo.toml", "--cuda-graphs", "off"]).unwrap();
         let (_, cfg) = a.config().unwrap();
-        assert_eq!(cfg.cuda_graphs, dcpserve::CudaGraphs::Off);
-        assert_eq!(cfg.gpu_matmul, dcpserve::GpuMatmul::Bf16);
+        assert_eq!(cfg.rank_settings.cuda_graphs, dcpserve::CudaGraphs::Off);
+        assert_eq!(cfg.rank_settings.gpu_matmul, dcpserve::GpuMatmul::Bf16);
         let a = generate_engine(&["--cuda-graphs=on"]).unwrap();
-        assert_eq!(a.cuda_graphs, dcpserve::CudaGraphs::On);
-        let a = generate_engine(&[]).unwrap();
+        assert_eq!(settings(a).cuda_graphs, dcpserve::CudaGraphs::On);
+        let a = settings(generate_engine(&[]).unwrap());
         assert_eq!(a.gpu_matmul, dcpserve::GpuMatmul::Bf16, "bf16 by default");
         assert_eq!(a.cuda_graphs, dcpserve::CudaGraphs::On, "on by default");
         assert!(generate_engine(&["--gpu-matmul", "fp4"]).is_err());

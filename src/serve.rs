@@ -77,26 +77,13 @@ pub struct ServeArgs {
     /// --dtype float32, else bfloat16), float32, bfloat16, fp8 (= fp8_e4m3), fp8_e5m2.
     #[arg(long)]
     pub kv_cache_dtype: Option<String>,
-    /// Where the ranks compute: cpu (default) or cuda (rank r on visible GPU r mod count;
-    /// the CUDA backend has not run on a GPU yet).
-    #[arg(long)]
-    pub device: Option<dcpserve_kernels::Device>,
+    /// `--device`, `--gpu-matmul`, `--cuda-graphs`, `--cpu-matmul`.
+    #[command(flatten)]
+    pub rank_settings: dcpserve_config::RankSettingsFlags,
     /// With --device cuda: the share of each GPU's memory to use (weights, activations
     /// and the KV cache sized from what remains), as vLLM's flag [default: 0.9].
     #[arg(long)]
     pub gpu_memory_utilization: Option<f64>,
-    /// With --device cuda: bf16 (cuBLAS bf16 tensor-core GEMMs, f32 accumulation) or
-    /// exact (f32 activations, closest to the CPU engine) [default: bf16].
-    #[arg(long)]
-    pub gpu_matmul: Option<crate::GpuMatmul>,
-    /// GPU ranks: replay decode steps from CUDA graphs (on, the default) or launch every
-    /// kernel one by one (off, like vLLM's --enforce-eager)
-    #[arg(long)]
-    pub cuda_graphs: Option<crate::CudaGraphs>,
-    /// Quantized weights on the CPU: auto (= f32 unless DCPSERVE_CPU_MATMUL=int8), int8
-    /// (int8 activations, VNNI/AVX2 integer dot products) or f32 (weights decoded).
-    #[arg(long)]
-    pub cpu_matmul: Option<String>,
     /// Reuse KV blocks of shared prompt prefixes (default on).
     #[arg(long, overrides_with = "no_enable_prefix_caching")]
     pub enable_prefix_caching: bool,
@@ -176,11 +163,8 @@ impl ServeArgs {
             block_size: self.block_size,
             dtype: self.dtype.clone(),
             kv_cache_dtype: self.kv_cache_dtype.clone(),
-            cpu_matmul: self.cpu_matmul.clone(),
-            device: self.device,
+            rank_settings: self.rank_settings.clone(),
             gpu_memory_utilization: self.gpu_memory_utilization,
-            gpu_matmul: self.gpu_matmul,
-            cuda_graphs: self.cuda_graphs,
             enable_prefix_caching: if self.no_enable_prefix_caching {
                 Some(false)
             } else if self.enable_prefix_caching {
@@ -489,10 +473,14 @@ mod tests {
     fn device_flag_reaches_the_engine_config() {
         let cli = Cli::try_parse_from(["serve", "--device", "cuda"]).unwrap();
         let e = cli.serve.model_entry().engine_config().unwrap();
-        assert_eq!(e.device, dcpserve_kernels::Device::Cuda);
+        assert_eq!(e.rank_settings.device, dcpserve_kernels::Device::Cuda);
         let cli = Cli::try_parse_from(["serve"]).unwrap();
         let e = cli.serve.model_entry().engine_config().unwrap();
-        assert_eq!(e.device, dcpserve_kernels::Device::Cpu, "cpu by default");
+        assert_eq!(
+            e.rank_settings.device,
+            dcpserve_kernels::Device::Cpu,
+            "cpu by default"
+        );
         assert!(Cli::try_parse_from(["serve", "--device", "tpu"]).is_err());
     }
 
@@ -510,15 +498,19 @@ mod tests {
         ])
         .unwrap();
         let e = cli.serve.model_entry().engine_config().unwrap();
-        assert_eq!(e.gpu_matmul, GpuMatmul::Exact);
-        assert_eq!(e.cuda_graphs, CudaGraphs::Off);
+        assert_eq!(e.rank_settings.gpu_matmul, GpuMatmul::Exact);
+        assert_eq!(e.rank_settings.cuda_graphs, CudaGraphs::Off);
         let cli = Cli::try_parse_from(["serve", "--cuda-graphs=on"]).unwrap();
         let e = cli.serve.model_entry().engine_config().unwrap();
-        assert_eq!(e.cuda_graphs, CudaGraphs::On);
+        assert_eq!(e.rank_settings.cuda_graphs, CudaGraphs::On);
         let cli = Cli::try_parse_from(["serve"]).unwrap();
         let e = cli.serve.model_entry().engine_config().unwrap();
-        assert_eq!(e.gpu_matmul, GpuMatmul::Bf16, "bf16 by default");
-        assert_eq!(e.cuda_graphs, CudaGraphs::On, "on by default");
+        assert_eq!(
+            e.rank_settings.gpu_matmul,
+            GpuMatmul::Bf16,
+            "bf16 by default"
+        );
+        assert_eq!(e.rank_settings.cuda_graphs, CudaGraphs::On, "on by default");
         assert!(Cli::try_parse_from(["serve", "--gpu-matmul", "fp4"]).is_err());
         let err = Cli::try_parse_from(["serve", "--cuda-graphs", "eager"])
             .err()

@@ -15,9 +15,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use dcpserve_kernels::{
-    Backend, CpuBackend, CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType,
-};
+use dcpserve_config::RankSettings;
+use dcpserve_kernels::{Backend, CpuBackend, Device, KvCacheDType};
 use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, TurnPoints, WeightPrecision};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -64,14 +63,9 @@ pub struct RankArgs {
     pub comm_specs: RankCommSpecs,
     pub files: Arc<ModelFiles>,
     pub precision: WeightPrecision,
-    /// Where the rank computes: its backend (CPU, or the GPU `rank mod visible` for CUDA).
-    pub device: Device,
-    /// How the rank's CPU backend multiplies by quantized weights.
-    pub cpu_matmul: CpuMatmul,
-    /// How the rank's CUDA backend multiplies by bf16 weights.
-    pub gpu_matmul: GpuMatmul,
-    /// Whether the rank's CUDA backend replays decode steps from CUDA graphs.
-    pub cuda_graphs: CudaGraphs,
+    /// What the rank builds its backend from: the device (CPU, or the GPU
+    /// `rank mod visible` for CUDA) and how that backend computes.
+    pub rank_settings: RankSettings,
     pub placement: Placement,
     pub num_blocks: usize,
     /// How the rank's KV cache stores values.
@@ -226,17 +220,17 @@ fn compute_thread(
     ready: oneshot::Sender<Result<(), String>>,
     myself: ActorRef<RankMsg>,
 ) {
-    match args.device {
+    match args.rank_settings.device {
         Device::Cpu => {
-            let backend = CpuBackend::new(args.threads.max(1)).with_cpu_matmul(args.cpu_matmul);
+            let backend =
+                CpuBackend::new(args.threads.max(1)).with_cpu_matmul(args.rank_settings.cpu_matmul);
             run_rank(args, backend, comms, jobs, ready, myself)
         }
         Device::Cuda => {
             match crate::rank_cuda::cuda_rank_backend(
                 args.rank,
                 &args.comm_specs,
-                args.gpu_matmul,
-                args.cuda_graphs,
+                &args.rank_settings,
             ) {
                 Ok((backend, gpu_comms)) => run_rank(args, backend, gpu_comms, jobs, ready, myself),
                 Err(e) => {

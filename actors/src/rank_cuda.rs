@@ -16,10 +16,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dcpserve_config::RankSettings;
 use dcpserve_kernels::comm::{CommGroupSpec, Transport};
 use dcpserve_kernels::cuda_comm::{cuda_devices_for_ranks, join_gpu_group};
 use dcpserve_kernels::device::gpu_for_rank;
-use dcpserve_kernels::{Collectives, CudaBackend, CudaGraphs, GpuMatmul};
+use dcpserve_kernels::{Collectives, CudaBackend};
 use dcpserve_model::arch::RankComms;
 
 use crate::collective::{RankChannels, RankCommSpecs};
@@ -33,15 +34,17 @@ const JOIN_PATIENCE: Duration = Duration::from_secs(120);
 pub(crate) fn cuda_rank_backend(
     rank: usize,
     specs: &RankCommSpecs,
-    gpu_matmul: GpuMatmul,
-    cuda_graphs: CudaGraphs,
+    settings: &RankSettings,
 ) -> Result<(CudaBackend, RankChannels<CudaBackend>), String> {
     let visible = cuda_devices_for_ranks().map_err(|e| format!("--device cuda: {e}"))?;
     let gpu = gpu_for_rank(rank, visible)
         .ok_or("--device cuda: the CUDA driver shows no GPU to this process")?;
     check_cuda_specs(specs)?;
     let backend = CudaBackend::with_micro_batches(gpu, specs.micro_batches.len())
-        .map(|b| b.with_gpu_matmul(gpu_matmul).with_cuda_graphs(cuda_graphs))
+        .map(|b| {
+            b.with_gpu_matmul(settings.gpu_matmul)
+                .with_cuda_graphs(settings.cuda_graphs)
+        })
         .map_err(|e| format!("--device cuda, GPU {gpu}: {e}"))?;
     let join = |spec: &CommGroupSpec,
                 what: &str,
@@ -140,14 +143,9 @@ mod tests {
             eprintln!("skipped: this machine has a CUDA driver");
             return;
         }
-        let e = cuda_rank_backend(
-            1,
-            &specs(2, None),
-            GpuMatmul::default(),
-            CudaGraphs::default(),
-        )
-        .err()
-        .unwrap();
+        let e = cuda_rank_backend(1, &specs(2, None), &RankSettings::default())
+            .err()
+            .unwrap();
         assert!(e.starts_with("--device cuda"), "{e}");
     }
 }

@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use dcpserve_config::MergeExchange;
+use dcpserve_config::{MergeExchange, RankSettings};
 use dcpserve_kernels::dcp::Layout;
-use dcpserve_kernels::{CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType, LinkModel};
+use dcpserve_kernels::{KvCacheDType, LinkModel};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
@@ -49,14 +49,9 @@ impl Executor {
 pub struct RankGroupSpec {
     pub files: Arc<ModelFiles>,
     pub precision: WeightPrecision,
-    /// Where the ranks compute (`--device`).
-    pub device: Device,
-    /// How the ranks' CPU backends multiply by quantized weights.
-    pub cpu_matmul: CpuMatmul,
-    /// How the ranks' CUDA backends multiply by bf16 weights.
-    pub gpu_matmul: GpuMatmul,
-    /// Whether the ranks' CUDA backends replay decode steps from CUDA graphs.
-    pub cuda_graphs: CudaGraphs,
+    /// What every rank builds its backend from (`--device` and the matmul and CUDA
+    /// graph modes).
+    pub rank_settings: RankSettings,
     pub layout: Layout,
     /// KV blocks per rank.
     pub num_blocks: usize,
@@ -263,10 +258,7 @@ fn rank_spec(spec: &RankGroupSpec, groups: &GroupLayout, rank: usize, generation
         comm_specs: groups.rank_specs(&layout, rank, spec.link, spec.dcp_merge),
         model: spec.files.path.clone(),
         precision: spec.precision,
-        device: spec.device,
-        cpu_matmul: spec.cpu_matmul,
-        gpu_matmul: spec.gpu_matmul,
-        cuda_graphs: spec.cuda_graphs,
+        rank_settings: spec.rank_settings.clone(),
         placement: layout.placement(rank),
         num_blocks: spec.num_blocks,
         kv_cache_dtype: spec.kv_cache_dtype,

@@ -174,10 +174,7 @@ async fn draft_proposer(
             let spec = DraftModelSpec {
                 parallel,
                 precision: args.precision,
-                device: e.device,
-                cpu_matmul: e.cpu_matmul,
-                gpu_matmul: e.gpu_matmul,
-                cuda_graphs: e.cuda_graphs,
+                rank_settings: e.rank_settings.clone(),
                 block_size: e.block_size,
                 num_blocks: cap.num_blocks,
                 kv_cache_dtype: e.kv_cache_dtype(),
@@ -251,7 +248,7 @@ impl Actor for ModelSupervisor {
         // Where the ranks run, checked before any weight is read.
         let executor = executor(e.distributed_executor_backend)?;
         let local_ranks = executor.process_map(tp)?.ranks_per_process;
-        let budget = match (e.kv_cache_memory_bytes, e.device) {
+        let budget = match (e.kv_cache_memory_bytes, e.rank_settings.device) {
             (Some(bytes), _) => bytes,
             (None, Device::Cpu) => default_kv_bytes(local_ranks),
             (None, Device::Cuda) => gpu_kv_bytes(e, cfg, local_ranks)?,
@@ -368,10 +365,7 @@ impl Actor for ModelSupervisor {
             group_spec: RankGroupSpec {
                 files: args.files.clone(),
                 precision: args.precision,
-                device: args.engine.device,
-                cpu_matmul: args.engine.cpu_matmul,
-                gpu_matmul: args.engine.gpu_matmul,
-                cuda_graphs: args.engine.cuda_graphs,
+                rank_settings: args.engine.rank_settings.clone(),
                 layout,
                 num_blocks: sched_cfg.num_blocks,
                 kv_cache_dtype: kv_dtype,

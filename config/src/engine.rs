@@ -3,9 +3,10 @@
 use serde::{Deserialize, Serialize};
 
 use dcpserve_kernels::dcp::MergeExchange;
-use dcpserve_kernels::{CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType};
+use dcpserve_kernels::KvCacheDType;
 
 use crate::parallel::{ConfigError, ParallelConfig};
+use crate::rank_settings::RankSettings;
 use crate::speculative::SpeculativeConfig;
 
 /// Precision in which weights are kept on the CPU.
@@ -66,14 +67,10 @@ impl std::str::FromStr for DistributedBackend {
 pub struct EngineConfig {
     pub parallel: ParallelConfig,
     pub dtype: DType,
-    /// Where the ranks compute (`--device`): CPU, or CUDA GPUs (rank `r` on visible GPU
-    /// `r mod count`).
-    pub device: Device,
-    /// How the CPU multiplies by quantized (Q8_0/Q4_0/Q4_1) weights: int8 activations
-    /// with integer dot products (`int8`, on AVX-512 VNNI / AVX-VNNI / AVX2), dequantized
-    /// f32 (`f32`), or `auto` (f32 unless `DCPSERVE_CPU_MATMUL=int8`: int8 costs
-    /// accuracy on small models, see `dcpserve_kernels::CpuMatmul`).
-    pub cpu_matmul: CpuMatmul,
+    /// What every rank builds its backend from (`--device`, `--cpu-matmul`,
+    /// `--gpu-matmul`, `--cuda-graphs`); flattened, so the keys stay at the top level.
+    #[serde(flatten)]
+    pub rank_settings: RankSettings,
     /// How the KV cache stores values (`--kv-cache-dtype`); `None` is `auto`, which
     /// follows the compute dtype as vLLM's does: see [`EngineConfig::kv_cache_dtype`].
     pub kv_cache_dtype: Option<KvCacheDType>,
@@ -86,14 +83,6 @@ pub struct EngineConfig {
     /// vLLM's `--gpu-memory-utilization`; only with `device = cuda` and no
     /// `kv_cache_memory_bytes`.
     pub gpu_memory_utilization: f64,
-    /// How GPU ranks multiply by bf16 weights (`--gpu-matmul`): cuBLAS bf16 tensor-core
-    /// GEMMs with f32 accumulation (`bf16`, the default, as vLLM) or f32 activations
-    /// (`exact`, closest to the CPU engine).
-    pub gpu_matmul: GpuMatmul,
-    /// Whether GPU ranks replay decode steps from CUDA graphs (`--cuda-graphs`): `on`
-    /// (the default, as vLLM) or `off` (every kernel launched one by one, as vLLM's
-    /// `--enforce-eager`). CPU ranks ignore it.
-    pub cuda_graphs: CudaGraphs,
     /// Longest prompt + output; `None` uses the model's context length.
     pub max_model_len: Option<usize>,
     /// Most sequences in one step.
@@ -139,14 +128,11 @@ impl Default for EngineConfig {
         Self {
             parallel: ParallelConfig::default(),
             dtype: DType::Auto,
-            device: Device::Cpu,
-            cpu_matmul: CpuMatmul::Auto,
+            rank_settings: RankSettings::default(),
             kv_cache_dtype: None,
             block_size: 16,
             kv_cache_memory_bytes: None,
             gpu_memory_utilization: 0.9,
-            gpu_matmul: GpuMatmul::Bf16,
-            cuda_graphs: CudaGraphs::On,
             max_model_len: None,
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,

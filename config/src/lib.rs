@@ -12,6 +12,7 @@
 
 mod engine;
 mod parallel;
+mod rank_settings;
 pub mod serve_file;
 mod speculative;
 
@@ -21,6 +22,7 @@ pub use engine::{
     parse_kv_cache_dtype, DType, DistributedBackend, EngineConfig, ModeledLinkConfig,
 };
 pub use parallel::{AttentionKind, ConfigError, ParallelConfig, RankLayout};
+pub use rank_settings::{RankSettings, RankSettingsFlags};
 pub use serve_file::{ModelEntry, SamplingDefaults, ServeConfig, ServerSection};
 pub use speculative::{SpeculativeConfig, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
 

@@ -30,7 +30,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{ConfigError, DType, EngineConfig, ParallelConfig, SpeculativeConfig};
+use crate::{
+    ConfigError, DType, EngineConfig, ParallelConfig, RankSettingsFlags, SpeculativeConfig,
+};
 use serde::Deserialize;
 
 /// Default port, as vLLM's.
@@ -77,19 +79,15 @@ pub struct ModelEntry {
     pub max_num_batched_tokens: Option<usize>,
     pub block_size: Option<usize>,
     pub dtype: Option<String>,
-    /// `cpu` (default) or `cuda`, as `--device`.
-    pub device: Option<dcpserve_kernels::Device>,
+    /// `device`, `cpu_matmul`, `gpu_matmul` and `cuda_graphs`, as their flags
+    /// (`cpu`, `auto`, `bf16` and `on` when left out).
+    #[serde(flatten)]
+    pub rank_settings: RankSettingsFlags,
     /// Share of each GPU's memory to use, as `--gpu-memory-utilization` (default 0.9).
     pub gpu_memory_utilization: Option<f64>,
-    /// `bf16` (default) or `exact`, as `--gpu-matmul`.
-    pub gpu_matmul: Option<dcpserve_kernels::GpuMatmul>,
-    /// `on` (default) or `off`, as `--cuda-graphs`.
-    pub cuda_graphs: Option<dcpserve_kernels::CudaGraphs>,
     /// `auto`, `float32`, `bfloat16`, `fp8` (= `fp8_e4m3`) or `fp8_e5m2`, as vLLM's
     /// `--kv-cache-dtype` (see `EngineConfig::kv_cache_dtype`).
     pub kv_cache_dtype: Option<String>,
-    /// `auto`, `f32` or `int8` (see `EngineConfig::cpu_matmul`).
-    pub cpu_matmul: Option<String>,
     pub enable_prefix_caching: Option<bool>,
     pub seed: Option<u64>,
     /// Compute threads of this model (default: all cores).
@@ -139,21 +137,13 @@ impl ModelEntry {
                 Some(s) => s.parse::<DType>()?,
                 None => DType::Auto,
             },
-            device: self.device.unwrap_or(d.device),
+            rank_settings: self.rank_settings.rank_settings()?,
             gpu_memory_utilization: self
                 .gpu_memory_utilization
                 .unwrap_or(d.gpu_memory_utilization),
-            gpu_matmul: self.gpu_matmul.unwrap_or(d.gpu_matmul),
-            cuda_graphs: self.cuda_graphs.unwrap_or(d.cuda_graphs),
             kv_cache_dtype: match &self.kv_cache_dtype {
                 Some(s) => crate::engine::parse_kv_cache_dtype(s)?,
                 None => None,
-            },
-            cpu_matmul: match &self.cpu_matmul {
-                Some(s) => s
-                    .parse()
-                    .map_err(|e: dcpserve_kernels::KernelError| ConfigError(e.to_string()))?,
-                None => d.cpu_matmul,
             },
             block_size: self.block_size.unwrap_or(d.block_size),
             kv_cache_memory_bytes: self.kv_cache_memory_bytes,
@@ -306,22 +296,35 @@ mod tests {
         assert_eq!(e.dtype, DType::Float32);
         assert_eq!(e.kv_cache_dtype(), dcpserve_kernels::KvCacheDType::Fp8E4M3);
         assert_eq!(e.gpu_memory_utilization, 0.8);
-        assert_eq!(e.gpu_matmul, dcpserve_kernels::GpuMatmul::Exact);
-        assert_eq!(e.cuda_graphs, dcpserve_kernels::CudaGraphs::Off);
+        assert_eq!(
+            e.rank_settings.gpu_matmul,
+            dcpserve_kernels::GpuMatmul::Exact
+        );
+        assert_eq!(
+            e.rank_settings.cuda_graphs,
+            dcpserve_kernels::CudaGraphs::Off
+        );
         let b = cfg.models[1].engine_config().unwrap();
         assert_eq!(b.kv_cache_dtype, None, "auto when left out");
         assert_eq!(
             b.gpu_memory_utilization, 0.9,
             "vLLM's default when left out"
         );
-        assert_eq!(b.gpu_matmul, dcpserve_kernels::GpuMatmul::Bf16);
         assert_eq!(
-            b.cuda_graphs,
+            b.rank_settings.gpu_matmul,
+            dcpserve_kernels::GpuMatmul::Bf16
+        );
+        assert_eq!(
+            b.rank_settings.cuda_graphs,
             dcpserve_kernels::CudaGraphs::On,
             "on when left out"
         );
-        assert_eq!(e.device, dcpserve_kernels::Device::Cuda);
-        assert_eq!(b.device, dcpserve_kernels::Device::Cpu, "cpu when left out");
+        assert_eq!(e.rank_settings.device, dcpserve_kernels::Device::Cuda);
+        assert_eq!(
+            b.rank_settings.device,
+            dcpserve_kernels::Device::Cpu,
+            "cpu when left out"
+        );
         assert_eq!(cfg.models[0].sampling.max_tokens, Some(12));
     }
 

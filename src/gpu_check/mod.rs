@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dcpserve::{Device, EngineConfig};
+use dcpserve::{Device, EngineConfig, RankSettings};
 use dcpserve_kernels::backend::compare::compare_with_cpu;
 use dcpserve_kernels::{Backend, CpuBackend, CudaBackend, CudaGraphs};
 
@@ -211,8 +211,11 @@ async fn cuda_sections(args: &GpuCheckArgs) -> Result<(String, Vec<Section>)> {
         args.cuda_graphs,
     );
     let checked = |c: EngineConfig| EngineConfig {
-        device: Device::Cuda,
-        cuda_graphs: args.cuda_graphs,
+        rank_settings: RankSettings {
+            device: Device::Cuda,
+            cuda_graphs: args.cuda_graphs,
+            ..c.rank_settings
+        },
         ..c
     };
     let mut sections = sections_on(&dev, args, &checked).await?;

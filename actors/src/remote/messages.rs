@@ -7,7 +7,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dcpserve_kernels::{CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType};
+use dcpserve_config::RankSettings;
+use dcpserve_kernels::KvCacheDType;
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use serde::de::DeserializeOwned;
@@ -83,11 +84,9 @@ pub struct RankSpec {
     /// The model's file or folder: the same path on every host.
     pub model: PathBuf,
     pub precision: WeightPrecision,
-    /// Where the rank computes (`--device`; a CUDA rank picks GPU `rank mod visible`).
-    pub device: Device,
-    pub cpu_matmul: CpuMatmul,
-    pub gpu_matmul: GpuMatmul,
-    pub cuda_graphs: CudaGraphs,
+    /// What the rank builds its backend from (`--device`: a CUDA rank picks GPU
+    /// `rank mod visible`).
+    pub rank_settings: RankSettings,
     pub placement: Placement,
     pub num_blocks: usize,
     pub kv_cache_dtype: KvCacheDType,
@@ -113,10 +112,7 @@ impl RankSpec {
             comm_specs: self.comm_specs,
             files,
             precision: self.precision,
-            device: self.device,
-            cpu_matmul: self.cpu_matmul,
-            gpu_matmul: self.gpu_matmul,
-            cuda_graphs: self.cuda_graphs,
+            rank_settings: self.rank_settings,
             placement: self.placement,
             num_blocks: self.num_blocks,
             kv_cache_dtype: self.kv_cache_dtype,
@@ -154,6 +150,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, &[u8]), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dcpserve_kernels::{CudaGraphs, Device, GpuMatmul};
 
     #[test]
     fn messages_round_trip_with_their_payload() {
@@ -183,10 +180,13 @@ mod tests {
                 comm_specs: groups.rank_specs(&layout, 1, None, MergeExchange::default()),
                 model: PathBuf::from("models/m.gguf"),
                 precision: WeightPrecision::BF16,
-                device: Device::Cuda,
-                cpu_matmul: CpuMatmul::Auto,
-                gpu_matmul,
-                cuda_graphs,
+                // The rest default, so that a new setting needs no edit here.
+                rank_settings: RankSettings {
+                    device: Device::Cuda,
+                    gpu_matmul,
+                    cuda_graphs,
+                    ..RankSettings::default()
+                },
                 placement: layout.placement(1),
                 num_blocks: 8,
                 kv_cache_dtype: KvCacheDType::BF16,

@@ -6,11 +6,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dcpserve_config::{MergeExchange, ParallelConfig};
+use dcpserve_config::{MergeExchange, ParallelConfig, RankSettings};
 use dcpserve_kernels::spec_sampling::{target_probs, TargetProbs};
-use dcpserve_kernels::{
-    sample, CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType, Rng, SamplingParams,
-};
+use dcpserve_kernels::{sample, KvCacheDType, Rng, SamplingParams};
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use futures::future::BoxFuture;
@@ -28,15 +26,8 @@ use crate::rank_group::{RankGroup, RankGroupSpec};
 pub struct DraftModelSpec {
     pub parallel: ParallelConfig,
     pub precision: WeightPrecision,
-    /// Where the draft ranks compute (the target's `--device`).
-    pub device: Device,
-    /// How the draft ranks multiply by quantized weights.
-    pub cpu_matmul: CpuMatmul,
-    /// How the draft's CUDA ranks multiply by bf16 weights.
-    pub gpu_matmul: GpuMatmul,
-    /// Whether the draft's CUDA ranks replay decode steps from CUDA graphs (the
-    /// target's `--cuda-graphs`).
-    pub cuda_graphs: CudaGraphs,
+    /// What the draft ranks build their backends from (the target's settings).
+    pub rank_settings: RankSettings,
     pub block_size: usize,
     /// KV blocks per draft rank.
     pub num_blocks: usize,
@@ -98,10 +89,7 @@ impl DraftModelProposer {
         let group_spec = RankGroupSpec {
             files,
             precision: spec.precision,
-            device: spec.device,
-            cpu_matmul: spec.cpu_matmul,
-            gpu_matmul: spec.gpu_matmul,
-            cuda_graphs: spec.cuda_graphs,
+            rank_settings: spec.rank_settings,
             layout,
             num_blocks: spec.num_blocks,
             kv_cache_dtype: spec.kv_cache_dtype,
