@@ -224,14 +224,8 @@ pub(crate) mod simd {
         )
     }
 
-    /// Lane `i` holds `i as f32`: the 16 possible nibble values.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    pub(crate) unsafe fn iota() -> __m512 {
-        _mm512_setr_ps(
-            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
-        )
-    }
+    // The 16 nibble values, shared with the K-quant decoders (which this module calls).
+    use crate::cpu::kquants::simd_avx512::iota;
 
     /// Looks the 32 nibbles at `p` up in a 16-entry table of decoded values.
     /// `vpermps` only reads the low 4 bits of each index, so the low nibbles need no

@@ -9,8 +9,16 @@
 //! levels).
 
 use super::simd_avx2::{bits32, q6_k_codes, SubScales};
-use crate::cpu::quant::simd::iota;
 use std::arch::x86_64::*;
+
+/// Lane `i` holds `i as f32`: the 16 possible nibble values.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+pub(crate) unsafe fn iota() -> __m512 {
+    _mm512_setr_ps(
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+    )
+}
 
 /// Decodes sub-block `j` of a Q4_K super-block through a 16-entry table of decoded
 /// values (entry `q` = `d1·q − m1`, computed like the portable decoder): one permute
