@@ -447,9 +447,12 @@ mod codes {
 /// kernels at `isa` (the others decode panels of rows first).
 fn fused_small_m(format: WeightFormat, isa: CpuIsa) -> bool {
     use WeightFormat as W;
+    // NEON has fused 5-bit decoders but no K-quant ones yet.
     let simd = isa != CpuIsa::Scalar;
+    let x86 = isa >= CpuIsa::Avx2;
     !WeightFormat::EXTRA_QUANTS.contains(&format)
-        || (simd && matches!(format, W::Q5_0 | W::Q5_1 | W::Q4_K | W::Q5_K | W::Q6_K))
+        || (simd && matches!(format, W::Q5_0 | W::Q5_1))
+        || (x86 && matches!(format, W::Q4_K | W::Q5_K | W::Q6_K))
 }
 
 /// Dot product with 8 independent accumulators (vectorizes, bounded rounding error).
