@@ -17,7 +17,9 @@ use std::thread::JoinHandle;
 
 use dcpserve_config::RankSettings;
 use dcpserve_kernels::{Backend, CpuBackend, Device, KvCacheDType};
-use dcpserve_model::arch::{KvStorage, RankCache, RankModel, TpShard, TurnPoints, WeightPrecision};
+use dcpserve_model::arch::{
+    ForwardOutput, KvStorage, RankCache, RankComms, RankModel, TpShard, TurnPoints, WeightPrecision,
+};
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
@@ -357,171 +359,231 @@ struct RankCompute<'a, B: Backend> {
     myself: &'a ActorRef<RankMsg>,
 }
 
+/// What one micro-batch thread keeps between its jobs.
+struct MicroBatch<'a, B: Backend> {
+    index: usize,
+    comms: &'a RankComms<B>,
+    /// Hidden states for the MTP layer (only with one micro-batch).
+    hidden: HiddenStore,
+    /// This micro-batch's sequences: block tables, and samplers on the answering rank.
+    seqs: SeqStates,
+}
+
 impl<B: Backend> RankCompute<'_, B>
 where
     B::Buffer: 'static,
 {
-    /// Runs micro-batch `mb`'s jobs until the queue closes or a step fails.
+    /// Runs micro-batch `mb`'s jobs until the queue closes or a job fails; a failure
+    /// fails the rank.
     fn serve(&self, mb: usize, jobs: flume::Receiver<Job>) {
+        let served = self.bind_thread(mb).and_then(|mut state| {
+            while let Ok(job) = jobs.recv() {
+                self.run_job(&mut state, job)?;
+            }
+            Ok(())
+        });
+        if let Err(error) = served {
+            fail(self.args, self.myself, error);
+        }
+    }
+
+    /// Pins this thread and binds it to micro-batch `mb`'s queue (a GPU rank's stream
+    /// `mb`), and makes the micro-batch's state.
+    fn bind_thread(&self, mb: usize) -> Result<MicroBatch<'_, B>, String> {
         let args = self.args;
         if self.comms.baton.is_some() {
             pin_micro_batch_thread(args);
         }
-        // This thread's ops go to micro-batch `mb`'s queue (a GPU rank's stream `mb`).
-        if let Err(e) = self.model.backend().bind_micro_batch(mb) {
-            fail(args, self.myself, format!("micro-batch {mb}: {e}"));
-            return;
-        }
-        let comms = &self.comms.micro_batches[mb];
-        // Hidden states for the MTP layer (only with one micro-batch).
-        let mut hidden = HiddenStore::default();
-        // This micro-batch's sequences: block tables, and samplers on the answering rank.
+        self.model
+            .backend()
+            .bind_micro_batch(mb)
+            .map_err(|e| format!("micro-batch {mb}: {e}"))?;
         let files = args.files.clone();
-        let mut seqs =
-            SeqStates::new(args.rank == 0).with_grammar(Arc::new(move || files.grammar()));
-        while let Ok(job) = jobs.recv() {
-            let plan = match job {
-                Job::Step(plan) => plan,
-                Job::Mtp(plan, reply) => {
-                    let ctx = MtpContext {
-                        model: self.model,
-                        comms,
-                        placement: &args.placement,
-                    };
-                    let result = catch_unwind(AssertUnwindSafe(|| {
-                        self.model.backend().begin_step()?;
-                        ctx.run(&plan, self.cache, &mut hidden)
-                    }));
-                    let error = match result {
-                        Ok(Ok(out)) => {
-                            if let Some(r) = reply {
-                                let _ = r.send(Ok(out));
-                            }
-                            continue;
-                        }
-                        Ok(Err(e)) => format!("MTP step: {e}"),
-                        Err(p) => format!("panic in an MTP step: {}", panic_text(&p)),
-                    };
-                    if let Some(r) = reply {
-                        let _ = r.send(Err(error.clone()));
-                    }
-                    tracing::error!(rank = args.rank, "{error}");
-                    fail(args, self.myself, error);
-                    return;
-                }
-                #[cfg(feature = "test-hooks")]
-                Job::Fault => {
-                    let err = "injected fault".to_string();
-                    fail(args, self.myself, err);
-                    return;
-                }
-                Job::Storage(reply) => {
-                    let _ = reply.send(self.cache.storage());
-                    continue;
-                }
-            };
-            // Compute only while holding the rank's baton (lent out inside collectives).
-            let turn = self.comms.baton.as_ref().map(|b| BatonTurns(b.hold(mb)));
-            let mut logits = None;
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                // Recycles the step metadata staged two steps ago (GPU staging arena).
-                self.model
-                    .backend()
-                    .begin_step()
-                    .map_err(|e| e.to_string())?;
-                let batch = seqs.apply(&plan)?;
-                let local = LocalBatch::new(&batch, &args.placement);
-                let tables: Vec<&[u32]> = batch.block_tables.iter().map(|t| t.as_slice()).collect();
-                let input = local.input(&batch, &tables);
-                // Grammar masks of constrained sequences are computed on a helper thread
-                // while this thread runs the forward pass (off the critical path).
-                let masks_needed = args.rank == 0
-                    && matches!(plan.output, OutputKind::Sampled)
-                    && seqs.needs_masks(&plan);
-                let out = std::thread::scope(|s| {
-                    let masks = masks_needed.then(|| {
-                        let seqs = &mut seqs;
-                        let plan = &plan;
-                        std::thread::Builder::new()
-                            .name(format!("dcpserve-rank-{}-grammar", args.rank))
-                            .spawn_scoped(s, move || seqs.prepare_masks(plan))
-                    });
-                    let out = if !self.model.has_mtp() {
-                        let turns = turn.as_ref().map(|t| t as &dyn TurnPoints);
-                        self.model
-                            .forward_rank_shared(comms, &input, self.cache, turns)
-                    } else {
-                        hidden.release(&plan.finished);
-                        let all: Vec<usize> = (0..batch.tokens.len()).collect();
-                        self.model
-                            .forward_rank_hidden(comms, &input, self.cache, &all)
-                            .and_then(|(out, h)| {
-                                hidden.keep(&batch, &into_host(self.model.backend(), h)?);
-                                Ok(out)
-                            })
-                    };
-                    match masks {
-                        // Not spawned: `decide` computes the masks itself.
-                        None | Some(Err(_)) => {}
-                        Some(Ok(h)) => {
-                            if let Err(p) = h.join() {
-                                std::panic::resume_unwind(p);
-                            }
-                        }
-                    }
-                    out
-                });
-                logits = Some(out.map_err(|e| e.to_string())?);
-                Ok::<_, String>(())
-            }));
-            drop(turn);
-            // Rank 0 answers: it samples from the step's logits (every rank has them all).
-            let answered = result.and_then(|r| {
-                catch_unwind(AssertUnwindSafe(|| {
-                    r?;
-                    let out = logits.take().expect("a forward pass that succeeded");
-                    if args.rank != 0 {
-                        return Ok(());
-                    }
-                    let dev = self.model.backend();
-                    let result = match plan.output {
-                        // Drawn where the logits are: only the tokens (and the
-                        // log-probabilities asked for) come to the host.
-                        OutputKind::Sampled if seqs.rows_drawable(&plan) => StepResult::Sampled(
-                            seqs.sample_rows(&plan, dev, &out.logits, out.vocab_size)?,
-                        ),
-                        output => {
-                            // Only the answering rank brings the logits to the host.
-                            let logits = into_host(dev, out.logits)
-                                .map_err(|e| format!("logits to the host: {e}"))?;
-                            match output {
-                                OutputKind::Sampled => StepResult::Sampled(seqs.sample(
-                                    &plan,
-                                    &logits,
-                                    out.vocab_size,
-                                )?),
-                                OutputKind::Logits => StepResult::Logits {
-                                    logits,
-                                    vocab_size: out.vocab_size,
-                                },
-                            }
-                        }
-                    };
-                    args.reports.send(StepReport::Done(Box::new(StepOutput {
-                        step_id: plan.step_id,
-                        result,
-                    })))
-                }))
-            });
-            let error = match answered {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e,
-                Err(p) => format!("panic in step {}: {}", plan.step_id, panic_text(&p)),
-            };
-            tracing::error!(rank = args.rank, "{error}");
-            fail(args, self.myself, error);
-            return;
+        Ok(MicroBatch {
+            index: mb,
+            comms: &self.comms.micro_batches[mb],
+            hidden: HiddenStore::default(),
+            seqs: SeqStates::new(args.rank == 0).with_grammar(Arc::new(move || files.grammar())),
+        })
+    }
+
+    /// One job; an error ends the thread (and the rank).
+    fn run_job(&self, state: &mut MicroBatch<'_, B>, job: Job) -> Result<(), String> {
+        match job {
+            Job::Step(plan) => self.step(state, &plan).inspect_err(|error| {
+                tracing::error!(rank = self.args.rank, "{error}");
+            }),
+            Job::Mtp(plan, reply) => self.mtp_step(state, &plan, reply),
+            #[cfg(feature = "test-hooks")]
+            Job::Fault => Err("injected fault".to_string()),
+            Job::Storage(reply) => {
+                let _ = reply.send(self.cache.storage());
+                Ok(())
+            }
         }
+    }
+
+    /// One MTP draft step; its outcome, success or error, goes to `reply`.
+    fn mtp_step(
+        &self,
+        state: &mut MicroBatch<'_, B>,
+        plan: &MtpPlan,
+        reply: Option<MtpReply>,
+    ) -> Result<(), String> {
+        let ctx = MtpContext {
+            model: self.model,
+            comms: state.comms,
+            placement: &self.args.placement,
+        };
+        let result = guarded(
+            || {
+                self.model.backend().begin_step()?;
+                ctx.run(plan, self.cache, &mut state.hidden)
+            },
+            |e| format!("MTP step: {e}"),
+            |p| format!("panic in an MTP step: {p}"),
+        );
+        let error = match result {
+            Ok(out) => {
+                if let Some(r) = reply {
+                    let _ = r.send(Ok(out));
+                }
+                return Ok(());
+            }
+            Err(error) => error,
+        };
+        if let Some(r) = reply {
+            let _ = r.send(Err(error.clone()));
+        }
+        tracing::error!(rank = self.args.rank, "{error}");
+        Err(error)
+    }
+
+    /// One step of the plan: the forward pass while holding the rank's compute baton,
+    /// then (rank 0) the answer.
+    fn step(&self, state: &mut MicroBatch<'_, B>, plan: &StepPlan) -> Result<(), String> {
+        let panicked = |p: String| format!("panic in step {}: {p}", plan.step_id);
+        // Compute only while holding the rank's baton (lent out inside collectives).
+        let turn = (self.comms.baton.as_ref()).map(|b| BatonTurns(b.hold(state.index)));
+        let out = guarded(|| self.forward(state, plan, turn.as_ref()), |e| e, panicked)?;
+        drop(turn);
+        guarded(|| self.answer(state, plan, out), |e| e, panicked)
+    }
+
+    /// Applies the plan's diff and runs the forward pass; the grammar masks of
+    /// constrained sequences are computed on a helper thread meanwhile (off the critical
+    /// path).
+    fn forward(
+        &self,
+        state: &mut MicroBatch<'_, B>,
+        plan: &StepPlan,
+        turn: Option<&BatonTurns>,
+    ) -> Result<ForwardOutput<B>, String> {
+        let args = self.args;
+        // Recycles the step metadata staged two steps ago (GPU staging arena).
+        self.model
+            .backend()
+            .begin_step()
+            .map_err(|e| e.to_string())?;
+        let MicroBatch {
+            comms,
+            hidden,
+            seqs,
+            ..
+        } = state;
+        let batch = seqs.apply(plan)?;
+        let local = LocalBatch::new(&batch, &args.placement);
+        let tables: Vec<&[u32]> = batch.block_tables.iter().map(|t| t.as_slice()).collect();
+        let input = local.input(&batch, &tables);
+        let masks_needed =
+            args.rank == 0 && matches!(plan.output, OutputKind::Sampled) && seqs.needs_masks(plan);
+        let out = std::thread::scope(|s| {
+            let masks = masks_needed.then(|| {
+                std::thread::Builder::new()
+                    .name(format!("dcpserve-rank-{}-grammar", args.rank))
+                    .spawn_scoped(s, || seqs.prepare_masks(plan))
+            });
+            let out = if !self.model.has_mtp() {
+                let turns = turn.map(|t| t as &dyn TurnPoints);
+                self.model
+                    .forward_rank_shared(comms, &input, self.cache, turns)
+            } else {
+                hidden.release(&plan.finished);
+                let all: Vec<usize> = (0..batch.tokens.len()).collect();
+                self.model
+                    .forward_rank_hidden(comms, &input, self.cache, &all)
+                    .and_then(|(out, h)| {
+                        hidden.keep(&batch, &into_host(self.model.backend(), h)?);
+                        Ok(out)
+                    })
+            };
+            match masks {
+                // Not spawned: `decide` computes the masks itself.
+                None | Some(Err(_)) => {}
+                Some(Ok(h)) => {
+                    if let Err(p) = h.join() {
+                        std::panic::resume_unwind(p);
+                    }
+                }
+            }
+            out
+        });
+        out.map_err(|e| e.to_string())
+    }
+
+    /// Rank 0 answers: it samples from the step's logits (every rank has them all) and
+    /// reports the result; the other ranks have nothing to do.
+    fn answer(
+        &self,
+        state: &mut MicroBatch<'_, B>,
+        plan: &StepPlan,
+        out: ForwardOutput<B>,
+    ) -> Result<(), String> {
+        if self.args.rank != 0 {
+            return Ok(());
+        }
+        let seqs = &mut state.seqs;
+        let dev = self.model.backend();
+        let result = match plan.output {
+            // Drawn where the logits are: only the tokens (and the log-probabilities
+            // asked for) come to the host.
+            OutputKind::Sampled if seqs.rows_drawable(plan) => {
+                StepResult::Sampled(seqs.sample_rows(plan, dev, &out.logits, out.vocab_size)?)
+            }
+            output => {
+                // Only the answering rank brings the logits to the host.
+                let logits =
+                    into_host(dev, out.logits).map_err(|e| format!("logits to the host: {e}"))?;
+                match output {
+                    OutputKind::Sampled => {
+                        StepResult::Sampled(seqs.sample(plan, &logits, out.vocab_size)?)
+                    }
+                    OutputKind::Logits => StepResult::Logits {
+                        logits,
+                        vocab_size: out.vocab_size,
+                    },
+                }
+            }
+        };
+        self.args
+            .reports
+            .send(StepReport::Done(Box::new(StepOutput {
+                step_id: plan.step_id,
+                result,
+            })))
+    }
+}
+
+/// Runs `f`, naming its error with `error` and a panic (turned into an error) with
+/// `panicked`: a step that panics fails its rank, never the process.
+fn guarded<T, E>(
+    f: impl FnOnce() -> Result<T, E>,
+    error: impl FnOnce(E) -> String,
+    panicked: impl FnOnce(String) -> String,
+) -> Result<T, String> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(error),
+        Err(p) => Err(panicked(panic_text(&p))),
     }
 }
 
