@@ -11,7 +11,9 @@ use dcpserve_actors::placement::Placement;
 use dcpserve_actors::plan::{LocalBatch, StepBatch};
 use dcpserve_kernels::{log_softmax, CpuBackend, HostCollectives, InProcessComm, KvCacheDType};
 use dcpserve_model::arch::mla::{LatentCache, MlaModel, MtpLayer};
-use dcpserve_model::arch::{BatchInput, RankComms, RankModel, TpShard, WeightPrecision};
+use dcpserve_model::arch::{
+    BatchInput, ForwardOptions, ForwardOutput, RankComms, RankModel, TpShard, WeightPrecision,
+};
 use dcpserve_model::ModelFiles;
 
 const MODEL: &str = "tiny-deepseek-mtp";
@@ -83,6 +85,44 @@ fn max_delta(want: &serde_json::Value, got: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// The model's step over `input`, with the final-normed hidden states of `hidden_for`.
+fn forward_hidden(
+    model: &MlaModel,
+    comms: &RankComms,
+    input: &BatchInput,
+    cache: &mut LatentCache,
+    hidden_for: &[usize],
+) -> (ForwardOutput, Vec<f32>) {
+    let opts = ForwardOptions {
+        hidden_for,
+        ..Default::default()
+    };
+    let mut out = model.forward(comms, input, cache, &opts).unwrap();
+    let hidden = out.hidden.take().unwrap_or_default();
+    (out, hidden)
+}
+
+/// The MTP layer's step over `input` (`prev_hidden`: the previous hidden states), with
+/// its output hidden states.
+fn forward_mtp(
+    model: &MlaModel,
+    comms: &RankComms,
+    input: &BatchInput,
+    prev_hidden: &[f32],
+    cache: &mut LatentCache,
+) -> (ForwardOutput, Vec<f32>) {
+    let opts = ForwardOptions {
+        mtp_prev_hidden: Some(prev_hidden),
+        ..Default::default()
+    };
+    let mut out = model.forward(comms, input, cache, &opts).unwrap();
+    let hidden = out
+        .hidden
+        .take()
+        .expect("an MTP step returns its hidden states");
+    (out, hidden)
+}
+
 /// The main model over the prompt in chunks: (logprobs, final-normed hidden states).
 fn main_pass(
     model: &MlaModel,
@@ -102,11 +142,7 @@ fn main_pass(
             slots: &paging.1,
         };
         let all: Vec<usize> = (0..end - start).collect();
-        let (out, h) = rows.with_input(|input| {
-            model
-                .forward_rank_hidden(&comms, input, cache, &all)
-                .unwrap()
-        });
+        let (out, h) = rows.with_input(|input| forward_hidden(model, &comms, input, cache, &all));
         lps.extend(rows_logprobs(&out.logits, out.vocab_size));
         hidden.extend(h);
     }
@@ -123,7 +159,7 @@ fn mtp_pass(
     chunk: usize,
 ) -> (Vec<Vec<f32>>, Vec<f32>) {
     let comms = RankComms::single();
-    let h = model.config.hidden_size;
+    let h = model.shell.config.hidden_size;
     let (mut lps, mut ys) = (Vec::new(), Vec::new());
     for start in (0..tokens.len()).step_by(chunk) {
         let end = (start + chunk).min(tokens.len());
@@ -134,9 +170,13 @@ fn mtp_pass(
             slots: &paging.1,
         };
         let (out, y) = rows.with_input(|input| {
-            model
-                .forward_mtp(&comms, input, &prev_hidden[start * h..end * h], &mut *cache)
-                .unwrap()
+            forward_mtp(
+                model,
+                &comms,
+                input,
+                &prev_hidden[start * h..end * h],
+                cache,
+            )
         });
         lps.extend(rows_logprobs(&out.logits, out.vocab_size));
         ys.extend(y);
@@ -151,8 +191,11 @@ fn mtp_layer_matches_the_torch_reference() {
     model
         .load_mtp(files.tensors.as_ref(), WeightPrecision::F32)
         .unwrap();
-    assert_eq!(model.cache_layers(), model.config.num_hidden_layers + 1);
-    let h = model.config.hidden_size;
+    assert_eq!(
+        model.cache_layers(),
+        model.shell.config.num_hidden_layers + 1
+    );
+    let h = model.shell.config.hidden_size;
     let reference = read_json(fixture(MODEL).join("reference.json"));
     for prompt in reference["prompts"].as_array().unwrap() {
         let name = prompt["name"].as_str().unwrap();
@@ -217,14 +260,8 @@ fn mtp_layer_matches_the_torch_reference() {
                 slots: &paging.1,
             };
             let (out, _) = rows.with_input(|input| {
-                model
-                    .forward_mtp(
-                        &RankComms::single(),
-                        input,
-                        &ys[(c - 1) * h..c * h],
-                        &mut fresh,
-                    )
-                    .unwrap()
+                let prev = &ys[(c - 1) * h..c * h];
+                forward_mtp(&model, &RankComms::single(), input, prev, &mut fresh)
             });
             let worst = max_delta(&chain["logprobs"], &log_softmax(&out.logits));
             eprintln!("{name} chunk {chunk}: chained draft max |Δ logprob| {worst:.2e}");
@@ -246,7 +283,7 @@ fn model_without_mtp_weights_refuses_to_load_one() {
         err.to_string().contains("no multi-token-prediction layer"),
         "{err}"
     );
-    assert_eq!(model.cache_layers(), model.config.num_hidden_layers);
+    assert_eq!(model.cache_layers(), model.shell.config.num_hidden_layers);
 }
 
 /// One rank of a `tp`-rank group (DCP groups of `dcp`, interleave `i`, block size 16) runs
@@ -285,7 +322,7 @@ fn rank_pass(
     let mut cache = model
         .new_kv_cache(2 * n_blocks as usize, block, KvCacheDType::F32)
         .unwrap();
-    let h = model.config.hidden_size;
+    let h = model.shell.config.hidden_size;
     let plan = |tokens: &[u32], start: usize| StepBatch {
         step_id: 0,
         tokens: tokens.to_vec(),
@@ -300,9 +337,8 @@ fn rank_pass(
     for start in (0..ids.len()).step_by(chunk) {
         let p = plan(&ids[start..(start + chunk).min(ids.len())], start);
         let local = LocalBatch::new(&p, &placement);
-        let (out, hid) = model
-            .forward_rank_hidden(&comms, &local.input(&p, &tables), &mut cache, &p.logits_for)
-            .unwrap();
+        let input = local.input(&p, &tables);
+        let (out, hid) = forward_hidden(&model, &comms, &input, &mut cache, &p.logits_for);
         main.extend(rows_logprobs(&out.logits, out.vocab_size));
         hidden.extend(hid);
     }
@@ -312,14 +348,14 @@ fn rank_pass(
         let end = (start + chunk).min(next.len());
         let p = plan(&next[start..end], start);
         let local = LocalBatch::new(&p, &placement);
-        let (out, _) = model
-            .forward_mtp(
-                &comms,
-                &local.input(&p, &tables),
-                &hidden[start * h..end * h],
-                &mut cache,
-            )
-            .unwrap();
+        let input = local.input(&p, &tables);
+        let (out, _) = forward_mtp(
+            &model,
+            &comms,
+            &input,
+            &hidden[start * h..end * h],
+            &mut cache,
+        );
         mtp.extend(rows_logprobs(&out.logits, out.vocab_size));
     }
     let pick = |v: &[Vec<f32>]| rows.iter().map(|&r| v[r].clone()).collect::<Vec<_>>();

@@ -18,7 +18,8 @@ use std::thread::JoinHandle;
 use dcpserve_config::RankSettings;
 use dcpserve_kernels::{Backend, CpuBackend, Device, KvCacheDType};
 use dcpserve_model::arch::{
-    ForwardOutput, KvStorage, RankCache, RankComms, RankModel, TpShard, TurnPoints, WeightPrecision,
+    ForwardOptions, ForwardOutput, KvStorage, RankCache, RankComms, RankModel, TpShard, TurnPoints,
+    WeightPrecision,
 };
 use dcpserve_model::ModelFiles;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -504,18 +505,25 @@ where
                     .spawn_scoped(s, || seqs.prepare_masks(plan))
             });
             let out = if !self.model.has_mtp() {
-                let turns = turn.map(|t| t as &dyn TurnPoints);
-                self.model
-                    .forward_rank_shared(comms, &input, self.cache, turns)
+                let opts = ForwardOptions {
+                    turns: turn.map(|t| t as &dyn TurnPoints),
+                    ..Default::default()
+                };
+                self.model.forward(comms, &input, self.cache, &opts)
             } else {
+                // The MTP layer drafts from the final hidden states of every token.
                 hidden.release(&plan.finished);
                 let all: Vec<usize> = (0..batch.tokens.len()).collect();
-                self.model
-                    .forward_rank_hidden(comms, &input, self.cache, &all)
-                    .and_then(|(out, h)| {
+                let opts = ForwardOptions {
+                    hidden_for: &all,
+                    ..Default::default()
+                };
+                (self.model.forward(comms, &input, self.cache, &opts)).and_then(|mut out| {
+                    if let Some(h) = out.hidden.take() {
                         hidden.keep(&batch, &into_host(self.model.backend(), h)?);
-                        Ok(out)
-                    })
+                    }
+                    Ok(out)
+                })
             };
             match masks {
                 // Not spawned: `decide` computes the masks itself.

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use dcpserve_kernels::{log_softmax, CpuBackend, CpuMatmul, KvCacheDType};
-use dcpserve_model::arch::{BatchInput, DecoderModel, WeightPrecision};
+use dcpserve_model::arch::{BatchInput, DecoderModel, ForwardOptions, RankComms, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
 /// What to measure.
@@ -99,6 +99,7 @@ fn chunk_logprobs(model: &DecoderModel<CpuBackend>, ids: &[u32]) -> Result<Vec<V
     let slots = positions.clone();
     let kv_lens: Vec<u32> = (1..=n as u32).collect();
     let out = model.forward(
+        &RankComms::single(),
         &BatchInput {
             tokens: ids,
             positions: &positions,
@@ -109,6 +110,7 @@ fn chunk_logprobs(model: &DecoderModel<CpuBackend>, ids: &[u32]) -> Result<Vec<V
             logits_for: &positions,
         },
         &mut cache,
+        &ForwardOptions::default(),
     )?;
     let v = out.vocab_size;
     Ok((0..n)

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use dcpserve_kernels::{Backend, KvCacheDType};
-use dcpserve_model::arch::{BatchInput, DecoderModel, WeightPrecision};
+use dcpserve_model::arch::{BatchInput, DecoderModel, ForwardOptions, RankComms, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
 /// Tokens per KV block of the check.
@@ -49,7 +49,7 @@ fn token(vocab: usize, s: usize, pos: usize) -> u32 {
 /// active; returns every decode step's logits.
 fn decode_run<B: Backend>(model: &DecoderModel<B>) -> Result<Logits> {
     let dev = model.backend();
-    let vocab = model.config.vocab_size;
+    let vocab = model.shell.config.vocab_size;
     let blocks = PROMPTS.iter().map(|p| (p + STEPS).div_ceil(BLOCK)).sum();
     let mut cache = model.new_kv_cache(blocks, BLOCK, KvCacheDType::BF16)?;
     let mut seqs = Seqs {
@@ -70,6 +70,7 @@ fn decode_run<B: Backend>(model: &DecoderModel<B>) -> Result<Logits> {
         let table = seqs.tables[s].clone();
         dev.begin_step()?;
         model.forward(
+            &RankComms::single(),
             &BatchInput {
                 tokens: &ids,
                 positions: &positions,
@@ -80,6 +81,7 @@ fn decode_run<B: Backend>(model: &DecoderModel<B>) -> Result<Logits> {
                 logits_for: &[n - 1],
             },
             &mut cache,
+            &ForwardOptions::default(),
         )?;
     }
     let mut out = Vec::new();
@@ -106,6 +108,7 @@ fn decode_run<B: Backend>(model: &DecoderModel<B>) -> Result<Logits> {
         let rows: Vec<usize> = (0..active).collect();
         dev.begin_step()?;
         let o = model.forward(
+            &RankComms::single(),
             &BatchInput {
                 tokens: &ids,
                 positions: &positions,
@@ -116,6 +119,7 @@ fn decode_run<B: Backend>(model: &DecoderModel<B>) -> Result<Logits> {
                 logits_for: &rows,
             },
             &mut cache,
+            &ForwardOptions::default(),
         )?;
         let mut host = vec![0.0; active * vocab];
         dev.download(dev.view(&o.logits, 0..active * vocab)?, &mut host)?;

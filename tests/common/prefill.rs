@@ -2,7 +2,7 @@
 //! the log-probabilities every reference test compares.
 
 use dcpserve_kernels::{log_softmax, CpuBackend, KvCacheDType};
-use dcpserve_model::arch::{BatchInput, DecoderModel};
+use dcpserve_model::arch::{BatchInput, DecoderModel, ForwardOptions, RankComms};
 
 /// Log-probabilities of every position of `ids` (one prefill), one row per position.
 pub fn prompt_logprobs(model: &DecoderModel<CpuBackend>, ids: &[u32]) -> Vec<Vec<f32>> {
@@ -29,6 +29,7 @@ pub fn prompt_logprobs_in(
     let kv_lens: Vec<u32> = (1..=n as u32).collect();
     let out = model
         .forward(
+            &RankComms::single(),
             &BatchInput {
                 tokens: ids,
                 positions: &positions,
@@ -39,6 +40,7 @@ pub fn prompt_logprobs_in(
                 logits_for: &positions,
             },
             &mut cache,
+            &ForwardOptions::default(),
         )
         .expect("forward");
     let v = out.vocab_size;

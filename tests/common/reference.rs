@@ -1,7 +1,7 @@
 //! Single-rank logits against the fixtures' Hugging Face references.
 
 use dcpserve_kernels::{log_softmax, CpuBackend, KvCacheDType};
-use dcpserve_model::arch::{BatchInput, RankModel, WeightPrecision};
+use dcpserve_model::arch::{BatchInput, ForwardOptions, RankComms, RankModel, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
 use super::{fixture, floats, ids, read_json};
@@ -16,7 +16,7 @@ pub fn logprobs_chunked(
 ) -> Vec<Vec<f32>> {
     let block = 4;
     let n_blocks = ids.len().div_ceil(block) + 1;
-    let mut cache = model
+    let cache = model
         .new_kv_cache_typed(n_blocks * 2, block, dtype)
         .expect("KV cache");
     let table: Vec<u32> = (0..n_blocks as u32)
@@ -44,7 +44,9 @@ pub fn logprobs_chunked(
             block_tables: &tables,
             logits_for: &logits_for,
         };
-        let out = model.forward(&input, &mut cache).expect("forward");
+        let single = RankComms::single();
+        let out =
+            (model.forward(&single, &input, &cache, &ForwardOptions::default())).expect("forward");
         for r in 0..end - start {
             rows.push(log_softmax(
                 &out.logits[r * out.vocab_size..(r + 1) * out.vocab_size],

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use dcpserve_kernels::{Backend, CpuBackend};
-use dcpserve_model::arch::{RankCache, RankComms, RankModel};
+use dcpserve_model::arch::{ForwardOptions, RankCache, RankComms, RankModel};
 use dcpserve_model::ModelError;
 
 use crate::host_buffers::into_host;
@@ -143,10 +143,13 @@ where
         let dev = self.model.backend();
         let prev = dev.upload(&prev)?;
         let prev = dev.view(&prev, 0..dev.len(&prev))?;
-        let (out, y) =
-            self.model
-                .forward_mtp(self.comms, &local.input(&sub, &tables), prev, cache)?;
-        let y = into_host(dev, y)?;
+        let opts = ForwardOptions {
+            mtp_prev_hidden: Some(prev),
+            ..Default::default()
+        };
+        let input = local.input(&sub, &tables);
+        let out = self.model.forward(self.comms, &input, cache, &opts)?;
+        let y = into_host(dev, out.hidden.ok_or_else(no_hidden)?)?;
         let logits = into_host(dev, out.logits)?;
         for (k, &seq) in sub.seq_ids.iter().enumerate() {
             let last = sub.logits_for[k];
@@ -162,4 +165,9 @@ where
             vocab_size: out.vocab_size,
         })
     }
+}
+
+/// A model step asked for hidden states that returned none (a broken backend or model).
+fn no_hidden() -> ModelError {
+    ModelError::Invalid("the step returned no hidden states".into())
 }

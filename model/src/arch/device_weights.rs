@@ -1,7 +1,7 @@
 //! A dense decoder's weights placed on the rank's backend: matrices in their
 //! [`DType`](dcpserve_kernels::DType), norms and biases as f32 buffers.
 
-use dcpserve_kernels::{Backend, CpuBackend};
+use dcpserve_kernels::{Backend, CpuBackend, WeightMatrix};
 
 use super::weights::{DecoderWeights, LayerWeights};
 use crate::error::ModelError;
@@ -24,12 +24,13 @@ pub struct DeviceLayer<B: Backend = CpuBackend> {
     pub down_proj: B::Matrix,
 }
 
-/// All weights of a dense decoder on the backend (see [`DecoderWeights`] for the host form).
-pub struct DeviceWeights<B: Backend = CpuBackend> {
+/// A decoder's weights on the backend, whatever its layers `L` (dense [`DeviceLayer`]s
+/// here, MLA layers in [`mla`](super::mla)); see [`DecoderWeights`] for the host form.
+pub struct DeviceWeights<B: Backend = CpuBackend, L = DeviceLayer<B>> {
     pub embed_tokens: B::Matrix,
-    pub layers: Vec<DeviceLayer<B>>,
+    pub layers: Vec<L>,
     pub norm: B::Buffer,
-    /// `None` when the output head is tied to the embedding.
+    /// This rank's vocabulary slice of the output head (`None`: tied to the embedding).
     pub lm_head: Option<B::Matrix>,
 }
 
@@ -61,27 +62,35 @@ impl<B: Backend> DeviceLayer<B> {
     }
 }
 
-impl<B: Backend> DeviceWeights<B> {
-    /// Places `w` on `dev` (on the CPU the matrices share the host storage).
-    pub fn upload(dev: &B, w: &DecoderWeights) -> Result<Self, ModelError> {
+impl<B: Backend, L> DeviceWeights<B, L> {
+    /// Places the parts every decoder has on `dev`, each host layer through `layer`.
+    pub(crate) fn upload_parts<H>(
+        dev: &B,
+        (embed_tokens, norm, lm_head): (&WeightMatrix, &[f32], Option<&WeightMatrix>),
+        layers: &[H],
+        layer: impl Fn(&B, &H) -> Result<L, ModelError>,
+    ) -> Result<Self, ModelError> {
         Ok(Self {
-            embed_tokens: dev.upload_matrix(&w.embed_tokens)?,
-            layers: w
-                .layers
+            embed_tokens: dev.upload_matrix(embed_tokens)?,
+            layers: layers
                 .iter()
-                .map(|l| DeviceLayer::upload(dev, l))
+                .map(|l| layer(dev, l))
                 .collect::<Result<_, _>>()?,
-            norm: dev.upload(&w.norm)?,
-            lm_head: w
-                .lm_head
-                .as_ref()
-                .map(|m| dev.upload_matrix(m))
-                .transpose()?,
+            norm: dev.upload(norm)?,
+            lm_head: lm_head.map(|m| dev.upload_matrix(m)).transpose()?,
         })
     }
 
     /// This rank's output projection (the embedding, or its vocabulary slice, when tied).
     pub fn output_head(&self) -> &B::Matrix {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+}
+
+impl<B: Backend> DeviceWeights<B> {
+    /// Places `w` on `dev` (on the CPU the matrices share the host storage).
+    pub fn upload(dev: &B, w: &DecoderWeights) -> Result<Self, ModelError> {
+        let parts = (&w.embed_tokens, &w.norm[..], w.lm_head.as_ref());
+        Self::upload_parts(dev, parts, &w.layers, DeviceLayer::upload)
     }
 }

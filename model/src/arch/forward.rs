@@ -6,12 +6,13 @@ use dcpserve_kernels::step_graph::run_step;
 use dcpserve_kernels::{Backend, CpuBackend, PagedAttentionParams, Precision, RopeScalingKind};
 
 use super::cache_access::{read_in_pieces, CacheAccess};
-use super::device_weights::DeviceWeights;
+use super::device_weights::{DeviceLayer, DeviceWeights};
 use super::head::{head_logits, take_logits};
 use super::kv_cache::KvCache;
-use super::rank_io::{add_reduced, ForwardOutput, RankComms};
+use super::rank_io::{add_reduced, ForwardOptions, ForwardOutput, RankComms};
+use super::shell::{ModelShell, RopeSpec};
 use super::weights::{DecoderWeights, HeadLayout, TpShard, WeightPrecision};
-use super::workspace::{whole, DenseBuffers, DenseWorkspace, Widths, WorkspacePool};
+use super::workspace::{whole, DenseBuffers, DenseWorkspace, Widths};
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
@@ -70,20 +71,11 @@ impl BatchInput<'_> {
     }
 }
 
-/// One rank's share of a decoder on its backend `B`: its weight shard, head layout,
-/// RoPE table, and the workspaces its forward passes compute in.
-///
-/// The backend carries the device and (on the CPU) the rank's thread pool. Workspaces
-/// are allocated once and grow to the largest step seen; there is one per forward
-/// running at the same time (one per micro-batch thread of the rank).
+/// One rank's share of a dense decoder on its backend `B`: the common [`ModelShell`]
+/// (weights, RoPE table, workspaces) and the rank's attention-head layout.
 pub struct DecoderModel<B: Backend = CpuBackend> {
-    pub config: ModelConfig,
-    pub weights: DeviceWeights<B>,
-    pub shard: TpShard,
+    pub shell: ModelShell<B, DeviceLayer<B>, DenseBuffers<B>>,
     pub heads: HeadLayout,
-    backend: B,
-    rope: B::Rope,
-    workspaces: WorkspacePool<B, DenseBuffers<B>>,
 }
 
 fn rope_kind(s: &Option<RopeScaling>) -> RopeScalingKind {
@@ -124,29 +116,22 @@ impl<B: Backend> DecoderModel<B> {
         shard: TpShard,
     ) -> Result<Self, ModelError> {
         let host = DecoderWeights::load(&config, tensors, precision, shard)?;
-        let weights = DeviceWeights::upload(&backend, &host)?;
+        let weights = DeviceWeights::<B, DeviceLayer<B>>::upload(&backend, &host)?;
         drop(host);
         let heads = HeadLayout::new(&config, shard);
-        let rope = backend.rope_table(
-            config.head_dim,
-            config.rope_theta,
-            rope_kind(&config.rope_scaling),
-            config.max_position_embeddings.clamp(1, 1 << 16),
-        )?;
+        let rope = RopeSpec {
+            dim: config.head_dim,
+            scaling: rope_kind(&config.rope_scaling),
+        };
         Ok(Self {
-            config,
-            weights,
-            shard,
+            shell: ModelShell::new(backend, config, weights, shard, rope)?,
             heads,
-            backend,
-            rope,
-            workspaces: WorkspacePool::new(),
         })
     }
 
     /// The backend the model computes on.
     pub fn backend(&self) -> &B {
-        &self.backend
+        &self.shell.backend
     }
 
     /// A KV cache shaped for this rank with `num_blocks` blocks of `block_size` tokens,
@@ -158,25 +143,26 @@ impl<B: Backend> DecoderModel<B> {
         dtype: dcpserve_kernels::KvCacheDType,
     ) -> Result<KvCache<B>, ModelError> {
         KvCache::new(
-            &self.backend,
+            &self.shell.backend,
             dtype,
-            self.config.num_hidden_layers,
+            self.shell.config.num_hidden_layers,
             num_blocks,
             block_size,
             self.heads.kv_heads,
-            self.config.head_dim,
+            self.shell.config.head_dim,
         )
     }
 
     fn widths(&self) -> Widths {
-        let hd = self.config.head_dim;
+        let hd = self.shell.config.head_dim;
         let inter = self
+            .shell
             .weights
             .layers
             .first()
-            .map_or(0, |l| self.backend.matrix_shape(&l.gate_proj).0);
+            .map_or(0, |l| self.shell.backend.matrix_shape(&l.gate_proj).0);
         Widths {
-            hidden: self.config.hidden_size,
+            hidden: self.shell.config.hidden_size,
             q: self.heads.q_heads * hd,
             kv: self.heads.kv_heads * hd,
             inter,
@@ -187,43 +173,34 @@ impl<B: Backend> DecoderModel<B> {
     /// engine's max batched tokens), so no step allocates activations; call it once per
     /// forward that may run at the same time.
     pub fn reserve_workspace(&self, max_tokens: usize) -> Result<(), ModelError> {
-        self.workspaces
-            .reserve(&self.backend, self.widths(), max_tokens)
+        self.shell.reserve_workspace(self.widths(), max_tokens)
     }
 }
 
 impl<B: Backend> DecoderModel<B> {
-    /// Runs one step on a model served by a single rank.
+    /// Runs all layers for the batch on this rank, writing its K/V shard into the cache
+    /// reached through `cache` (borrowed, or shared with the rank's other micro-batch
+    /// thread), and returns the logits of the tokens listed in `input.logits_for`
+    /// (complete on every rank). Every rank of the group must call it with the same
+    /// plan; a model on one rank passes [`RankComms::single`]. Dense models keep no
+    /// hidden states and have no MTP layer: `opts` asking for either is an error.
     pub fn forward(
-        &self,
-        input: &BatchInput,
-        cache: &mut KvCache<B>,
-    ) -> Result<ForwardOutput<B>, ModelError> {
-        self.forward_rank(&RankComms::single(), input, cache)
-    }
-
-    /// Runs all layers for the batch on this rank, writing its K/V shard into `cache`,
-    /// and returns the logits of the tokens listed in `input.logits_for` (complete on
-    /// every rank). Every rank of the group must call it with the same plan.
-    pub fn forward_rank(
-        &self,
-        comms: &RankComms<B>,
-        input: &BatchInput,
-        cache: &mut KvCache<B>,
-    ) -> Result<ForwardOutput<B>, ModelError> {
-        self.forward_rank_with(comms, input, cache)
-    }
-
-    /// [`DecoderModel::forward_rank`] with the cache reached through `cache` (borrowed, or
-    /// shared with the rank's other micro-batch thread).
-    pub fn forward_rank_with(
         &self,
         comms: &RankComms<B>,
         input: &BatchInput,
         cache: impl CacheAccess<KvCache<B>>,
+        opts: &ForwardOptions<'_, B>,
     ) -> Result<ForwardOutput<B>, ModelError> {
+        if opts.mtp_prev_hidden.is_some() {
+            return Err(no_mtp());
+        }
+        if !opts.hidden_for.is_empty() {
+            return Err(ModelError::Invalid(
+                "hidden states are only kept for MLA models".into(),
+            ));
+        }
         let widths = self.widths();
-        let dev = &self.backend;
+        let dev = &self.shell.backend;
         let mut cache = cache;
         // A decode step of a model on one rank may be replayed from a device graph (the
         // backend's, when it has them); the step leaves its logits in the workspace,
@@ -236,9 +213,9 @@ impl<B: Backend> DecoderModel<B> {
         } else {
             None
         };
-        self.workspaces.run(dev, widths, |ws| {
+        self.shell.in_workspace(widths, |ws| {
             run_step(graphs, || self.step(ws, comms, input, &mut cache))?;
-            let vocab = self.config.vocab_size;
+            let vocab = self.shell.config.vocab_size;
             take_logits(dev, &ws.head, input.logits_for.len(), vocab)
         })
     }
@@ -252,8 +229,8 @@ impl<B: Backend> DecoderModel<B> {
         input: &BatchInput,
         cache: &mut impl CacheAccess<KvCache<B>>,
     ) -> Result<(), ModelError> {
-        let dev = &self.backend;
-        let cfg = &self.config;
+        let dev = &self.shell.backend;
+        let cfg = &self.shell.config;
         let n = input.checked_len()?;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (nq, nkv) = (self.heads.q_heads, self.heads.kv_heads);
@@ -265,7 +242,7 @@ impl<B: Backend> DecoderModel<B> {
         } = self.widths();
         let (nh, nqd, nkvd, ni) = (n * h, n * q_dim, n * kv_dim, n * inter);
         let eps = cfg.rms_norm_eps;
-        let w = &self.weights;
+        let w = &self.shell.weights;
         ws.prepare(dev, n, comms.dcp_merge)?;
 
         input.check_vocab(cfg.vocab_size)?;
@@ -306,9 +283,9 @@ impl<B: Backend> DecoderModel<B> {
             }
             let interleaved = cfg.rope_interleaved;
             let q = dev.view_mut(&mut ws.t.q, 0..nqd)?;
-            dev.rope(&self.rope, q, input.positions, hd, 0, interleaved)?;
+            dev.rope(&self.shell.rope, q, input.positions, hd, 0, interleaved)?;
             let k = dev.view_mut(&mut ws.t.k, 0..nkvd)?;
-            dev.rope(&self.rope, k, input.positions, hd, 0, interleaved)?;
+            dev.rope(&self.shell.rope, k, input.positions, hd, 0, interleaved)?;
             let (k, v) = (dev.view(&ws.t.k, 0..nkvd)?, dev.view(&ws.t.v, 0..nkvd)?);
             cache.with(|c| {
                 let (kc, vc) = c.layer_mut(dev, li)?;
@@ -423,4 +400,9 @@ fn add_projected<B: Backend>(
         Precision::Exact,
     )?;
     add_reduced(dev, comms, nh, proj, x)
+}
+
+/// A multi-token-prediction step asked of a model without the layer.
+pub(crate) fn no_mtp() -> ModelError {
+    ModelError::Invalid("multi-token prediction needs a DeepSeek-V3 (MLA) model".into())
 }

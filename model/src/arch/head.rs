@@ -100,6 +100,7 @@ pub(crate) fn take_logits<B: Backend>(
     Ok(ForwardOutput {
         logits: copy_out(dev, &bufs.logits, m * vocab)?,
         vocab_size: vocab,
+        hidden: None,
     })
 }
 

@@ -7,11 +7,50 @@ use std::sync::Arc;
 use dcpserve_kernels::dcp::MergeExchange;
 use dcpserve_kernels::{Backend, Collectives, CpuBackend, SoloCollectives};
 
-/// Logits of the requested tokens, row-major `[logits_for.len(), vocab]`, in a buffer of
-/// the backend (on the CPU a `Vec<f32>`).
+use super::cache_access::TurnPoints;
+
+/// What a forward step returns: the logits of the requested tokens, row-major
+/// `[logits_for.len(), vocab]`, in a buffer of the backend (on the CPU a `Vec<f32>`), and
+/// the hidden states asked for in [`ForwardOptions`].
 pub struct ForwardOutput<B: Backend = CpuBackend> {
     pub logits: B::Buffer,
     pub vocab_size: usize,
+    /// `[rows, hidden_size]`, the same on every rank: the final-normed hidden states of
+    /// [`ForwardOptions::hidden_for`], or after an MTP step the MTP layer's output of
+    /// every row. `None` when neither was asked for.
+    pub hidden: Option<B::Buffer>,
+}
+
+/// What a forward step computes besides the logits; the default is a plain step of the
+/// model ([`RankModel::forward`](super::RankModel::forward)).
+///
+/// ```
+/// use dcpserve_model::arch::ForwardOptions;
+/// // A step that also returns the final hidden states of its first two tokens.
+/// let opts: ForwardOptions = ForwardOptions { hidden_for: &[0, 1], ..Default::default() };
+/// assert!(opts.mtp_prev_hidden.is_none());
+/// ```
+pub struct ForwardOptions<'a, B: Backend + 'a = CpuBackend> {
+    /// Tokens whose final-normed hidden states are returned in [`ForwardOutput::hidden`]
+    /// (MLA models: what the MTP layer takes as its previous hidden states).
+    pub hidden_for: &'a [usize],
+    /// Run the multi-token-prediction layer (MLA models that loaded it) instead of the
+    /// model: `input.tokens[j]` is the token after `input.positions[j]`, and this
+    /// `[n, hidden]` view that position's previous hidden state.
+    pub mtp_prev_hidden: Option<B::View<'a>>,
+    /// Where the step may let the rank's other micro-batch thread, which shares the KV
+    /// cache, compute (at every cache access).
+    pub turns: Option<&'a dyn TurnPoints>,
+}
+
+impl<B: Backend> Default for ForwardOptions<'_, B> {
+    fn default() -> Self {
+        Self {
+            hidden_for: &[],
+            mtp_prev_hidden: None,
+            turns: None,
+        }
+    }
 }
 
 /// The collectives one rank computes with, over its backend's buffers: its

@@ -2,16 +2,16 @@
 //! multi-head latent attention (DeepSeek family, latent cache), and how much KV memory a
 //! token costs each.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use dcpserve_kernels::{Backend, CpuBackend, KvCacheDType};
 
-use super::cache_access::{lock, SharedCache, TurnPoints};
+use super::cache_access::{lock, SharedCache};
 
-use super::forward::{BatchInput, DecoderModel};
+use super::forward::{no_mtp, BatchInput, DecoderModel};
 use super::kv_cache::KvCache;
 use super::mla::{latent_bytes_per_token, LatentCache, MlaModel};
-use super::rank_io::{ForwardOutput, RankComms};
+use super::rank_io::{ForwardOptions, ForwardOutput, RankComms};
 use super::weights::{HeadLayout, TpShard, WeightPrecision};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -124,8 +124,8 @@ impl<B: Backend> RankModel<B> {
     /// The configuration the model was loaded with.
     pub fn config(&self) -> &ModelConfig {
         match self {
-            RankModel::Dense(m) => &m.config,
-            RankModel::Mla(m) => &m.config,
+            RankModel::Dense(m) => &m.shell.config,
+            RankModel::Mla(m) => &m.shell.config,
         }
     }
 
@@ -176,9 +176,7 @@ impl<B: Backend> RankModel<B> {
     ) -> Result<(), ModelError> {
         match self {
             RankModel::Mla(m) => m.load_mtp(tensors, precision),
-            RankModel::Dense(_) => Err(ModelError::Invalid(
-                "multi-token prediction needs a DeepSeek-V3 (MLA) model".into(),
-            )),
+            RankModel::Dense(_) => Err(no_mtp()),
         }
     }
 
@@ -189,95 +187,32 @@ impl<B: Backend> RankModel<B> {
 }
 
 impl<B: Backend> RankModel<B> {
-    /// One step on this rank (see [`DecoderModel::forward_rank`]).
-    pub fn forward_rank(
-        &self,
-        comms: &RankComms<B>,
-        input: &BatchInput,
-        cache: &mut RankCache<B>,
-    ) -> Result<ForwardOutput<B>, ModelError> {
-        match (self, cache) {
-            (RankModel::Dense(m), RankCache::Dense(c)) => m.forward_rank(comms, input, owned(c)),
-            (RankModel::Mla(m), RankCache::Latent(c)) => m.forward_rank(comms, input, owned(c)),
-            _ => Err(mismatch()),
-        }
-    }
-
-    /// [`RankModel::forward_rank`] on a cache another micro-batch thread of the rank
-    /// uses at the same time: the cache is locked only while this step reads or writes
-    /// it, never across a collective, and each access is one of the rank's `turns`
-    /// (where it may let the other micro-batch compute). The two threads' steps must
-    /// hold disjoint sequences.
-    pub fn forward_rank_shared(
-        &self,
-        comms: &RankComms<B>,
-        input: &BatchInput,
-        cache: &RankCache<B>,
-        turns: Option<&dyn TurnPoints>,
-    ) -> Result<ForwardOutput<B>, ModelError> {
-        match (self, cache) {
-            (RankModel::Dense(m), RankCache::Dense(cache)) => {
-                m.forward_rank_with(comms, input, SharedCache::new(cache, turns))
-            }
-            (RankModel::Mla(m), RankCache::Latent(cache)) => {
-                let shared = SharedCache::new(cache, turns);
-                Ok(m.forward_rank_with(comms, input, shared, &[])?.0)
-            }
-            _ => Err(mismatch()),
-        }
-    }
-
-    /// [`RankModel::forward_rank`], also returning the final-normed hidden states of the
-    /// tokens `hidden_for` (MLA models; see [`MlaModel::forward_rank_hidden`]).
-    pub fn forward_rank_hidden(
-        &self,
-        comms: &RankComms<B>,
-        input: &BatchInput,
-        cache: &RankCache<B>,
-        hidden_for: &[usize],
-    ) -> Result<(ForwardOutput<B>, B::Buffer), ModelError> {
-        match (self, cache) {
-            (RankModel::Mla(m), RankCache::Latent(cache)) => {
-                let shared = SharedCache::new(cache, None);
-                m.forward_rank_with(comms, input, shared, hidden_for)
-            }
-            _ => Err(ModelError::Invalid(
-                "hidden states are only kept for MLA models".into(),
-            )),
-        }
-    }
-
-    /// One MTP step (see [`MlaModel::forward_mtp`]).
-    pub fn forward_mtp(
-        &self,
-        comms: &RankComms<B>,
-        input: &BatchInput,
-        prev_hidden: B::View<'_>,
-        cache: &RankCache<B>,
-    ) -> Result<(ForwardOutput<B>, B::Buffer), ModelError> {
-        match (self, cache) {
-            (RankModel::Mla(m), RankCache::Latent(cache)) => {
-                let shared = SharedCache::new(cache, None);
-                m.forward_mtp(comms, input, prev_hidden, shared)
-            }
-            _ => Err(ModelError::Invalid(
-                "multi-token prediction needs a DeepSeek-V3 (MLA) model".into(),
-            )),
-        }
-    }
-
-    /// One step on a model served by a single rank.
+    /// One step on this rank: the model's forward pass over `input` (see
+    /// [`DecoderModel::forward`] and [`MlaModel::forward`], and [`ForwardOptions`] for
+    /// the hidden states and MTP steps). Every rank of the group must call it with the
+    /// same plan; a model on one rank passes [`RankComms::single`].
+    ///
+    /// The cache may be used by another micro-batch thread of the rank at the same
+    /// time: it is locked only while this step reads or writes it, never across a
+    /// collective, and each access is one of `opts.turns` (where it may let the other
+    /// micro-batch compute). The two threads' steps must hold disjoint sequences.
     pub fn forward(
         &self,
+        comms: &RankComms<B>,
         input: &BatchInput,
-        cache: &mut RankCache<B>,
+        cache: &RankCache<B>,
+        opts: &ForwardOptions<'_, B>,
     ) -> Result<ForwardOutput<B>, ModelError> {
-        self.forward_rank(&RankComms::single(), input, cache)
+        match (self, cache) {
+            (RankModel::Dense(m), RankCache::Dense(c)) => {
+                m.forward(comms, input, SharedCache::new(c, opts.turns), opts)
+            }
+            (RankModel::Mla(m), RankCache::Latent(c)) => {
+                m.forward(comms, input, SharedCache::new(c, opts.turns), opts)
+            }
+            _ => Err(mismatch()),
+        }
     }
-}
-
-fn owned<C>(c: &mut Mutex<C>) -> &mut C {
-    c.get_mut().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn mismatch() -> ModelError {

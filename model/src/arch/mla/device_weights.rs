@@ -6,6 +6,7 @@ use dcpserve_kernels::{Backend, CpuBackend};
 
 use super::mtp::MtpLayer;
 use super::weights::{FeedForward, MlaAttention, MlaLayer, MlaWeights, MlpShard, MoeShard};
+use crate::arch::device_weights::DeviceWeights;
 use crate::error::ModelError;
 
 /// A SiLU-gated MLP's slice on the backend.
@@ -53,13 +54,7 @@ pub struct DeviceMlaLayer<B: Backend = CpuBackend> {
 }
 
 /// All weights of this rank on the backend.
-pub struct DeviceMlaWeights<B: Backend = CpuBackend> {
-    pub embed_tokens: B::Matrix,
-    pub layers: Vec<DeviceMlaLayer<B>>,
-    pub norm: B::Buffer,
-    /// This rank's vocabulary slice of the output head (`None`: the whole embedding).
-    pub lm_head: Option<B::Matrix>,
-}
+pub type DeviceMlaWeights<B = CpuBackend> = DeviceWeights<B, DeviceMlaLayer<B>>;
 
 /// The multi-token-prediction layer on the backend (see [`MtpLayer`]).
 pub struct DeviceMtp<B: Backend = CpuBackend> {
@@ -136,28 +131,11 @@ impl<B: Backend> DeviceMlaLayer<B> {
     }
 }
 
-impl<B: Backend> DeviceMlaWeights<B> {
+impl<B: Backend> DeviceWeights<B, DeviceMlaLayer<B>> {
     /// Places `w` on `dev`.
     pub fn upload(dev: &B, w: &MlaWeights) -> Result<Self, ModelError> {
-        Ok(Self {
-            embed_tokens: dev.upload_matrix(&w.embed_tokens)?,
-            layers: w
-                .layers
-                .iter()
-                .map(|l| DeviceMlaLayer::upload(dev, l))
-                .collect::<Result<_, _>>()?,
-            norm: dev.upload(&w.norm)?,
-            lm_head: w
-                .lm_head
-                .as_ref()
-                .map(|m| dev.upload_matrix(m))
-                .transpose()?,
-        })
-    }
-
-    /// This rank's output projection (the embedding, or its vocabulary slice, when tied).
-    pub fn output_head(&self) -> &B::Matrix {
-        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+        let parts = (&w.embed_tokens, &w.norm[..], w.lm_head.as_ref());
+        Self::upload_parts(dev, parts, &w.layers, DeviceMlaLayer::upload)
     }
 }
 

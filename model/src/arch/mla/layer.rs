@@ -31,15 +31,15 @@ impl<B: Backend> MlaModel<B> {
         (li, lw): (usize, &DeviceMlaLayer<B>),
         ws: &mut MlaWorkspace<B>,
     ) -> Result<(), ModelError> {
-        let dev = &self.backend;
-        let (n, h) = (input.tokens.len(), self.config.hidden_size);
+        let dev = &self.shell.backend;
+        let (n, h) = (input.tokens.len(), self.shell.config.hidden_size);
         let nh = n * h;
         self.attention(comms, input, cache, (li, lw), ws)?;
         add_reduced(dev, comms, nh, &mut ws.t.proj, &mut ws.t.x)?;
 
         let x = dev.view(&ws.t.x, 0..nh)?;
         let normed = dev.view_mut(&mut ws.t.normed, 0..nh)?;
-        let eps = self.config.rms_norm_eps;
+        let eps = self.shell.config.rms_norm_eps;
         dev.rms_norm(x, whole(dev, &lw.post_attention_norm)?, eps, normed)?;
         match &lw.ffn {
             DeviceFeedForward::Dense(Some(m)) => {
@@ -73,14 +73,14 @@ impl<B: Backend> MlaModel<B> {
         (li, layer): (usize, &DeviceMlaLayer<B>),
         ws: &mut MlaWorkspace<B>,
     ) -> Result<(), ModelError> {
-        let dev = &self.backend;
+        let dev = &self.shell.backend;
         let m = &self.mla;
         let lw = &layer.attn;
         let n = input.tokens.len();
         let hl = self.local_heads;
         let (r, dn, dv) = (m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim);
         let (d, qk) = (m.latent_dim(), dn + m.qk_rope_head_dim);
-        let (nh, nq, nd) = (n * self.config.hidden_size, n * hl * qk, n * d);
+        let (nh, nq, nd) = (n * self.shell.config.hidden_size, n * hl * qk, n * d);
         let exact = Precision::Exact;
 
         let x = dev.view(&ws.t.x, 0..nh)?;
@@ -88,7 +88,7 @@ impl<B: Backend> MlaModel<B> {
         dev.rms_norm(
             x,
             whole(dev, &layer.input_norm)?,
-            self.config.rms_norm_eps,
+            self.shell.config.rms_norm_eps,
             normed,
         )?;
         let normed = dev.view(&ws.t.normed, 0..nh)?;
@@ -117,9 +117,9 @@ impl<B: Backend> MlaModel<B> {
         }
         let interleaved = m.rope_interleave;
         let kv = dev.view_mut(&mut ws.t.kv, 0..nd)?;
-        dev.rope(&self.rope, kv, input.positions, d, r, interleaved)?;
+        dev.rope(&self.shell.rope, kv, input.positions, d, r, interleaved)?;
         let q = dev.view_mut(&mut ws.t.q, 0..nq)?;
-        dev.rope(&self.rope, q, input.positions, qk, dn, interleaved)?;
+        dev.rope(&self.shell.rope, q, input.positions, qk, dn, interleaved)?;
         let block_size = cache.with(|c| {
             c.write(dev, li, input.slots, dev.view(&ws.t.kv, 0..nd)?)?;
             Ok::<_, ModelError>(c.block_size)

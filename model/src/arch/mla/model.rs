@@ -12,9 +12,9 @@ use super::workspace::{MlaBuffers, MlaWidths, MlaWorkspace};
 use crate::arch::cache_access::CacheAccess;
 use crate::arch::forward::BatchInput;
 use crate::arch::head::{copy_out, head_logits, pick_normed, take_logits};
-use crate::arch::rank_io::{ForwardOutput, RankComms};
+use crate::arch::rank_io::{ForwardOptions, ForwardOutput, RankComms};
+use crate::arch::shell::{ModelShell, RopeSpec};
 use crate::arch::weights::{TpShard, WeightPrecision};
-use crate::arch::workspace::WorkspacePool;
 use crate::config::{MlaConfig, ModelConfig, MoeConfig};
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
@@ -23,19 +23,14 @@ use crate::tensors::TensorSource;
 /// RoPE table, and the workspaces its forward passes compute in (one per forward running
 /// at the same time, allocated once and grown to the largest step seen).
 pub struct MlaModel<B: Backend = CpuBackend> {
-    pub config: ModelConfig,
-    pub weights: DeviceMlaWeights<B>,
-    pub shard: TpShard,
+    pub shell: ModelShell<B, DeviceMlaLayer<B>, MlaBuffers<B>>,
     pub(super) mla: MlaConfig,
     pub(super) moe: MoeConfig,
     /// Attention heads on this rank.
     pub(super) local_heads: usize,
-    pub(super) rope: B::Rope,
     pub(super) scale: f32,
     /// The multi-token-prediction layer, when loaded ([`MlaModel::load_mtp`]).
     pub mtp: Option<DeviceMtp<B>>,
-    pub(super) backend: B,
-    workspaces: WorkspacePool<B, MlaBuffers<B>>,
 }
 
 impl<B: Backend> MlaModel<B> {
@@ -56,43 +51,36 @@ impl<B: Backend> MlaModel<B> {
         let host = MlaWeights::load(&config, tensors, precision, shard)?;
         let weights = DeviceMlaWeights::upload(&backend, &host)?;
         drop(host);
-        let rope = backend.rope_table(
-            mla.qk_rope_head_dim,
-            config.rope_theta,
-            rope_scaling(&mla),
-            config.max_position_embeddings.clamp(1, 1 << 16),
-        )?;
+        let rope = RopeSpec {
+            dim: mla.qk_rope_head_dim,
+            scaling: rope_scaling(&mla),
+        };
         Ok(Self {
             local_heads: config.num_attention_heads / shard.size,
             scale: softmax_scale(&mla),
-            weights,
-            shard,
-            rope,
             mla,
             moe,
-            config,
+            shell: ModelShell::new(backend, config, weights, shard, rope)?,
             mtp: None,
-            backend,
-            workspaces: WorkspacePool::new(),
         })
     }
 
     /// The backend the model computes on.
     pub fn backend(&self) -> &B {
-        &self.backend
+        &self.shell.backend
     }
 
     /// Places a loaded MTP layer on the backend; workspaces made before are dropped, as
     /// they were sized without it.
     pub(super) fn set_mtp(&mut self, mtp: DeviceMtp<B>) {
         self.mtp = Some(mtp);
-        self.workspaces.clear();
+        self.shell.clear_workspaces();
     }
 
     /// Latent-cache layers: the decoder layers, plus the MTP layer when loaded (it attends
     /// over its own latents, at the same slots as the target's).
     pub fn cache_layers(&self) -> usize {
-        self.config.num_hidden_layers + usize::from(self.mtp.is_some())
+        self.shell.config.num_hidden_layers + usize::from(self.mtp.is_some())
     }
 
     /// A latent cache for this rank: `num_blocks` blocks of `block_size` tokens, values
@@ -104,7 +92,7 @@ impl<B: Backend> MlaModel<B> {
         dtype: dcpserve_kernels::KvCacheDType,
     ) -> Result<LatentCache<B>, ModelError> {
         LatentCache::new(
-            &self.backend,
+            &self.shell.backend,
             dtype,
             self.cache_layers(),
             num_blocks,
@@ -120,8 +108,9 @@ impl<B: Backend> MlaModel<B> {
         let hl = self.local_heads;
         let (r, d, dn) = (m.kv_lora_rank, m.latent_dim(), m.qk_nope_head_dim);
         let head_in = r.max(dn);
-        let dev = &self.backend;
+        let dev = &self.shell.backend;
         let layers = self
+            .shell
             .weights
             .layers
             .iter()
@@ -141,7 +130,7 @@ impl<B: Backend> MlaModel<B> {
             .max()
             .unwrap_or(0);
         MlaWidths {
-            hidden: self.config.hidden_size,
+            hidden: self.shell.config.hidden_size,
             q_lora: m.q_lora_rank.unwrap_or(0),
             q: hl * (dn + m.qk_rope_head_dim),
             latent: d,
@@ -159,8 +148,7 @@ impl<B: Backend> MlaModel<B> {
     /// engine's max batched tokens), so no step allocates activations; call it once per
     /// forward that may run at the same time, after [`MlaModel::load_mtp`].
     pub fn reserve_workspace(&self, max_tokens: usize) -> Result<(), ModelError> {
-        self.workspaces
-            .reserve(&self.backend, self.widths(), max_tokens)
+        self.shell.reserve_workspace(self.widths(), max_tokens)
     }
 
     /// Runs `f` in a free workspace (or a new one, grown by the step itself), then
@@ -169,7 +157,7 @@ impl<B: Backend> MlaModel<B> {
         &self,
         f: impl FnOnce(&mut MlaWorkspace<B>) -> Result<R, ModelError>,
     ) -> Result<R, ModelError> {
-        self.workspaces.run(&self.backend, self.widths(), f)
+        self.shell.in_workspace(self.widths(), f)
     }
 
     pub(super) fn check_cache(&self, cache: &LatentCache<B>) -> Result<(), ModelError> {
@@ -183,46 +171,40 @@ impl<B: Backend> MlaModel<B> {
 }
 
 impl<B: Backend> MlaModel<B> {
-    /// Runs all layers for the batch on this rank, storing its latent shard in `cache`,
-    /// and returns the logits of `input.logits_for` (complete on every rank). Every rank
-    /// of the group must call it with the same plan.
-    pub fn forward_rank(
+    /// Runs all layers for the batch on this rank, storing its latent shard in the cache
+    /// reached through `cache` (borrowed, or shared with the rank's other micro-batch
+    /// thread), and returns the logits of `input.logits_for` (complete on every rank)
+    /// with, when `opts` asks, the final-normed hidden states of `opts.hidden_for`
+    /// (`[hidden_for.len(), hidden_size]`, the same on every rank). With
+    /// `opts.mtp_prev_hidden` it runs the MTP layer instead (see [`ForwardOptions`]).
+    /// Every rank of the group must call it with the same plan.
+    pub fn forward(
         &self,
         comms: &RankComms<B>,
         input: &BatchInput,
-        cache: &mut LatentCache<B>,
+        cache: impl CacheAccess<LatentCache<B>>,
+        opts: &ForwardOptions<'_, B>,
     ) -> Result<ForwardOutput<B>, ModelError> {
-        Ok(self.forward_rank_with(comms, input, cache, &[])?.0)
+        match opts.mtp_prev_hidden {
+            Some(prev_hidden) => self.mtp_step(comms, input, prev_hidden, cache),
+            None => self.model_step(comms, input, cache, opts.hidden_for),
+        }
     }
 
-    /// [`MlaModel::forward_rank`], also returning the final-normed hidden states
-    /// (`[hidden_for.len(), hidden_size]`, the same on every rank) of the tokens
-    /// `hidden_for` — what the MTP layer takes as its previous hidden states.
-    pub fn forward_rank_hidden(
-        &self,
-        comms: &RankComms<B>,
-        input: &BatchInput,
-        cache: &mut LatentCache<B>,
-        hidden_for: &[usize],
-    ) -> Result<(ForwardOutput<B>, B::Buffer), ModelError> {
-        self.forward_rank_with(comms, input, cache, hidden_for)
-    }
-
-    /// [`MlaModel::forward_rank_hidden`] with the cache reached through `cache` (borrowed,
-    /// or shared with the rank's other micro-batch thread).
-    pub fn forward_rank_with(
+    /// A step of the decoder layers (see [`MlaModel::forward`]).
+    fn model_step(
         &self,
         comms: &RankComms<B>,
         input: &BatchInput,
         mut cache: impl CacheAccess<LatentCache<B>>,
         hidden_for: &[usize],
-    ) -> Result<(ForwardOutput<B>, B::Buffer), ModelError> {
-        let dev = &self.backend;
-        let cfg = &self.config;
+    ) -> Result<ForwardOutput<B>, ModelError> {
+        let dev = &self.shell.backend;
+        let cfg = &self.shell.config;
         let n = input.checked_len()?;
         cache.with(|c| self.check_cache(c))?;
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
-        let w = &self.weights;
+        let w = &self.shell.weights;
         self.in_workspace(|ws| {
             ws.prepare(dev, n, comms.dcp_merge)?;
             input.check_vocab(cfg.vocab_size)?;
@@ -234,10 +216,13 @@ impl<B: Backend> MlaModel<B> {
             for (li, lw) in w.layers.iter().enumerate() {
                 self.layer(comms, input, &mut cache, (li, lw), ws)?;
             }
-            let out = self.logits(comms, ws, n, input.logits_for, (&w.norm, w.output_head()))?;
-            pick_normed(dev, &ws.t.x, n, h, hidden_for, &w.norm, eps, &mut ws.head)?;
-            let hidden = copy_out(dev, &ws.head.normed, hidden_for.len() * h)?;
-            Ok((out, hidden))
+            let mut out =
+                self.logits(comms, ws, n, input.logits_for, (&w.norm, w.output_head()))?;
+            if !hidden_for.is_empty() {
+                pick_normed(dev, &ws.t.x, n, h, hidden_for, &w.norm, eps, &mut ws.head)?;
+                out.hidden = Some(copy_out(dev, &ws.head.normed, hidden_for.len() * h)?);
+            }
+            Ok(out)
         })
     }
 
@@ -252,9 +237,9 @@ impl<B: Backend> MlaModel<B> {
         logits_for: &[usize],
         (norm, head): (&B::Buffer, &B::Matrix),
     ) -> Result<ForwardOutput<B>, ModelError> {
-        let cfg = &self.config;
+        let cfg = &self.shell.config;
         head_logits(
-            &self.backend,
+            &self.shell.backend,
             comms,
             &ws.t.x,
             (n, cfg.hidden_size),
@@ -264,6 +249,11 @@ impl<B: Backend> MlaModel<B> {
             cfg.vocab_size,
             &mut ws.head,
         )?;
-        take_logits(&self.backend, &ws.head, logits_for.len(), cfg.vocab_size)
+        take_logits(
+            &self.shell.backend,
+            &ws.head,
+            logits_for.len(),
+            cfg.vocab_size,
+        )
     }
 }

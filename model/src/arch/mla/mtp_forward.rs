@@ -27,8 +27,8 @@ impl<B: Backend> MlaModel<B> {
         src: &dyn TensorSource,
         precision: WeightPrecision,
     ) -> Result<(), ModelError> {
-        let host = MtpLayer::load(&self.config, src, precision, self.shard)?;
-        let mtp = DeviceMtp::upload(&self.backend, &host)?;
+        let host = MtpLayer::load(&self.shell.config, src, precision, self.shell.shard)?;
+        let mtp = DeviceMtp::upload(&self.shell.backend, &host)?;
         self.set_mtp(mtp);
         Ok(())
     }
@@ -41,21 +41,21 @@ impl<B: Backend> MlaModel<B> {
     /// before when chaining). Stores the layer's latents at `input.slots`, attends causally
     /// like the target, and returns the draft logits of `input.logits_for` and the MTP
     /// output hidden states of every row (`[n, hidden]`, the same on every rank). Every
-    /// rank of the group must call it with the same plan.
-    pub fn forward_mtp(
+    /// rank of the group must call it with the same plan (through [`MlaModel::forward`]).
+    pub(super) fn mtp_step(
         &self,
         comms: &RankComms<B>,
         input: &BatchInput,
         prev_hidden: B::View<'_>,
         mut cache: impl CacheAccess<LatentCache<B>>,
-    ) -> Result<(ForwardOutput<B>, B::Buffer), ModelError> {
+    ) -> Result<ForwardOutput<B>, ModelError> {
         let Some(mtp) = &self.mtp else {
             return Err(ModelError::Invalid(
                 "the multi-token-prediction layer is not loaded".into(),
             ));
         };
-        let dev = &self.backend;
-        let cfg = &self.config;
+        let dev = &self.shell.backend;
+        let cfg = &self.shell.config;
         let (n, h, eps) = (input.checked_len()?, cfg.hidden_size, cfg.rms_norm_eps);
         let nh = n * h;
         cache.with(|c| self.check_cache(c))?;
@@ -69,7 +69,7 @@ impl<B: Backend> MlaModel<B> {
         let embed = mtp
             .embed_tokens
             .as_ref()
-            .unwrap_or(&self.weights.embed_tokens);
+            .unwrap_or(&self.shell.weights.embed_tokens);
         self.in_workspace(|ws| {
             ws.prepare(dev, n, comms.dcp_merge)?;
             let b = &mut ws.t.mtp;
@@ -101,9 +101,13 @@ impl<B: Backend> MlaModel<B> {
             dev.matmul(cat, n, &mtp.eh_proj, x, Precision::Exact)?;
             let li = cfg.num_hidden_layers;
             self.layer(comms, input, &mut cache, (li, &mtp.layer), ws)?;
-            let head = mtp.head.as_ref().unwrap_or(self.weights.output_head());
-            let out = self.logits(comms, ws, n, input.logits_for, (&mtp.head_norm, head))?;
-            Ok((out, copy_out(dev, &ws.t.x, nh)?))
+            let head = mtp
+                .head
+                .as_ref()
+                .unwrap_or(self.shell.weights.output_head());
+            let mut out = self.logits(comms, ws, n, input.logits_for, (&mtp.head_norm, head))?;
+            out.hidden = Some(copy_out(dev, &ws.t.x, nh)?);
+            Ok(out)
         })
     }
 }
