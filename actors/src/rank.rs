@@ -14,9 +14,10 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use dcpserve_config::RankSettings;
-use dcpserve_kernels::{Backend, CpuBackend, Device, KvCacheDType};
+use dcpserve_kernels::{Backend, CpuBackend, Device, KvCacheDType, ThreadPool};
 use dcpserve_model::arch::{
     ForwardOptions, ForwardOutput, KvStorage, RankCache, RankComms, RankModel, TpShard, TurnPoints,
     WeightPrecision,
@@ -225,8 +226,14 @@ fn compute_thread(
 ) {
     match args.rank_settings.device {
         Device::Cpu => {
+            let settings = &args.rank_settings;
+            let threads = args.threads.max(1);
+            let pool = match settings.cpu_spin_us {
+                Some(us) => ThreadPool::with_spin(threads, Duration::from_micros(us.into())),
+                None => ThreadPool::new(threads),
+            };
             let backend =
-                CpuBackend::new(args.threads.max(1)).with_cpu_matmul(args.rank_settings.cpu_matmul);
+                CpuBackend::with_pool(Arc::new(pool)).with_cpu_matmul(settings.cpu_matmul);
             run_rank(args, backend, comms, jobs, ready, myself)
         }
         Device::Cuda => {

@@ -43,7 +43,16 @@ pub struct RankSettings {
     /// (the default, as vLLM) or `off` (every kernel launched one by one, as vLLM's
     /// `--enforce-eager`). CPU ranks ignore it.
     pub cuda_graphs: CudaGraphs,
+    /// How long, in microseconds, an idle CPU worker thread spins waiting for the next
+    /// kernel before it sleeps (`--cpu-spin-us`; `None`: the thread pool's default, 100).
+    /// Spinning saves the wake-up latency between a step's kernels; less of it wastes
+    /// less CPU where ranks share their cores with other work. GPU ranks ignore it.
+    pub cpu_spin_us: Option<u32>,
 }
+
+/// The longest spin `--cpu-spin-us` accepts: a second (beyond that, waiting idle is all
+/// cost).
+pub const MAX_CPU_SPIN_US: u32 = 1_000_000;
 
 /// The flags of [`RankSettings`]: flattened into the engine subcommands and `serve` on
 /// the command line, and into a `[[models]]` entry of the TOML file under the same names
@@ -78,6 +87,12 @@ pub struct RankSettingsFlags {
     #[arg(long)]
     #[serde(deserialize_with = "named::cpu_matmul")]
     pub cpu_matmul: Option<String>,
+    /// CPU ranks: microseconds an idle worker thread spins for the next kernel before it
+    /// sleeps (0 sleeps at once: least CPU wasted when cores are shared; more: lower
+    /// latency between kernels), at most 1000000 [default: 100]
+    #[arg(long)]
+    #[serde(deserialize_with = "named::cpu_spin_us")]
+    pub cpu_spin_us: Option<u32>,
 }
 
 /// Deserializers of the flags that name their key in errors: the values of a flattened
@@ -97,7 +112,13 @@ mod named {
         )*};
     }
 
-    named!(device: Device, gpu_matmul: GpuMatmul, cuda_graphs: CudaGraphs, cpu_matmul: String);
+    named!(
+        device: Device,
+        gpu_matmul: GpuMatmul,
+        cuda_graphs: CudaGraphs,
+        cpu_matmul: String,
+        cpu_spin_us: u32,
+    );
 }
 
 impl RankSettingsFlags {
@@ -123,6 +144,14 @@ impl RankSettingsFlags {
             },
             gpu_matmul: self.gpu_matmul.unwrap_or(d.gpu_matmul),
             cuda_graphs: self.cuda_graphs.unwrap_or(d.cuda_graphs),
+            cpu_spin_us: match self.cpu_spin_us {
+                Some(us) if us > MAX_CPU_SPIN_US => {
+                    return Err(ConfigError(format!(
+                        "cpu_spin_us must be at most {MAX_CPU_SPIN_US} (one second), got {us}"
+                    )))
+                }
+                spin => spin,
+            },
         })
     }
 }
@@ -139,6 +168,7 @@ mod tests {
             cpu_matmul: CpuMatmul::Int8,
             gpu_matmul: GpuMatmul::Exact,
             cuda_graphs: CudaGraphs::Off,
+            cpu_spin_us: Some(20),
         };
         let back: RankSettings = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s);
@@ -167,5 +197,31 @@ mod tests {
         };
         let e = flags.rank_settings().unwrap_err();
         assert!(e.0.contains("int4") && e.0.contains("int8"), "{e}");
+    }
+
+    #[test]
+    fn cpu_spin_is_bounded_and_defaults_to_the_pool_s_own() {
+        let flags = |us| RankSettingsFlags {
+            cpu_spin_us: Some(us),
+            ..Default::default()
+        };
+        assert_eq!(
+            RankSettingsFlags::default()
+                .rank_settings()
+                .unwrap()
+                .cpu_spin_us,
+            None
+        );
+        assert_eq!(flags(0).rank_settings().unwrap().cpu_spin_us, Some(0));
+        assert_eq!(
+            flags(MAX_CPU_SPIN_US).rank_settings().unwrap().cpu_spin_us,
+            Some(MAX_CPU_SPIN_US)
+        );
+        let e = flags(MAX_CPU_SPIN_US + 1).rank_settings().unwrap_err();
+        assert!(e.0.contains("cpu_spin_us must be at most 1000000"), "{e}");
+        let toml: RankSettingsFlags = toml::from_str("cpu_spin_us = 5").unwrap();
+        assert_eq!(toml.cpu_spin_us, Some(5));
+        let e = toml::from_str::<RankSettingsFlags>("cpu_spin_us = -1").unwrap_err();
+        assert!(e.to_string().contains("cpu_spin_us"), "{e}");
     }
 }
