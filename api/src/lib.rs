@@ -39,6 +39,7 @@ pub mod reasoning;
 pub mod router;
 pub mod routes;
 pub mod sse;
+pub mod state;
 pub mod structured;
 pub mod tool_parsers;
 pub mod tools;
@@ -49,6 +50,7 @@ pub use backend::{BackendEvent, BackendStats, EventStream, ModelBackend};
 // The config file's types live in dcpserve-config; the router's API uses them.
 pub use dcpserve_config::{ModelEntry, SamplingDefaults, ServeConfig, ServerSection};
 pub use errors::ApiError;
-pub use http::{routes as filter, serve, AppState};
+pub use http::{routes as filter, serve};
 pub use router::{ModelRouter, ModelSlot};
+pub use state::AppState;
 pub use tools::ChatSettings;
