@@ -6,8 +6,8 @@
 //! - tool calls (`tools`, `tool_choice`; [`tools`], [`tool_parsers`]) and reasoning content
 //!   ([`reasoning`]) on chat completions
 //!
-//! Models are reached through the [`ModelBackend`] trait (the `dcpserve` crate implements it
-//! for its `Engine`), routed by the request's `model` through a [`ModelRouter`] that bounds
+//! Models are reached through the [`ModelBackend`] trait (`dcpserve-cli` implements it
+//! for dcpserve's `Engine`), routed by the request's `model` through a [`ModelRouter`] that bounds
 //! each model's outstanding requests. Errors use OpenAI's shape
 //! `{"error": {"message", "type", "param", "code"}}`.
 //!
