@@ -1,11 +1,21 @@
-//! [`EngineBuilder`]: the settings of an embedded engine, gathered before it starts.
+//! [`EngineBuilder`]: the settings of an embedded engine, gathered before it starts; the
+//! one way to start an [`Engine`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use dcpserve_config::{DType, EngineConfig, ParallelConfig, SpeculativeConfig};
+use dcpserve_config::{DType, EngineConfig, ParallelConfig, ServeConfig, SpeculativeConfig};
 
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+// Defined here rather than in engine.rs so that the engine does not depend on its builder.
+impl Engine {
+    /// A builder for the engine of the model at `path` (a GGUF file or a Hugging Face
+    /// folder); see [`EngineBuilder`].
+    pub fn builder(path: impl Into<PathBuf>) -> EngineBuilder {
+        EngineBuilder::new(path.into())
+    }
+}
 
 /// Settings of an [`Engine`] to start: the model, the name it is served under, and its
 /// [`EngineConfig`] (whole, or field by field). Made by [`Engine::builder`]; nothing is
@@ -37,12 +47,44 @@ pub struct EngineBuilder {
 }
 
 impl EngineBuilder {
-    pub(crate) fn new(path: PathBuf) -> Self {
+    fn new(path: PathBuf) -> Self {
         Self {
             path,
             name: None,
             config: EngineConfig::default(),
         }
+    }
+
+    /// The builder of one `[[models]]` entry of a multi-model TOML config file (the entry
+    /// named `name`, or the first): its path, its served name and its settings.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dcpserve::Result<()> {
+    /// use dcpserve::EngineBuilder;
+    /// let engine = EngineBuilder::from_config_file("examples/multi-model.toml", Some("smollm2"))?
+    ///     .build()
+    ///     .await?;
+    /// assert_eq!(engine.name(), "smollm2");
+    /// # Ok(()) }
+    /// ```
+    pub fn from_config_file(path: impl AsRef<Path>, name: Option<&str>) -> Result<Self> {
+        let cfg = ServeConfig::load(path.as_ref())?;
+        let entry = match name {
+            None => cfg.models.first(),
+            Some(n) => cfg.models.iter().find(|m| m.name.as_deref() == Some(n)),
+        }
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "The model `{}` does not exist.",
+                name.unwrap_or_default()
+            ))
+        })?;
+        let model_path = entry.path.clone().unwrap_or_else(crate::default_model_path);
+        Ok(Self {
+            path: model_path,
+            name: entry.name.clone(),
+            config: entry.engine_config()?,
+        })
     }
 
     /// The name the model is served under (default: its file or folder name without

@@ -17,7 +17,7 @@ use futures::Stream;
 use ractor::ActorRef;
 use tokio::sync::mpsc;
 
-use crate::builder::EngineBuilder;
+use crate::blocking::blocking;
 use crate::error::{Error, Result};
 
 /// What to generate from.
@@ -55,7 +55,7 @@ pub struct Completion {
 }
 
 /// An LLM served by an actor system (supervisor, scheduler, rank actors). Build one with
-/// [`Engine::builder`].
+/// [`Engine::builder`] (the only way to start one).
 ///
 /// ```no_run
 /// # async fn demo() -> dcpserve::Result<()> {
@@ -97,31 +97,6 @@ fn precision(d: DType) -> WeightPrecision {
 }
 
 impl Engine {
-    /// A builder for the engine of the model at `path` (a GGUF file or a Hugging Face
-    /// folder); see [`EngineBuilder`].
-    pub fn builder(path: impl Into<std::path::PathBuf>) -> EngineBuilder {
-        EngineBuilder::new(path.into())
-    }
-
-    /// Opens the model at `path` (a GGUF file or a Hugging Face folder), checks the
-    /// layout in `config` before reading any weight, and brings the actors up; the same
-    /// as `Engine::builder(path).config(config).build()`.
-    pub async fn from_path(
-        path: impl AsRef<std::path::Path>,
-        config: EngineConfig,
-    ) -> Result<Self> {
-        Self::builder(path.as_ref()).config(config).build().await
-    }
-
-    /// Like [`Engine::from_path`], serving the model under `name`.
-    pub async fn from_path_named(
-        name: String,
-        path: std::path::PathBuf,
-        config: EngineConfig,
-    ) -> Result<Self> {
-        Self::builder(path).name(name).config(config).build().await
-    }
-
     /// Starts the engine a builder describes.
     pub(crate) async fn start(
         name: String,
@@ -169,39 +144,6 @@ impl Engine {
                 speculates,
             }),
         })
-    }
-
-    /// Builds the engine of one `[[models]]` entry of a multi-model TOML config file (the
-    /// entry named `name`, or the first), with that entry's layout and limits.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> dcpserve::Result<()> {
-    /// let engine = dcpserve::Engine::from_config_file("examples/multi-model.toml", Some("smollm2")).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn from_config_file(
-        path: impl AsRef<std::path::Path>,
-        name: Option<&str>,
-    ) -> Result<Self> {
-        let cfg = dcpserve_config::ServeConfig::load(path.as_ref())?;
-        let entry = match name {
-            None => cfg.models.first(),
-            Some(n) => cfg.models.iter().find(|m| m.name.as_deref() == Some(n)),
-        }
-        .ok_or_else(|| {
-            Error::Config(format!(
-                "The model `{}` does not exist.",
-                name.unwrap_or_default()
-            ))
-        })?;
-        let model_path = entry.path.clone().unwrap_or_else(crate::default_model_path);
-        let served = entry.name.clone().unwrap_or_else(|| {
-            model_path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "model".into())
-        });
-        Self::from_path_named(served, model_path, entry.engine_config()?).await
     }
 
     /// Whether this engine decodes speculatively (`--speculative-config`).
@@ -405,15 +347,6 @@ impl Engine {
 /// A call to an actor that is gone.
 fn stopped(e: impl std::fmt::Display) -> Error {
     Error::EngineStopped(e.to_string())
-}
-
-/// Runs blocking file work off the async threads.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Internal(format!("a loading task failed: {e}")))
 }
 
 fn spawn_error_text(e: ractor::SpawnErr) -> String {

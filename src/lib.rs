@@ -1,7 +1,8 @@
 //! dcpserve: an actor-based LLM serving engine whose headline feature is decode
 //! context parallelism (the KV cache sharded across ranks by sequence position).
 //!
-//! Use it embedded through [`Engine`]:
+//! Use it embedded through [`Engine`], started by an [`EngineBuilder`] (the command line,
+//! `dcpserve serve` among it, is the `dcpserve-cli` package in cli/):
 //!
 //! ```no_run
 //! # async fn demo() -> dcpserve::Result<()> {
@@ -14,13 +15,13 @@
 //! # Ok(()) }
 //! ```
 
+mod blocking;
 mod builder;
 mod device_check;
 #[cfg(feature = "mpi")]
 pub mod distributed;
 mod engine;
 mod error;
-pub mod serve;
 mod speculation;
 
 pub use builder::EngineBuilder;

@@ -7,7 +7,7 @@ use dcpserve_actors::attention_kind;
 use dcpserve_config::{EngineConfig, ParallelConfig, SpeculativeMethod};
 use dcpserve_model::{ModelConfig, ModelFiles};
 
-use crate::engine::blocking;
+use crate::blocking::blocking;
 use crate::error::{Error, Result};
 
 /// The draft model's files when the config asks for `draft_model`; `None` otherwise.

@@ -29,7 +29,11 @@ async fn dcp_multiplies_kv_capacity_at_equal_memory_per_rank() {
             block_size: block,
             ..f32_config()
         };
-        let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+        let engine = Engine::builder(fixture("tiny-llama"))
+            .config(cfg)
+            .build()
+            .await
+            .unwrap();
         let (per_rank, total) = engine.kv_capacity();
         assert_eq!(
             per_rank,
@@ -87,7 +91,11 @@ async fn narrow_kv_caches_hold_two_and_four_times_the_tokens() {
                 block_size: 16,
                 ..f32_config()
             };
-            let engine = Engine::from_path(fixture(model), cfg).await.unwrap();
+            let engine = Engine::builder(fixture(model))
+                .config(cfg)
+                .build()
+                .await
+                .unwrap();
             let (per_rank, total) = engine.kv_capacity();
             assert_eq!(total, per_rank * dcp, "{model} {dt}");
             tokens.push(total);

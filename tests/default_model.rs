@@ -191,7 +191,9 @@ async fn chat_answer(dtype: DType) -> (Vec<u32>, String) {
         dtype,
         ..f32_config()
     };
-    let engine = Engine::from_path(default_model(), cfg)
+    let engine = Engine::builder(default_model())
+        .config(cfg)
+        .build()
         .await
         .expect("engine");
     let messages = vec![ChatMessage {

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use dcpserve::{DType, Engine, EngineConfig, ParallelConfig, Prompt};
+use dcpserve::{DType, Engine, EngineBuilder, EngineConfig, ParallelConfig, Prompt};
 use futures::StreamExt;
 
 fn prompts() -> Vec<Vec<u32>> {
@@ -31,7 +31,9 @@ async fn run_all(engine: &Engine, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32
 }
 
 async fn solo(prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
-    let engine = Engine::from_path(fixture("tiny-llama"), f32_config())
+    let engine = Engine::builder(fixture("tiny-llama"))
+        .config(f32_config())
+        .build()
         .await
         .unwrap();
     let mut out = Vec::new();
@@ -51,7 +53,11 @@ async fn batched_chunked_and_preempted_outputs_equal_solo_runs() {
         max_num_batched_tokens: 16,
         ..f32_config()
     };
-    let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+    let engine = Engine::builder(fixture("tiny-llama"))
+        .config(cfg)
+        .build()
+        .await
+        .unwrap();
     assert_eq!(
         run_all(&engine, &prompts, 24).await,
         want,
@@ -64,7 +70,11 @@ async fn batched_chunked_and_preempted_outputs_equal_solo_runs() {
         overlap_micro_batches: true,
         ..f32_config()
     };
-    let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+    let engine = Engine::builder(fixture("tiny-llama"))
+        .config(cfg)
+        .build()
+        .await
+        .unwrap();
     assert_eq!(
         run_all(&engine, &prompts, 24).await,
         want,
@@ -77,7 +87,11 @@ async fn batched_chunked_and_preempted_outputs_equal_solo_runs() {
         kv_cache_memory_bytes: Some(per_block * 12),
         ..f32_config()
     };
-    let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+    let engine = Engine::builder(fixture("tiny-llama"))
+        .config(cfg)
+        .build()
+        .await
+        .unwrap();
     assert_eq!(
         run_all(&engine, &prompts, 24).await,
         want,
@@ -90,7 +104,9 @@ async fn batched_chunked_and_preempted_outputs_equal_solo_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_stream_aborts_and_frees_blocks() {
-    let engine = Engine::from_path(fixture("tiny-llama"), f32_config())
+    let engine = Engine::builder(fixture("tiny-llama"))
+        .config(f32_config())
+        .build()
         .await
         .unwrap();
     let mut s = engine
@@ -113,7 +129,11 @@ async fn impossible_requests_are_rejected_clearly() {
         max_model_len: Some(32),
         ..f32_config()
     };
-    let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+    let engine = Engine::builder(fixture("tiny-llama"))
+        .config(cfg)
+        .build()
+        .await
+        .unwrap();
     let long: Vec<u32> = (0..40).map(|i| i + 3).collect();
     let err = engine
         .complete(Prompt::Tokens(long), greedy(4))
@@ -147,7 +167,9 @@ async fn impossible_requests_are_rejected_clearly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_rank_ends_its_requests_and_the_group_comes_back() {
-    let engine = Engine::from_path(fixture("tiny-llama"), f32_config())
+    let engine = Engine::builder(fixture("tiny-llama"))
+        .config(f32_config())
+        .build()
         .await
         .unwrap();
     let want = engine
@@ -186,7 +208,11 @@ async fn a_failed_rank_in_a_dcp_group_restarts_the_group() {
         },
         ..f32_config()
     };
-    let engine = Engine::from_path(fixture("tiny-llama"), cfg).await.unwrap();
+    let engine = Engine::builder(fixture("tiny-llama"))
+        .config(cfg)
+        .build()
+        .await
+        .unwrap();
     let want = engine
         .complete(Prompt::Tokens(prompts()[4].clone()), greedy(8))
         .await
@@ -215,8 +241,9 @@ async fn an_engine_from_a_config_file_entry() {
     );
     let path = dir.join("models.toml");
     std::fs::write(&path, toml).unwrap();
-    let a = Engine::from_config_file(&path, Some("a")).await.unwrap();
-    let b = Engine::from_config_file(&path, Some("b")).await.unwrap();
+    let from_file = |name| EngineBuilder::from_config_file(&path, Some(name));
+    let a = from_file("a").unwrap().build().await.unwrap();
+    let b = from_file("b").unwrap().build().await.unwrap();
     assert_eq!(a.name(), "a");
     assert_eq!(
         b.kv_capacity().1,
@@ -227,10 +254,7 @@ async fn an_engine_from_a_config_file_entry() {
     let ta = a.complete(p.clone(), greedy(6)).await.unwrap().token_ids;
     let tb = b.complete(p, greedy(6)).await.unwrap().token_ids;
     assert_eq!(ta, tb);
-    let err = Engine::from_config_file(&path, Some("zzz"))
-        .await
-        .err()
-        .unwrap();
+    let err = from_file("zzz").err().unwrap();
     assert_eq!(err.to_string(), "The model `zzz` does not exist.");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -179,7 +179,11 @@ async fn k_quant_versions_answer_paris() {
             kv_cache_dtype: Some(KvCacheDType::F32),
             ..f32_config()
         };
-        let engine = Engine::from_path(path, cfg).await.expect("engine");
+        let engine = Engine::builder(path)
+            .config(cfg)
+            .build()
+            .await
+            .expect("engine");
         let messages = vec![ChatMessage {
             role: "user".into(),
             content: "What is the capital of France?".into(),

@@ -153,7 +153,11 @@ async fn prefix_cache_hits_on_a_compressed_cache_equal_single_rank() {
             base.extend(run(&model, no_cache.clone(), std::slice::from_ref(p), 6).await);
         }
         let c = typed(dt, cfg(layout(4, 4, 2), 256, 64 << 20));
-        let engine = dcpserve::Engine::from_path(&model, c).await.unwrap();
+        let engine = dcpserve::Engine::builder(&model)
+            .config(c)
+            .build()
+            .await
+            .unwrap();
         let mut got = Vec::new();
         for p in &prompts {
             got.extend(generate_all(&engine, std::slice::from_ref(p), 6).await);

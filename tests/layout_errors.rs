@@ -1,4 +1,4 @@
-//! `Engine::from_path` rejects every impossible layout of the tiny GQA model
+//! `EngineBuilder::build` rejects every impossible layout of the tiny GQA model
 //! (8 query heads, 2 KV heads, block size 16) with vLLM's exact message, and does so
 //! before reading any weight.
 
@@ -65,7 +65,7 @@ fn config(p: ParallelConfig) -> EngineConfig {
 }
 
 async fn layout_error(model: &Path, p: ParallelConfig) -> String {
-    match Engine::from_path(model, config(p)).await {
+    match Engine::builder(model).config(config(p)).build().await {
         Ok(_) => panic!("{p:?} on {}: expected a layout error", model.display()),
         Err(e) => e.to_string(),
     }
@@ -116,7 +116,10 @@ async fn layout_is_checked_before_weights_are_read() {
     let garbage: Vec<u8> = (0..64u32).map(|i| (i * 37 + 11) as u8).collect();
     let copy = BrokenCopy::new("garbage", &garbage);
     // The copy really is unloadable with a valid layout ...
-    let ok_layout = Engine::from_path(&copy.0, config(layout(1, 1, 1))).await;
+    let ok_layout = Engine::builder(&copy.0)
+        .config(config(layout(1, 1, 1)))
+        .build()
+        .await;
     assert!(ok_layout.is_err(), "garbage weights loaded");
     // ... yet each bad layout reports its own message.
     for (p, want) in bad_layouts() {
@@ -135,7 +138,10 @@ async fn layout_is_checked_before_truncated_weights_are_read() {
     let header_len = u64::from_le_bytes(real[..8].try_into().unwrap()) as usize;
     let cut = &real[..8 + header_len + 100];
     let copy = BrokenCopy::new("truncated", cut);
-    let ok_layout = Engine::from_path(&copy.0, config(layout(1, 1, 1))).await;
+    let ok_layout = Engine::builder(&copy.0)
+        .config(config(layout(1, 1, 1)))
+        .build()
+        .await;
     assert!(ok_layout.is_err(), "truncated weights loaded");
     for (p, want) in bad_layouts() {
         assert_eq!(

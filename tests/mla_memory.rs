@@ -95,7 +95,9 @@ async fn each_dcp_rank_stores_its_share_of_the_latent_tokens() {
         let mut config = cfg(layout(tp, dcp, i), 256, 16 << 20);
         config.enable_prefix_caching = false; // every token computed, none reused
         let line_before = count_in_logs(" tokens per rank, ");
-        let engine = dcpserve::Engine::from_path(fixture("tiny-deepseek"), config)
+        let engine = dcpserve::Engine::builder(fixture("tiny-deepseek"))
+            .config(config)
+            .build()
             .await
             .expect("engine");
         let (per_rank, total) = engine.kv_capacity();

@@ -142,7 +142,9 @@ async fn mla_dcp_prefix_cache_hits_equal_single_rank() {
         );
     }
     for (tp, dcp, i) in [(2, 2, 1), (4, 4, 2)] {
-        let engine = Engine::from_path(fixture(MODEL), cfg(layout(tp, dcp, i), 256, 64 << 20))
+        let engine = Engine::builder(fixture(MODEL))
+            .config(cfg(layout(tp, dcp, i), 256, 64 << 20))
+            .build()
             .await
             .unwrap();
         let mut got = Vec::new();
@@ -195,7 +197,9 @@ async fn mla_dcp_shards_the_latent_cache() {
     let block = 16;
     let per_rank = (budget as usize / (per_token * block)) * block;
     for (tp, dcp, i) in [(1, 1, 1), (4, 1, 1), (2, 2, 1), (4, 4, 2), (4, 2, 16)] {
-        let engine = Engine::from_path(fixture(MODEL), cfg(layout(tp, dcp, i), 256, budget))
+        let engine = Engine::builder(fixture(MODEL))
+            .config(cfg(layout(tp, dcp, i), 256, budget))
+            .build()
             .await
             .unwrap();
         assert_eq!(
@@ -231,7 +235,9 @@ async fn mla_dcp_shards_the_latent_cache() {
 async fn tiny_deepseek_greedy_through_the_engine() {
     for name in [MODEL, MODEL_NOQ] {
         let reference = read_json(fixture(name).join("reference.json"));
-        let engine = Engine::from_path(fixture(name), f32_config())
+        let engine = Engine::builder(fixture(name))
+            .config(f32_config())
+            .build()
             .await
             .expect(name);
         let prompts = reference["prompts"].as_array().unwrap();

@@ -78,7 +78,9 @@ async fn aborts_during_overlapped_steps_spare_the_other_requests() {
     let prompts = mixed_prompts(10);
     let base = run(&model, cfg(layout(1, 1, 1), 256, 64 << 20), &prompts, 24).await;
     // Tight KV so that freed blocks are reused at once by waiting requests.
-    let engine = Engine::from_path(&model, overlapped(4, 2, 1, 64, 128 * 16 * 48))
+    let engine = Engine::builder(&model)
+        .config(overlapped(4, 2, 1, 64, 128 * 16 * 48))
+        .build()
         .await
         .unwrap();
     let streams: Vec<_> = prompts

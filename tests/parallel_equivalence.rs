@@ -129,7 +129,9 @@ async fn dcp_prefix_cache_hits_equal_single_rank() {
         base.extend(run(&model, no_cache.clone(), std::slice::from_ref(p), 10).await);
     }
     for (tp, dcp, i) in [(1, 1, 1), (4, 2, 1), (8, 4, 2)] {
-        let engine = Engine::from_path(&model, cfg(layout(tp, dcp, i), 256, 64 << 20))
+        let engine = Engine::builder(&model)
+            .config(cfg(layout(tp, dcp, i), 256, 64 << 20))
+            .build()
             .await
             .unwrap();
         let mut got = Vec::new();

@@ -78,7 +78,11 @@ async fn engine_in(model: &str, tp: usize, dcp: usize, kv_bytes: u64, kv_dtype: 
         block_size: 16,
         ..f32_config()
     };
-    Engine::from_path(fixture(model), cfg).await.unwrap()
+    Engine::builder(fixture(model))
+        .config(cfg)
+        .build()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,7 +51,11 @@ async fn outputs(
     cfg: EngineConfig,
     reqs: &[(Vec<u32>, SamplingParams)],
 ) -> (Vec<Vec<TokenOutput>>, u64) {
-    let engine = Engine::from_path(model, cfg).await.expect("engine");
+    let engine = Engine::builder(model)
+        .config(cfg)
+        .build()
+        .await
+        .expect("engine");
     let streams: Vec<_> = reqs
         .iter()
         .map(|(p, params)| engine.generate(Prompt::Tokens(p.clone()), params.clone()))

@@ -165,7 +165,11 @@ async fn ngram_greedy_equals_plain_decoding_on_the_default_model() {
     let run = |c: EngineConfig| {
         let model = model.clone();
         async move {
-            let engine = Engine::from_path(&model, c).await.expect("engine");
+            let engine = Engine::builder(&model)
+                .config(c)
+                .build()
+                .await
+                .expect("engine");
             let mut p = greedy(32);
             p.logprobs = Some(1);
             let out = engine
@@ -212,7 +216,11 @@ async fn ngram_greedy_equals_plain_decoding_on_the_default_model() {
 async fn sampled_requests_run_with_drafts() {
     use dcpserve::Engine;
     let c = with_spec(cfg(layout(4, 2, 1), 64, KV), ngram(4));
-    let engine = Engine::from_path(fixture("tiny-llama"), c).await.unwrap();
+    let engine = Engine::builder(fixture("tiny-llama"))
+        .config(c)
+        .build()
+        .await
+        .unwrap();
     assert_sampled_completions(&engine, &repetitive_prompts(384, 50), 0.7, N).await;
     assert!(engine.stats().await.unwrap().speculation.num_drafts > 0);
 }
@@ -237,7 +245,9 @@ async fn a_failed_draft_rank_restarts_only_the_draft_group() {
     let mut same = draft_model("tiny-llama", 3, 2, 1);
     same.adaptive = Some(false);
     let c = with_spec(cfg(layout(1, 1, 1), 64, KV), same);
-    let engine = dcpserve::Engine::from_path(fixture("tiny-llama"), c)
+    let engine = dcpserve::Engine::builder(fixture("tiny-llama"))
+        .config(c)
+        .build()
         .await
         .expect("engine");
     let mut params = greedy(n);

@@ -288,7 +288,11 @@ async fn echo_case(kind: Echo) {
 }
 
 async fn refusal(model: &str, c: EngineConfig) -> String {
-    match dcpserve::Engine::from_path(fixture(model), c).await {
+    match dcpserve::Engine::builder(fixture(model))
+        .config(c)
+        .build()
+        .await
+    {
         Ok(_) => panic!("{model}: mtp accepted"),
         Err(e) => format!("{e:#}"),
     }
@@ -332,7 +336,9 @@ async fn mtp_drafts_again_after_a_rank_group_restart() {
     .await
     .0;
     let want: Vec<u32> = base[0].iter().map(|t| t.token_id).collect();
-    let engine = Engine::from_path(&model, with_spec(cfg(layout(2, 2, 1), 512, KV), mtp(1)))
+    let engine = Engine::builder(&model)
+        .config(with_spec(cfg(layout(2, 2, 1), 512, KV), mtp(1)))
+        .build()
         .await
         .unwrap();
     fail_rank_during_generation(&engine, prompt.clone(), 3, 1).await;
@@ -378,7 +384,11 @@ async fn mtp_drafts_again_after_a_rank_group_restart() {
 async fn sampled_requests_run_with_mtp_drafts() {
     use dcpserve::Engine;
     let c = with_spec(cfg(layout(2, 2, 1), 64, KV), mtp(2));
-    let engine = Engine::from_path(fixture(MODEL), c).await.unwrap();
+    let engine = Engine::builder(fixture(MODEL))
+        .config(c)
+        .build()
+        .await
+        .unwrap();
     assert_sampled_completions(&engine, &prompts(384, 100), 0.8, N).await;
     let stats = engine.stats().await.unwrap();
     assert_drafted(&stats, 2, "sampled mtp");

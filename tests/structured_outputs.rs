@@ -94,7 +94,9 @@ fn ngram() -> SpeculativeConfig {
 }
 
 async fn run(c: EngineConfig, temperature: f32, count: usize) -> (Vec<Completion>, SchedulerStats) {
-    let engine = Engine::from_path(&fixture("tiny-llama"), c)
+    let engine = Engine::builder(&fixture("tiny-llama"))
+        .config(c)
+        .build()
         .await
         .expect("engine");
     let prompts = json_prompts(&engine, count);
@@ -151,7 +153,9 @@ async fn schema_holds_under_preemption() {
     // matchers rebuilt from their tokens).
     let mut c = cfg(layout(4, 2, 1), 64, 128 * 16 * 24);
     c.speculative = Some(ngram());
-    let engine = Engine::from_path(&fixture("tiny-llama"), c)
+    let engine = Engine::builder(&fixture("tiny-llama"))
+        .config(c)
+        .build()
         .await
         .expect("engine");
     let prompts = preemption_prompts();

@@ -78,7 +78,9 @@ fn tiny_models_with_either_rope_spelling() {
 async fn tiny_models_greedy_through_the_engine() {
     for name in ["tiny-llama", "tiny-qwen2", "tiny-qwen3"] {
         let reference = read_json(fixture(name).join("reference.json"));
-        let engine = Engine::from_path(fixture(name), f32_config())
+        let engine = Engine::builder(fixture(name))
+            .config(f32_config())
+            .build()
             .await
             .expect(name);
         let prompts = reference["prompts"].as_array().unwrap();

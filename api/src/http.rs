@@ -14,25 +14,11 @@ use warp::{Buf, Filter, Reply};
 
 use crate::backend::BackendStats;
 use crate::errors::{handle_rejection, ApiError};
-use crate::router::ModelRouter;
 use crate::routes;
+use crate::state::AppState;
 
 // Re-exported from its old home, where callers have found it.
 pub use crate::limits::MAX_BODY_BYTES;
-
-/// What every handler can see.
-pub struct AppState {
-    pub router: ModelRouter,
-    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
-    pub api_key: Option<String>,
-}
-
-impl AppState {
-    /// State serving `router`, with an optional API key.
-    pub fn new(router: ModelRouter, api_key: Option<String>) -> Self {
-        Self { router, api_key }
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Route {

@@ -6,8 +6,8 @@
 //! - tool calls (`tools`, `tool_choice`; [`tools`], [`tool_parsers`]) and reasoning content
 //!   ([`reasoning`]) on chat completions
 //!
-//! Models are reached through the [`ModelBackend`] trait (the `dcpserve` crate implements it
-//! for its `Engine`), routed by the request's `model` through a [`ModelRouter`] that bounds
+//! Models are reached through the [`ModelBackend`] trait (`dcpserve-cli` implements it
+//! for dcpserve's `Engine`), routed by the request's `model` through a [`ModelRouter`] that bounds
 //! each model's outstanding requests. Errors use OpenAI's shape
 //! `{"error": {"message", "type", "param", "code"}}`.
 //!
@@ -39,6 +39,7 @@ pub mod reasoning;
 pub mod router;
 pub mod routes;
 pub mod sse;
+pub mod state;
 pub mod structured;
 pub mod tool_parsers;
 pub mod tools;
@@ -49,6 +50,7 @@ pub use backend::{BackendEvent, BackendStats, EventStream, ModelBackend};
 // The config file's types live in dcpserve-config; the router's API uses them.
 pub use dcpserve_config::{ModelEntry, SamplingDefaults, ServeConfig, ServerSection};
 pub use errors::ApiError;
-pub use http::{routes as filter, serve, AppState};
+pub use http::{routes as filter, serve};
 pub use router::{ModelRouter, ModelSlot};
+pub use state::AppState;
 pub use tools::ChatSettings;

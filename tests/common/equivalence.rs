@@ -108,7 +108,11 @@ pub async fn run_stats(
     prompts: &[Vec<u32>],
     n: usize,
 ) -> (Run, dcpserve_actors::SchedulerStats) {
-    let engine = Engine::from_path(model, cfg).await.expect("engine");
+    let engine = Engine::builder(model)
+        .config(cfg)
+        .build()
+        .await
+        .expect("engine");
     let out = generate_all(&engine, prompts, n).await;
     (out, engine.stats().await.expect("stats"))
 }

@@ -9,8 +9,15 @@ pub mod equivalence;
 pub mod prefill;
 pub mod reference;
 
+/// The repository's root, where `fixtures/` is: the package of these tests is the root
+/// package or `cli/` (whose tests include this module by path).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let package = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    package
+        .ancestors()
+        .find(|dir| dir.join("fixtures").is_dir())
+        .unwrap_or(package)
+        .to_path_buf()
 }
 
 pub fn fixture(rel: &str) -> PathBuf {

@@ -14,9 +14,9 @@ use crate::chat_messages;
 use crate::chat_output::{OutputMode, OutputParser};
 use crate::errors::ApiError;
 use crate::generation::{self, ChoiceEvent, ChoiceSpec};
-use crate::http::AppState;
 use crate::reasoning::ReasoningParser;
 use crate::sse::{self, ChunkFormatter};
+use crate::state::AppState;
 use crate::tools;
 use crate::types::{
     new_id, unix_now, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,

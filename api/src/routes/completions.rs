@@ -11,8 +11,8 @@ use super::{finite, lp_value, parse_body, token_text};
 use crate::backend::ModelBackend;
 use crate::errors::ApiError;
 use crate::generation::{self, ChoiceEvent, ChoiceSpec};
-use crate::http::AppState;
 use crate::sse::{self, ChunkFormatter};
+use crate::state::AppState;
 use crate::types::{
     new_id, unix_now, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
     Skip, Usage,

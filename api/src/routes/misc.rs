@@ -4,7 +4,7 @@ use warp::reply::Response;
 
 use super::{json, parse_body, token_text};
 use crate::errors::ApiError;
-use crate::http::AppState;
+use crate::state::AppState;
 use crate::types::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };

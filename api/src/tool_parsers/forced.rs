@@ -1,5 +1,5 @@
 //! Outputs of forced tool choices. The engine generates them under a JSON-schema
-//! constraint (see `crate::tools`), so they are JSON by construction:
+//! constraint (built by the `tools` module), so they are JSON by construction:
 //!
 //! - a named function (`tool_choice: {"type": "function", "function": {"name": "f"}}`): the
 //!   output is the arguments object;

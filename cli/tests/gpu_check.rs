@@ -3,6 +3,7 @@
 
 use std::process::Command;
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 /// A fresh report folder for one test.

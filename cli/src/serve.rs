@@ -21,7 +21,7 @@ use dcpserve_model::ChatMessage;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 
-use crate::{Engine, EngineConfig, GenerationEvent, SpeculativeConfig};
+use dcpserve::{Engine, EngineConfig, GenerationEvent, SpeculativeConfig};
 
 /// Flags of `dcpserve serve`, named as vLLM names them.
 #[derive(Args, Debug, Clone, Default)]
@@ -343,7 +343,10 @@ impl ModelBackend for EngineBackend {
 
 /// Loads one config entry, showing a spinner on a terminal and log lines otherwise.
 pub async fn load_model(entry: &ModelEntry) -> Result<(String, Engine, EngineConfig, PathBuf)> {
-    let path = entry.path.clone().unwrap_or_else(crate::default_model_path);
+    let path = entry
+        .path
+        .clone()
+        .unwrap_or_else(dcpserve::default_model_path);
     if !path.exists() {
         if entry.path.is_none() {
             bail!(
@@ -363,7 +366,11 @@ pub async fn load_model(entry: &ModelEntry) -> Result<(String, Engine, EngineCon
         pb.enable_steady_tick(Duration::from_millis(120));
         pb
     });
-    let result = Engine::from_path_named(name.clone(), path.clone(), cfg.clone()).await;
+    let result = Engine::builder(path.clone())
+        .name(name.clone())
+        .config(cfg.clone())
+        .build()
+        .await;
     if let Some(pb) = spinner {
         pb.finish_and_clear();
     }

@@ -28,7 +28,7 @@ enum Command {
     /// Generate text from a prompt and stream it to stdout.
     Generate(GenerateArgs),
     /// Serve models over an OpenAI-compatible HTTP API.
-    Serve(dcpserve::serve::ServeArgs),
+    Serve(dcpserve_cli::serve::ServeArgs),
     /// Benchmark an OpenAI-compatible server (ours or a peer's), as `vllm bench serve` does.
     Bench(dcpserve_tools::bench_client::BenchServeArgs),
     /// Plan capacity: every valid (tp, dcp) layout of a model on given hardware.
@@ -262,7 +262,7 @@ impl EngineArgs {
 
 async fn generate(args: GenerateArgs) -> Result<()> {
     let (path, cfg) = args.engine.config()?;
-    let engine = Engine::from_path(path, cfg).await?;
+    let engine = Engine::builder(path).config(cfg).build().await?;
     let prompt = if args.chat {
         Prompt::Chat(vec![ChatMessage {
             role: "user".into(),
@@ -302,7 +302,7 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = dcpserve::serve::normalize_args(std::env::args());
+    let args = dcpserve_cli::serve::normalize_args(std::env::args());
     // Under an MPI launcher every process runs this program: process 0 goes on as the
     // engine, the others serve their ranks inside `init` and exit there.
     #[cfg(feature = "mpi")]
@@ -319,7 +319,7 @@ fn main() -> Result<()> {
     let result = rt.block_on(async {
         match cli.command {
             Command::Generate(a) => generate(a).await,
-            Command::Serve(a) => dcpserve::serve::run(a).await,
+            Command::Serve(a) => dcpserve_cli::serve::run(a).await,
             Command::Bench(a) => dcpserve_tools::bench_client::run(a).await,
             Command::Plan(a) => dcpserve_tools::planner::run(a),
             Command::Quantize(a) => quantize_cmd::run(a),
@@ -377,7 +377,7 @@ fn main() -> Result<()> {
             }
             Command::BenchEngine(a) => {
                 let (path, cfg) = a.engine.config()?;
-                let engine = Engine::from_path(path, cfg).await?;
+                let engine = Engine::builder(path).config(cfg).build().await?;
                 let spec = bench::engine_bench::BenchSpec {
                     prompt_tokens: a.prompt_tokens,
                     decode_tokens: a.decode_tokens,

@@ -204,11 +204,16 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
         let room = ((spec.context + spec.decode_tokens + 64) * per_token) as u64;
         let mut times = Vec::new();
         for dcp in [1, tp] {
-            let engine = Engine::from_path(
-                &dir,
-                engine_config(tp, dcp, room, spec.threads, spec.kv_cache_dtype),
-            )
-            .await?;
+            let engine = Engine::builder(&dir)
+                .config(engine_config(
+                    tp,
+                    dcp,
+                    room,
+                    spec.threads,
+                    spec.kv_cache_dtype,
+                ))
+                .build()
+                .await?;
             step_ms(&engine, 256, 4).await?; // warm-up
             times.push(step_ms(&engine, spec.context, spec.decode_tokens).await?);
         }
@@ -225,11 +230,16 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
         // 2. Capacity with the same KV memory per rank.
         let budget = (4 * (spec.capacity_context + 32) * per_token) as u64;
         for dcp in [1, tp] {
-            let engine = Engine::from_path(
-                &dir,
-                engine_config(tp, dcp, budget, spec.threads, spec.kv_cache_dtype),
-            )
-            .await?;
+            let engine = Engine::builder(&dir)
+                .config(engine_config(
+                    tp,
+                    dcp,
+                    budget,
+                    spec.threads,
+                    spec.kv_cache_dtype,
+                ))
+                .build()
+                .await?;
             let (per_rank, total) = engine.kv_capacity();
             let running =
                 max_running(&engine, spec.capacity_context, spec.capacity_sequences).await?;
@@ -282,7 +292,7 @@ async fn overlap_report(
             let mut cfg = engine_config(tp, tp, batch_budget, spec.threads, spec.kv_cache_dtype);
             cfg.overlap_micro_batches = overlap;
             cfg.modeled_link = modeled;
-            let engine = Engine::from_path(dir, cfg).await?;
+            let engine = Engine::builder(dir).config(cfg).build().await?;
             step.push(batch_step_ms(&engine, spec).await?);
         }
         out.push_str(&format!(
@@ -308,17 +318,16 @@ async fn ranks_report(
         cfg
     };
     let room = ((spec.context + spec.decode_tokens + 64) * per_token) as u64;
-    let engine = Engine::from_path(
-        dir,
-        with_executor(engine_config(
+    let engine = Engine::builder(dir)
+        .config(with_executor(engine_config(
             tp,
             tp,
             room,
             spec.threads,
             spec.kv_cache_dtype,
-        )),
-    )
-    .await?;
+        )))
+        .build()
+        .await?;
     step_ms(&engine, 256, 4).await?; // warm-up
     let one = step_ms(&engine, spec.context, spec.decode_tokens).await?;
     drop(engine);
@@ -327,7 +336,10 @@ async fn ranks_report(
     for overlap in [false, true] {
         let mut cfg = engine_config(tp, tp, batch_budget, spec.threads, spec.kv_cache_dtype);
         cfg.overlap_micro_batches = overlap;
-        let engine = Engine::from_path(dir, with_executor(cfg)).await?;
+        let engine = Engine::builder(dir)
+            .config(with_executor(cfg))
+            .build()
+            .await?;
         batch.push(batch_step_ms(&engine, spec).await?);
     }
     Ok(format!(
@@ -376,7 +388,7 @@ async fn merge_report(
             let mut cfg = engine_config(tp, tp, batch_budget, spec.threads, spec.kv_cache_dtype);
             cfg.modeled_link = modeled;
             cfg.dcp_merge_exchange = exchange;
-            engines.push(Engine::from_path(dir, cfg).await?);
+            engines.push(Engine::builder(dir).config(cfg).build().await?);
         }
         let mut runs = vec![Vec::new(); engines.len()];
         for r in 0..3 {

@@ -7,12 +7,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use dcpserve::serve::EngineBackend;
 use dcpserve::{Engine, EngineConfig, TokenOutput, ValidRequest};
 use dcpserve_api::{
     AppState, BackendEvent, BackendStats, EventStream, ModelBackend, ModelRouter, ModelSlot,
     SamplingDefaults,
 };
+use dcpserve_cli::serve::EngineBackend;
 use dcpserve_model::ChatMessage;
 use futures::future::BoxFuture;
 use serde_json::Value;
@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub fn tiny_path() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-llama")
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny-llama")
 }
 
 /// The tiny fixture model in float32 with a small KV budget and two threads.
@@ -31,7 +31,10 @@ pub async fn tiny_engine() -> Engine {
         kv_cache_memory_bytes: Some(16 << 20),
         ..Default::default()
     };
-    Engine::from_path_named("tiny".into(), tiny_path(), cfg)
+    Engine::builder(tiny_path())
+        .name("tiny")
+        .config(cfg)
+        .build()
         .await
         .expect("tiny-llama loads")
 }

@@ -15,7 +15,10 @@ async fn engine(speculative: Option<SpeculativeConfig>) -> Engine {
         speculative,
         ..Default::default()
     };
-    Engine::from_path_named("tiny".into(), tiny_path(), cfg)
+    Engine::builder(tiny_path())
+        .name("tiny")
+        .config(cfg)
+        .build()
         .await
         .expect("tiny-llama loads")
 }

@@ -21,7 +21,7 @@ fn generate_with_device_cuda_fails_cleanly_without_a_driver() {
     if has_driver("generate_with_device_cuda_fails_cleanly_without_a_driver") {
         return;
     }
-    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/tiny-llama");
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/tiny-llama");
     let out = Command::new(env!("CARGO_BIN_EXE_dcpserve"))
         .args(["generate", "--device", "cuda", "--model", model])
         .args(["--prompt", "Hello", "--max-tokens", "2"])

@@ -185,14 +185,18 @@ pub async fn check_case(
         overlap: false,
         ..case.clone()
     };
-    let reference = Engine::from_path(&model, config(&cpu_case, case.dtype))
+    let reference = Engine::builder(&model)
+        .config(config(&cpu_case, case.dtype))
+        .build()
         .await
         .with_context(|| format!("CPU engine on {}", model.display()))?;
     let vocab = reference.tokenizer().vocab_size() as u32;
     let prompts = prompts(vocab);
     let want = generate(&reference, &prompts, 12).await?;
     drop(reference);
-    let engine = Engine::from_path(&model, checked(config(case, case.dtype)))
+    let engine = Engine::builder(&model)
+        .config(checked(config(case, case.dtype)))
+        .build()
         .await
         .with_context(|| format!("checked engine, {}", case.name()))?;
     let got = generate(&engine, &prompts, 12).await?;

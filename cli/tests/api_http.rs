@@ -468,7 +468,7 @@ async fn metrics_after_a_short_load() {
     router
         .add(dcpserve_api::ModelSlot::new(
             "tiny-metrics",
-            std::sync::Arc::new(dcpserve::serve::EngineBackend::new(
+            std::sync::Arc::new(dcpserve_cli::serve::EngineBackend::new(
                 engine.clone(),
                 1,
                 "fixtures/tiny-llama",

@@ -115,15 +115,14 @@ pub async fn run(
     max_tokens: usize,
     repeats: usize,
 ) -> Result<String> {
-    let plain = Engine::from_path(model, base.clone()).await?;
-    let spec = Engine::from_path(
-        model,
-        EngineConfig {
+    let plain = Engine::builder(model).config(base.clone()).build().await?;
+    let spec = Engine::builder(model)
+        .config(EngineConfig {
             speculative: Some(speculative.clone()),
             ..base
-        },
-    )
-    .await?;
+        })
+        .build()
+        .await?;
     let mut out = format!(
         "speculative config: {}\n{:<24} {:>7} {:>11} {:>11} {:>7} {:>11} {:>10}\n",
         serde_json::to_string(&speculative)?,

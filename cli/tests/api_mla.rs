@@ -8,7 +8,7 @@ use dcpserve::{Engine, EngineConfig, Prompt};
 use serde_json::json;
 
 fn fixture(name: &str) -> String {
-    format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/../fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,7 +35,7 @@ async fn mla_model_in_a_multi_model_config() {
         fixture("tiny-deepseek")
     );
     let cfg = dcpserve_api::ServeConfig::from_toml(&toml).unwrap();
-    let router = dcpserve::serve::build_router(&cfg)
+    let router = dcpserve_cli::serve::build_router(&cfg)
         .await
         .expect("both models load");
     let addr = start(router, None).await;
@@ -62,17 +62,16 @@ async fn mla_model_in_a_multi_model_config() {
     assert_eq!(r.status, 200, "{}", r.body);
 
     // The same request through the embedded engine, on one rank.
-    let engine = Engine::from_path(
-        fixture("tiny-deepseek"),
-        EngineConfig {
+    let engine = Engine::builder(fixture("tiny-deepseek"))
+        .config(EngineConfig {
             dtype: dcpserve::DType::Float32,
             num_threads: Some(1),
             kv_cache_memory_bytes: Some(8 << 20),
             ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+        })
+        .build()
+        .await
+        .unwrap();
     let mut p = dcpserve::SamplingParams {
         max_tokens: 12,
         ignore_eos: true,

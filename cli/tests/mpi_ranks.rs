@@ -10,6 +10,7 @@
 #![cfg(feature = "mpi")]
 
 mod api_util;
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::Command;
@@ -195,8 +196,14 @@ async fn assert_mpi_equals_in_process(
     prompts: &[Vec<u32>],
     n: usize,
 ) {
-    let local = Engine::from_path(model, cfg.clone()).await.expect("engine");
-    let remote = Engine::from_path(model, mpi(cfg))
+    let local = Engine::builder(model)
+        .config(cfg.clone())
+        .build()
+        .await
+        .expect("engine");
+    let remote = Engine::builder(model)
+        .config(mpi(cfg))
+        .build()
         .await
         .expect("MPI engine");
     let mut worst = 0f32;
@@ -265,10 +272,14 @@ fn np2_gqa_tp4_dcp2_i16_with_preemption_equals_in_process() {
         // 20 blocks of 16 tokens per rank: 640 tokens under dcp=2, less than the six
         // sequences grow to together.
         let cfg = cfg(layout(4, 2, 16), 256, 128 * 16 * 20);
-        let local = Engine::from_path(&model, cfg.clone())
+        let local = Engine::builder(&model)
+            .config(cfg.clone())
+            .build()
             .await
             .expect("engine");
-        let remote = Engine::from_path(&model, mpi(cfg))
+        let remote = Engine::builder(&model)
+            .config(mpi(cfg))
+            .build()
             .await
             .expect("MPI engine");
         let base = generate_all(&local, &prompts, 40).await;
@@ -310,7 +321,11 @@ fn lost_rank_process(name: &str, signal: &str) {
     as_child(|| async {
         let model = fixture("tiny-llama");
         let cfg = mpi(cfg(layout(2, 1, 1), 128, 64 << 20));
-        let engine = Engine::from_path(&model, cfg).await.expect("MPI engine");
+        let engine = Engine::builder(&model)
+            .config(cfg)
+            .build()
+            .await
+            .expect("MPI engine");
         let addr = api_util::start(api_util::router_for(&engine, 64), None).await;
         assert_eq!(api_util::get(addr, "/health").await.status, 200);
         let cluster = dcpserve_actors::remote::Cluster::global().expect("cluster");
