@@ -10,12 +10,11 @@ use dcpserve_config::{
 };
 use dcpserve_kernels::Device;
 use dcpserve_model::arch::MtpLayer;
-use dcpserve_model::ModelConfig;
+use dcpserve_model::{ModelConfig, ModelFiles};
 use ractor::ActorProcessingErr;
 
 use crate::gpu_kv_budget::{kv_budget_per_rank, weights_per_rank, GpuMemory};
 use crate::rank_group::Executor;
-use crate::supervisor::SupervisorArgs;
 
 /// A model's layout, KV cache and limits, resolved.
 pub(crate) struct ModelSizing {
@@ -30,11 +29,13 @@ pub(crate) struct ModelSizing {
 }
 
 impl ModelSizing {
-    /// Checks `args` and resolves everything the model is brought up with, in the order
-    /// the errors are reported.
-    pub(crate) fn resolve(args: &SupervisorArgs) -> Result<Self, ActorProcessingErr> {
-        let cfg = &args.files.config;
-        let e = &args.engine;
+    /// Checks `e` against the model of `files` and resolves everything the model is
+    /// brought up with, in the order the errors are reported.
+    pub(crate) fn resolve(
+        files: &ModelFiles,
+        e: &EngineConfig,
+    ) -> Result<Self, ActorProcessingErr> {
+        let cfg = &files.config;
         e.validate_limits()?;
         // The layout is checked against the model first, as the engine facade does.
         let layout = e.resolve_layout(cfg.attention_kind())?;
@@ -46,7 +47,7 @@ impl ModelSizing {
         // The MTP layer keeps its latents in one more layer of the same cache.
         let mut kv_shape = cfg.kv_shape();
         if uses_mtp(e) {
-            check_mtp(args)?;
+            check_mtp(files, e)?;
             kv_shape.num_layers += 1;
         }
         let resolved = e.resolve(&kv_shape, budget)?;
@@ -171,8 +172,7 @@ pub(crate) fn uses_mtp(e: &EngineConfig) -> bool {
 
 /// Refuses `mtp` where it cannot run: a model without MTP weights, or overlapped
 /// micro-batches (the MTP step must run between target steps on the same ranks).
-pub(crate) fn check_mtp(args: &SupervisorArgs) -> Result<(), ActorProcessingErr> {
-    let files = &args.files;
+pub(crate) fn check_mtp(files: &ModelFiles, e: &EngineConfig) -> Result<(), ActorProcessingErr> {
     if !MtpLayer::present(&files.config, files.tensors.as_ref()) {
         return Err(format!(
             "Speculative method `mtp` needs a model with a multi-token-prediction layer (DeepSeek-V3's `num_nextn_predict_layers`, tensors model.layers.{}.*), and {} has none: use `ngram` or `draft_model`.",
@@ -181,7 +181,7 @@ pub(crate) fn check_mtp(args: &SupervisorArgs) -> Result<(), ActorProcessingErr>
         )
         .into());
     }
-    if args.engine.overlap_micro_batches {
+    if e.overlap_micro_batches {
         return Err(
             "Speculative method `mtp` does not combine with overlapped micro-batches: turn `overlap_micro_batches` off."
                 .into(),

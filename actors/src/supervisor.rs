@@ -127,7 +127,7 @@ async fn draft_proposer(
             Box::new(DraftModelProposer::spawn(files, spec, supervisor).await?)
         }
         SpeculativeMethod::Mtp => {
-            check_mtp(args)?;
+            check_mtp(&args.files, e)?;
             Box::new(MtpProposer::new(
                 sizing.resolved.layout.virtual_block_size(),
                 e.seed,
@@ -212,7 +212,7 @@ impl Actor for ModelSupervisor {
         myself: ActorRef<SupervisorMsg>,
         args: SupervisorArgs,
     ) -> Result<SupervisorState, ActorProcessingErr> {
-        let sizing = ModelSizing::resolve(&args)?;
+        let sizing = ModelSizing::resolve(&args.files, &args.engine)?;
         let e = &args.engine;
         log_kv_cache(&args.name, e.block_size, &sizing.resolved);
         let sched_cfg = scheduler_config(e, &args.files.config, &sizing);

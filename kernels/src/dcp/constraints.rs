@@ -1,8 +1,6 @@
 //! vLLM's layout constraints, each message stated once: the model-independent ones that
-//! every [`Layout`] satisfies and the ones that depend on the model's attention.
-
-use super::layout::Layout;
-use crate::error::KernelError;
+//! every [`Layout`](super::Layout) satisfies and the ones that depend on the model's
+//! attention.
 
 /// The attention shape that decides which layouts are possible.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,35 +97,21 @@ fn check_gqa_dcp(q: usize, kv: usize, tp: usize, dcp: usize) -> Result<(), Strin
     Ok(())
 }
 
-impl Layout {
-    /// The layout of a model with `attention`, checked with vLLM's constraints and
-    /// messages in vLLM's order: sizes of at least 1, `tp % dcp`, the heads, then the
-    /// interleave against the block size (and 1 or 2 micro-batches, as [`Layout::new`]).
-    ///
-    /// ```
-    /// use dcpserve_kernels::dcp::{AttentionKind, Layout};
-    /// let gqa = AttentionKind::Gqa { num_attention_heads: 8, num_key_value_heads: 2 };
-    /// assert_eq!(Layout::for_model(gqa, 4, 2, 1, 16, 1).unwrap().virtual_block_size(), 32);
-    /// let err = Layout::for_model(gqa, 2, 2, 1, 16, 1).unwrap_err().to_string();
-    /// assert!(err.contains("greater than the model's total number of KV heads (2)"));
-    /// ```
-    pub fn for_model(
-        attention: AttentionKind,
-        tp: usize,
-        dcp: usize,
-        interleave: usize,
-        block_size: usize,
-        micro_batches: usize,
-    ) -> Result<Self, KernelError> {
-        let shape = KernelError::Shape;
-        if tp == 0 || dcp == 0 || interleave == 0 {
-            return Err(shape(
-                "tensor_parallel_size, decode_context_parallel_size and cp_kv_cache_interleave_size must be at least 1.".into(),
-            ));
-        }
-        check_tp_divisible(tp, dcp).map_err(shape)?;
-        check_heads(attention, tp, dcp).map_err(shape)?;
-        check_interleave(block_size, interleave).map_err(shape)?;
-        Self::new(tp, dcp, interleave, block_size, micro_batches)
+/// vLLM's constraints on a model with `attention`, in vLLM's order: sizes of at least 1,
+/// `tp % dcp`, the heads, then the interleave against the block size.
+pub(super) fn check_model_layout(
+    attention: AttentionKind,
+    tp: usize,
+    dcp: usize,
+    interleave: usize,
+    block_size: usize,
+) -> Result<(), String> {
+    if tp == 0 || dcp == 0 || interleave == 0 {
+        return Err(
+            "tensor_parallel_size, decode_context_parallel_size and cp_kv_cache_interleave_size must be at least 1.".into(),
+        );
     }
+    check_tp_divisible(tp, dcp)?;
+    check_heads(attention, tp, dcp)?;
+    check_interleave(block_size, interleave)
 }

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use super::constraints::{check_interleave, check_tp_divisible};
+use super::constraints::{check_interleave, check_model_layout, check_tp_divisible, AttentionKind};
 use super::placement::Placement;
 use crate::error::KernelError;
 
@@ -69,6 +69,30 @@ impl Layout {
             block_size,
             micro_batches,
         })
+    }
+
+    /// The layout of a model with `attention`, checked with vLLM's constraints and
+    /// messages in vLLM's order: sizes of at least 1, `tp % dcp`, the heads, then the
+    /// interleave against the block size (and 1 or 2 micro-batches, as [`Layout::new`]).
+    ///
+    /// ```
+    /// use dcpserve_kernels::dcp::{AttentionKind, Layout};
+    /// let gqa = AttentionKind::Gqa { num_attention_heads: 8, num_key_value_heads: 2 };
+    /// assert_eq!(Layout::for_model(gqa, 4, 2, 1, 16, 1).unwrap().virtual_block_size(), 32);
+    /// let err = Layout::for_model(gqa, 2, 2, 1, 16, 1).unwrap_err().to_string();
+    /// assert!(err.contains("greater than the model's total number of KV heads (2)"));
+    /// ```
+    pub fn for_model(
+        attention: AttentionKind,
+        tp: usize,
+        dcp: usize,
+        interleave: usize,
+        block_size: usize,
+        micro_batches: usize,
+    ) -> Result<Self, KernelError> {
+        check_model_layout(attention, tp, dcp, interleave, block_size)
+            .map_err(KernelError::Shape)?;
+        Self::new(tp, dcp, interleave, block_size, micro_batches)
     }
 
     /// Tensor-parallel ranks (the world of the rank group).
