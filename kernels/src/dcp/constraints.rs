@@ -36,7 +36,7 @@ pub(super) fn check_interleave(block_size: usize, interleave: usize) -> Result<(
 /// The head constraints of `attention` at tensor-parallel size `tp` and DCP size `dcp`.
 fn check_heads(attention: AttentionKind, tp: usize, dcp: usize) -> Result<(), String> {
     let query_heads = |q: usize| {
-        if q % tp != 0 {
+        if !q.is_multiple_of(tp) {
             return Err(format!(
                 "Total number of attention heads ({q}) must be divisible by tensor parallel size ({tp})."
             ));
@@ -84,7 +84,7 @@ fn check_gqa_dcp(q: usize, kv: usize, tp: usize, dcp: usize) -> Result<(), Strin
         ));
     }
     let n = q / kv;
-    if n % dcp != 0 {
+    if !n.is_multiple_of(dcp) {
         return Err(format!(
             "The model's number of query heads per KV head ({n}) must be divisible by `--decode-context-parallel-size` ({dcp}) for GQA/MQA."
         ));
