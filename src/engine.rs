@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use dcpserve_actors::{
-    attention_kind, FinishReason, GenerationRequest, ModelInfo, ModelSupervisor, RequestEvent,
-    SamplingParams, SchedulerMsg, SupervisorArgs, SupervisorMsg, TokenOutput, ValidPrompt,
-    ValidRequest,
+    FinishReason, GenerationRequest, ModelInfo, ModelSupervisor, RequestEvent, SamplingParams,
+    SchedulerMsg, SupervisorArgs, SupervisorMsg, TokenOutput, ValidPrompt, ValidRequest,
 };
 use dcpserve_config::{DType, EngineConfig};
 use dcpserve_model::arch::WeightPrecision;
@@ -114,8 +113,7 @@ impl Engine {
         let mc = blocking(move || ModelFiles::read_config(&config_path))
             .await?
             .map_err(|e| Error::ModelLoading(e.to_string()))?;
-        let attention = attention_kind(&mc);
-        config.parallel.validate(attention, config.block_size)?;
+        config.resolve_layout(mc.attention_kind())?;
         let draft = crate::speculation::open_draft_model(&config, &mc).await?;
         let files = blocking(move || ModelFiles::open(&path))
             .await?

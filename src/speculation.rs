@@ -3,8 +3,7 @@
 
 use std::sync::Arc;
 
-use dcpserve_actors::attention_kind;
-use dcpserve_config::{EngineConfig, ParallelConfig, SpeculativeMethod};
+use dcpserve_config::{EngineConfig, SpeculativeMethod};
 use dcpserve_model::{ModelConfig, ModelFiles};
 
 use crate::blocking::blocking;
@@ -38,13 +37,8 @@ pub(crate) async fn open_draft_model(
                     target.vocab_size
                 )));
             }
-            let parallel = ParallelConfig {
-                tensor_parallel_size: spec.draft_tensor_parallel_size.unwrap_or(1),
-                decode_context_parallel_size: spec.draft_decode_context_parallel_size.unwrap_or(1),
-                cp_kv_cache_interleave_size: 1,
-            };
-            parallel
-                .validate(attention_kind(&draft), config.block_size)
+            spec.draft_parallel()
+                .validate(draft.attention_kind(), config.block_size)
                 .map_err(|e| Error::Config(format!("draft model: {e}")))?;
             let files = blocking(move || ModelFiles::open(&path))
                 .await?

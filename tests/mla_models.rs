@@ -10,7 +10,7 @@ use common::*;
 use dcpserve::{Engine, Prompt};
 use dcpserve_actors::Placement;
 use dcpserve_kernels::CpuBackend;
-use dcpserve_model::arch::{kv_bytes_per_token, RankCache, RankModel, WeightPrecision};
+use dcpserve_model::arch::{RankCache, RankModel, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
 /// q_lora_rank 24, YaRN, interleaved RoPE, 8 experts, f32 weights.
@@ -176,7 +176,8 @@ async fn mla_dcp_shards_the_latent_cache() {
     assert_eq!(per_token, 3 * 40 * 4);
     for tp in [1, 2, 4] {
         assert_eq!(
-            kv_bytes_per_token(c, tp, dcpserve_kernels::KvCacheDType::F32),
+            c.kv_shape()
+                .bytes_per_token_per_rank(tp, dcpserve_kernels::KvCacheDType::F32),
             per_token,
             "replicated latent, tp={tp}"
         );

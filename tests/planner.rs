@@ -74,7 +74,7 @@ async fn engine_in(model: &str, tp: usize, dcp: usize, kv_bytes: u64, kv_dtype: 
     let cfg = EngineConfig {
         parallel: layout(tp, dcp),
         kv_cache_memory_bytes: Some(kv_bytes),
-        kv_cache_dtype: Some(kv_dtype.storage()),
+        kv_cache_dtype: kv_dtype.explicit(),
         block_size: 16,
         ..f32_config()
     };

@@ -1,15 +1,14 @@
 //! The KV-cache budget of a CUDA rank, by vLLM's rule: `--gpu-memory-utilization` of
 //! the device's memory, minus the weights of the ranks on that device and an
-//! activation reserve, shared by those ranks. The planner (`dcpserve plan`) uses the
-//! same rule and the same 4 GiB reserve, so its capacity and the engine's log agree.
+//! activation reserve, shared by those ranks. The planner (`dcpserve plan`) computes it
+//! with the same [`KvBudgetRule`] and the same 4 GiB reserve, so its capacity and the
+//! engine's log agree.
 
+use dcpserve_config::{KvBudgetRule, SharedMemory, ACTIVATION_RESERVE_BYTES};
 use dcpserve_model::source::expected_tensors;
 use dcpserve_model::ModelConfig;
 
 const GIB: f64 = (1u64 << 30) as f64;
-
-/// Memory kept for activations and workspaces on each GPU (the planner's default).
-pub(crate) const ACTIVATION_RESERVE_BYTES: u64 = 4 << 30;
 
 /// What a GPU's KV budget is computed from.
 #[derive(Debug, Clone, Copy)]
@@ -45,10 +44,19 @@ pub(crate) fn kv_budget_per_rank(m: GpuMemory) -> Result<(u64, String), String> 
             m.utilization
         ));
     }
-    let usable = (m.total as f64 * m.utilization) as u64;
     let weights = m.weights_per_rank * m.ranks as u64;
-    let left = usable.saturating_sub(weights + ACTIVATION_RESERVE_BYTES);
-    let per_rank = left / m.ranks.max(1) as u64;
+    let reserve_bytes = ACTIVATION_RESERVE_BYTES as f64;
+    let shared = SharedMemory {
+        memory_bytes: m.total as f64,
+        ranks: m.ranks,
+        weights_per_rank: m.weights_per_rank as f64,
+    };
+    let left = KvBudgetRule::left_on_device(m.utilization, reserve_bytes, shared);
+    let per_rank = KvBudgetRule::MemoryUtilization {
+        utilization: m.utilization,
+        reserve_bytes,
+    }
+    .per_rank(shared);
     let text = format!(
         "KV cache budget on each GPU: {:.2} × {:.1} GiB − weights {:.2} GiB ({} rank(s) × {:.2} GiB) \
          − activations {:.1} GiB = {:.2} GiB, {:.2} GiB per rank",

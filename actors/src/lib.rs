@@ -14,12 +14,12 @@
 //! # Ok(()) }
 //! ```
 
-mod attention;
 pub mod block_manager;
 pub mod collective;
 mod gpu_kv_budget;
 mod host_buffers;
 pub mod kv_manager_actor;
+mod model_sizing;
 pub mod placement;
 pub mod plan;
 pub mod process_map;
@@ -36,7 +36,6 @@ pub mod speculative;
 pub mod supervisor;
 mod valid_request;
 
-pub use attention::attention_kind;
 pub use block_manager::KvBlockManager;
 pub use dcpserve_kernels::{OutputConstraint, SamplingParams};
 pub use placement::Placement;

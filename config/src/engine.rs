@@ -22,6 +22,26 @@ pub enum DType {
     Bfloat16,
 }
 
+impl DType {
+    /// The KV-cache element type under this weight precision: `explicit` when set, else
+    /// vLLM's `auto`, which follows the compute dtype: float32 for `Float32`, bfloat16
+    /// otherwise. The engine and the planner both resolve `auto` here.
+    ///
+    /// ```
+    /// use dcpserve_config::DType;
+    /// use dcpserve_kernels::KvCacheDType;
+    /// assert_eq!(DType::Float32.kv_cache_dtype(None), KvCacheDType::F32);
+    /// assert_eq!(DType::Auto.kv_cache_dtype(None), KvCacheDType::BF16);
+    /// assert_eq!(DType::Float32.kv_cache_dtype(Some(KvCacheDType::Fp8E4M3)), KvCacheDType::Fp8E4M3);
+    /// ```
+    pub fn kv_cache_dtype(self, explicit: Option<KvCacheDType>) -> KvCacheDType {
+        explicit.unwrap_or(match self {
+            DType::Float32 => KvCacheDType::F32,
+            DType::Auto | DType::Bfloat16 => KvCacheDType::BF16,
+        })
+    }
+}
+
 impl std::str::FromStr for DType {
     type Err = ConfigError;
     fn from_str(s: &str) -> Result<Self, ConfigError> {
@@ -191,10 +211,7 @@ impl EngineConfig {
     /// assert_eq!(c.kv_cache_dtype(), KvCacheDType::Fp8E4M3);
     /// ```
     pub fn kv_cache_dtype(&self) -> KvCacheDType {
-        self.kv_cache_dtype.unwrap_or(match self.dtype {
-            DType::Float32 => KvCacheDType::F32,
-            DType::Auto | DType::Bfloat16 => KvCacheDType::BF16,
-        })
+        self.dtype.kv_cache_dtype(self.kv_cache_dtype)
     }
 
     /// Checks the settings that do not depend on the model.

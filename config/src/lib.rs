@@ -1,5 +1,7 @@
 //! Configuration of dcpserve: parallel layout, engine limits, the multi-model TOML file of
-//! `dcpserve serve --config` ([`serve_file`]), and their validation.
+//! `dcpserve serve --config` ([`serve_file`]), and their validation; a model's layout and
+//! KV cache resolved in one place ([`resolve`]), with the KV budget rule
+//! ([`KvBudgetRule`]).
 //!
 //! Validation happens when a config is built, before any weight is read, and uses
 //! vLLM's wording so its users recognise the messages.
@@ -11,8 +13,10 @@
 //! ```
 
 mod engine;
+mod kv_budget;
 mod parallel;
 mod rank_settings;
+mod resolve;
 pub mod serve_file;
 mod speculative;
 
@@ -21,8 +25,10 @@ pub use dcpserve_kernels::dcp::MergeExchange;
 pub use engine::{
     parse_kv_cache_dtype, DType, DistributedBackend, EngineConfig, ModeledLinkConfig,
 };
-pub use parallel::{AttentionKind, ConfigError, ParallelConfig, RankLayout};
+pub use kv_budget::{meminfo_bytes, KvBudgetRule, SharedMemory, ACTIVATION_RESERVE_BYTES};
+pub use parallel::{AttentionKind, ConfigError, ParallelConfig};
 pub use rank_settings::{RankSettings, RankSettingsFlags};
+pub use resolve::{resolve, KvSizing, ResolvedLayout};
 pub use serve_file::{ModelEntry, SamplingDefaults, ServeConfig, ServerSection};
 pub use speculative::{SpeculativeConfig, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
 

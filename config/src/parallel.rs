@@ -1,6 +1,7 @@
 //! Tensor-parallel and decode-context-parallel layout, with vLLM's constraints.
 
-use dcpserve_kernels::dcp::{dcp_rank_of, Layout};
+pub use dcpserve_kernels::dcp::AttentionKind;
+use dcpserve_kernels::dcp::Layout;
 use dcpserve_kernels::KernelError;
 use serde::{Deserialize, Serialize};
 
@@ -9,16 +10,13 @@ use serde::{Deserialize, Serialize};
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
-/// The attention shape that decides which layouts are possible.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttentionKind {
-    /// Multi-head, grouped-query or multi-query attention.
-    Gqa {
-        num_attention_heads: usize,
-        num_key_value_heads: usize,
-    },
-    /// Multi-head latent attention: one latent KV "head" shared by all query heads.
-    Mla { num_attention_heads: usize },
+impl From<KernelError> for ConfigError {
+    fn from(e: KernelError) -> Self {
+        match e {
+            KernelError::Shape(m) => ConfigError(m),
+            other => ConfigError(other.to_string()),
+        }
+    }
 }
 
 /// How the ranks of one model are laid out.
@@ -50,109 +48,42 @@ impl Default for ParallelConfig {
     }
 }
 
-/// Where one rank sits in the layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RankLayout {
-    pub tp_rank: usize,
-    pub tp_size: usize,
-    pub dcp_rank: usize,
-    pub dcp_size: usize,
-}
-
 impl ParallelConfig {
     /// Checks the layout against the model's attention and the KV block size.
     /// Returns the first violated constraint with vLLM's message.
     pub fn validate(&self, attention: AttentionKind, block_size: usize) -> Result<(), ConfigError> {
-        let tp = self.tensor_parallel_size;
-        let dcp = self.decode_context_parallel_size;
-        let interleave = self.cp_kv_cache_interleave_size;
-        if tp == 0 || dcp == 0 || interleave == 0 {
-            return Err(ConfigError(
-                "tensor_parallel_size, decode_context_parallel_size and cp_kv_cache_interleave_size must be at least 1.".into(),
-            ));
-        }
-        if !tp.is_multiple_of(dcp) {
-            return Err(ConfigError(format!(
-                "tp_size={tp} must be divisible by dcp_size={dcp}."
-            )));
-        }
-        match attention {
-            AttentionKind::Gqa {
-                num_attention_heads: q,
-                num_key_value_heads: kv,
-            } => {
-                if q % tp != 0 {
-                    return Err(ConfigError(format!(
-                        "Total number of attention heads ({q}) must be divisible by tensor parallel size ({tp})."
-                    )));
-                }
-                if tp <= kv && !kv.is_multiple_of(tp) {
-                    return Err(ConfigError(format!(
-                        "Total number of KV heads ({kv}) must be divisible by tensor parallel size ({tp})."
-                    )));
-                }
-                if tp > kv && !tp.is_multiple_of(kv) {
-                    return Err(ConfigError(format!(
-                        "Tensor parallel size ({tp}) must be divisible by the total number of KV heads ({kv}) when it exceeds it, so each KV head is replicated on the same number of ranks."
-                    )));
-                }
-                if dcp > 1 {
-                    if tp <= kv {
-                        return Err(ConfigError(format!(
-                            "Decode context parallelism for GQA/MQA requires `--tensor-parallel-size` ({tp}) to be greater than the model's total number of KV heads ({kv}). Increase `--tensor-parallel-size` or set `--decode-context-parallel-size 1`."
-                        )));
-                    }
-                    let max = tp / kv;
-                    if dcp > max {
-                        return Err(ConfigError(format!(
-                            "`--decode-context-parallel-size` ({dcp}) exceeds the maximum supported value ({max}) for `--tensor-parallel-size` ({tp}) and {kv} model KV heads."
-                        )));
-                    }
-                    let n = q / kv;
-                    if n % dcp != 0 {
-                        return Err(ConfigError(format!(
-                            "The model's number of query heads per KV head ({n}) must be divisible by `--decode-context-parallel-size` ({dcp}) for GQA/MQA."
-                        )));
-                    }
-                    if !max.is_multiple_of(dcp) {
-                        return Err(ConfigError(format!(
-                            "`--tensor-parallel-size` ({tp}) // KV heads ({kv}) = {max} must be divisible by `--decode-context-parallel-size` ({dcp}) so that a DCP group never spans two KV heads."
-                        )));
-                    }
-                }
-            }
-            AttentionKind::Mla {
-                num_attention_heads: q,
-            } => {
-                if q % tp != 0 {
-                    return Err(ConfigError(format!(
-                        "Total number of attention heads ({q}) must be divisible by tensor parallel size ({tp})."
-                    )));
-                }
-            }
-        }
-        if block_size < interleave || !block_size.is_multiple_of(interleave) {
-            return Err(ConfigError(format!(
-                "Block_size({block_size}) should be greater than or equal to and divisible by cp_kv_cache_interleave_size ({interleave})."
-            )));
-        }
-        Ok(())
+        self.layout_for(attention, block_size, 1).map(drop)
     }
 
-    /// The layout of TP rank `tp_rank`: DCP groups are contiguous blocks of `dcp` ranks
-    /// ([`dcp_rank_of`]).
-    pub fn rank_layout(&self, tp_rank: usize) -> RankLayout {
-        RankLayout {
-            tp_rank,
-            tp_size: self.tensor_parallel_size,
-            dcp_rank: dcp_rank_of(tp_rank, self.decode_context_parallel_size),
-            dcp_size: self.decode_context_parallel_size,
-        }
+    /// The rank group's [`Layout`] for a model with `attention`, checked with vLLM's
+    /// constraints and messages ([`Layout::for_model`]): what the engine, the supervisor
+    /// and the planner all resolve a layout with.
+    ///
+    /// ```
+    /// use dcpserve_config::{AttentionKind, ParallelConfig};
+    /// let p = ParallelConfig { tensor_parallel_size: 4, decode_context_parallel_size: 2, cp_kv_cache_interleave_size: 1 };
+    /// let gqa = AttentionKind::Gqa { num_attention_heads: 8, num_key_value_heads: 2 };
+    /// assert_eq!(p.layout_for(gqa, 16, 1).unwrap().virtual_block_size(), 32);
+    /// ```
+    pub fn layout_for(
+        &self,
+        attention: AttentionKind,
+        block_size: usize,
+        micro_batches: usize,
+    ) -> Result<Layout, ConfigError> {
+        Ok(Layout::for_model(
+            attention,
+            self.tensor_parallel_size,
+            self.decode_context_parallel_size,
+            self.cp_kv_cache_interleave_size,
+            block_size,
+            micro_batches,
+        )?)
     }
 
     /// The rank group's [`Layout`] with `block_size` tokens per block on one rank and
-    /// `micro_batches` (1, or 2 in ping-pong): computed once, read by everything that
-    /// needs the group rule, the placement or the virtual block size.
+    /// `micro_batches` (1, or 2 in ping-pong), whatever the model (only the
+    /// model-independent checks; [`ParallelConfig::layout_for`] adds the model's).
     ///
     /// ```
     /// use dcpserve_config::ParallelConfig;
@@ -160,17 +91,13 @@ impl ParallelConfig {
     /// assert_eq!(p.layout(16, 1).unwrap().virtual_block_size(), 32);
     /// ```
     pub fn layout(&self, block_size: usize, micro_batches: usize) -> Result<Layout, ConfigError> {
-        Layout::new(
+        Ok(Layout::new(
             self.tensor_parallel_size,
             self.decode_context_parallel_size,
             self.cp_kv_cache_interleave_size,
             block_size,
             micro_batches,
-        )
-        .map_err(|e| match e {
-            KernelError::Shape(m) => ConfigError(m),
-            other => ConfigError(other.to_string()),
-        })
+        )?)
     }
 }
 
@@ -348,8 +275,8 @@ mod tests {
 
     #[test]
     fn dcp_rank_is_tp_rank_mod_dcp() {
-        let p = layout(8, 4, 1);
-        let ranks: Vec<usize> = (0..8).map(|r| p.rank_layout(r).dcp_rank).collect();
+        let l = layout(8, 4, 1).layout(16, 1).unwrap();
+        let ranks: Vec<usize> = (0..8).map(|r| l.dcp_rank(r)).collect();
         assert_eq!(ranks, vec![0, 1, 2, 3, 0, 1, 2, 3]);
     }
 }

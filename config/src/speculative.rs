@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::parallel::ConfigError;
+use crate::parallel::{ConfigError, ParallelConfig};
 
 /// Where draft tokens come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +117,24 @@ impl SpeculativeConfig {
             SpeculativeMethod::Mtp => {}
         }
         Ok(self)
+    }
+
+    /// The draft model's own layout (draft_model): `draft_tensor_parallel_size` ranks in
+    /// DCP groups of `draft_decode_context_parallel_size` (both default 1), one position
+    /// per DCP rank at a time.
+    ///
+    /// ```
+    /// use dcpserve_config::SpeculativeConfig;
+    /// let c = SpeculativeConfig::from_json(r#"{"method": "draft_model", "num_speculative_tokens": 2, "model": "d.gguf", "draft_tensor_parallel_size": 2}"#).unwrap();
+    /// assert_eq!(c.draft_parallel().tensor_parallel_size, 2);
+    /// assert_eq!(c.draft_parallel().decode_context_parallel_size, 1);
+    /// ```
+    pub fn draft_parallel(&self) -> ParallelConfig {
+        ParallelConfig {
+            tensor_parallel_size: self.draft_tensor_parallel_size.unwrap_or(1),
+            decode_context_parallel_size: self.draft_decode_context_parallel_size.unwrap_or(1),
+            cp_kv_cache_interleave_size: 1,
+        }
     }
 
     /// Whether the draft length adapts to acceptance.

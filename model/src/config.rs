@@ -1,5 +1,6 @@
 //! The architecture-level description of a model, independent of the file format it came from.
 
+use dcpserve_kernels::dcp::{AttentionKind, KvShape};
 use serde::{Deserialize, Serialize};
 
 /// Model families this engine runs.
@@ -63,6 +64,36 @@ pub struct ModelConfig {
     /// Mixture-of-experts MLPs (DeepSeek-V2/V3); `None` for dense MLPs.
     #[serde(default)]
     pub moe: Option<MoeConfig>,
+}
+
+impl ModelConfig {
+    /// The attention shape that decides which (tp, dcp) layouts the model allows. MLA's
+    /// one latent "head" is shared by all query heads: only tp % dcp matters for it.
+    pub fn attention_kind(&self) -> AttentionKind {
+        if self.mla.is_some() {
+            AttentionKind::Mla {
+                num_attention_heads: self.num_attention_heads,
+            }
+        } else {
+            AttentionKind::Gqa {
+                num_attention_heads: self.num_attention_heads,
+                num_key_value_heads: self.num_key_value_heads,
+            }
+        }
+    }
+
+    /// The shape of the model's KV cache: MLA stores one latent row (`kv_lora_rank +
+    /// qk_rope_head_dim`) per layer, standard attention K and V rows of `head_dim`.
+    pub fn kv_shape(&self) -> KvShape {
+        KvShape {
+            attention: self.attention_kind(),
+            num_layers: self.num_hidden_layers,
+            row_len: self
+                .mla
+                .as_ref()
+                .map_or(self.head_dim, MlaConfig::latent_dim),
+        }
+    }
 }
 
 /// Multi-head latent attention shapes (DeepSeek-V2/V3, Kimi K2). Keys and values of all

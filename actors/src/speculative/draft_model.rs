@@ -6,7 +6,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dcpserve_config::{MergeExchange, ParallelConfig, RankSettings};
+use dcpserve_config::{MergeExchange, RankSettings};
+use dcpserve_kernels::dcp::Layout;
 use dcpserve_kernels::spec_sampling::{target_probs, TargetProbs};
 use dcpserve_kernels::{sample, KvCacheDType, Rng, SamplingParams};
 use dcpserve_model::arch::WeightPrecision;
@@ -24,11 +25,12 @@ use crate::rank_group::{RankGroup, RankGroupSpec};
 /// How the draft model's group is laid out and sized.
 #[derive(Debug, Clone)]
 pub struct DraftModelSpec {
-    pub parallel: ParallelConfig,
+    /// The draft group's layout, resolved against the draft model
+    /// (`dcpserve_config::resolve`).
+    pub layout: Layout,
     pub precision: WeightPrecision,
     /// What the draft ranks build their backends from (the target's settings).
     pub rank_settings: RankSettings,
-    pub block_size: usize,
     /// KV blocks per draft rank.
     pub num_blocks: usize,
     /// How the draft ranks' KV caches store values (the target's type).
@@ -82,10 +84,7 @@ impl DraftModelProposer {
         spec: DraftModelSpec,
         supervisor: ActorCell,
     ) -> Result<Self, String> {
-        let layout = spec
-            .parallel
-            .layout(spec.block_size, 1)
-            .map_err(|e| format!("draft model: {e}"))?;
+        let layout = spec.layout;
         let group_spec = RankGroupSpec {
             files,
             precision: spec.precision,

@@ -2,6 +2,7 @@
 
 use std::ops::Range;
 
+use super::constraints::{check_interleave, check_model_layout, check_tp_divisible, AttentionKind};
 use super::placement::Placement;
 use crate::error::KernelError;
 
@@ -39,8 +40,8 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// Checks the numbers that every layout must satisfy, whatever the model (the
-    /// model-dependent checks are `ParallelConfig::validate`'s, with vLLM's messages).
+    /// Checks the numbers that every layout must satisfy, whatever the model
+    /// ([`Layout::for_model`] adds the checks that depend on its attention).
     pub fn new(
         tp: usize,
         dcp: usize,
@@ -54,14 +55,8 @@ impl Layout {
                 "tp ({tp}), dcp ({dcp}), interleave ({interleave}) and block size ({block_size}) must be at least 1."
             ));
         }
-        if !tp.is_multiple_of(dcp) {
-            return bad(format!("tp_size={tp} must be divisible by dcp_size={dcp}."));
-        }
-        if block_size < interleave || !block_size.is_multiple_of(interleave) {
-            return bad(format!(
-                "Block_size({block_size}) should be greater than or equal to and divisible by cp_kv_cache_interleave_size ({interleave})."
-            ));
-        }
+        check_tp_divisible(tp, dcp).map_err(KernelError::Shape)?;
+        check_interleave(block_size, interleave).map_err(KernelError::Shape)?;
         if !(1..=2).contains(&micro_batches) {
             return bad(format!(
                 "{micro_batches} micro-batches requested; 1 or 2 are supported."
@@ -74,6 +69,30 @@ impl Layout {
             block_size,
             micro_batches,
         })
+    }
+
+    /// The layout of a model with `attention`, checked with vLLM's constraints and
+    /// messages in vLLM's order: sizes of at least 1, `tp % dcp`, the heads, then the
+    /// interleave against the block size (and 1 or 2 micro-batches, as [`Layout::new`]).
+    ///
+    /// ```
+    /// use dcpserve_kernels::dcp::{AttentionKind, Layout};
+    /// let gqa = AttentionKind::Gqa { num_attention_heads: 8, num_key_value_heads: 2 };
+    /// assert_eq!(Layout::for_model(gqa, 4, 2, 1, 16, 1).unwrap().virtual_block_size(), 32);
+    /// let err = Layout::for_model(gqa, 2, 2, 1, 16, 1).unwrap_err().to_string();
+    /// assert!(err.contains("greater than the model's total number of KV heads (2)"));
+    /// ```
+    pub fn for_model(
+        attention: AttentionKind,
+        tp: usize,
+        dcp: usize,
+        interleave: usize,
+        block_size: usize,
+        micro_batches: usize,
+    ) -> Result<Self, KernelError> {
+        check_model_layout(attention, tp, dcp, interleave, block_size)
+            .map_err(KernelError::Shape)?;
+        Self::new(tp, dcp, interleave, block_size, micro_batches)
     }
 
     /// Tensor-parallel ranks (the world of the rank group).
@@ -139,7 +158,7 @@ impl Layout {
 
     /// Tokens a DCP group holds when each of its ranks holds `tokens_per_rank`.
     pub fn tokens_total(&self, tokens_per_rank: usize) -> usize {
-        tokens_per_rank * self.dcp
+        tokens_per_rank.saturating_mul(self.dcp)
     }
 }
 

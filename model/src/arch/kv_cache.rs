@@ -2,6 +2,7 @@
 //! `[num_blocks, block_size, n_kv_heads, head_dim]`, in KV buffers of the rank's backend
 //! whose elements are stored in the chosen [`KvCacheDType`].
 
+use dcpserve_kernels::dcp::kv_bytes_per_token;
 use dcpserve_kernels::{Backend, CpuBackend, KvCacheDType};
 
 use crate::error::ModelError;
@@ -48,14 +49,14 @@ impl<B: Backend> KvCache<B> {
         })
     }
 
-    /// Bytes one token occupies across all layers (K and V, `dtype.bytes()` each value).
-    pub fn bytes_per_token(
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        dtype: KvCacheDType,
-    ) -> usize {
-        2 * n_layers * n_kv_heads * head_dim * dtype.bytes()
+    /// Bytes one token occupies across all layers (K and V of each head).
+    pub fn bytes_per_token(&self) -> usize {
+        kv_bytes_per_token(
+            self.num_layers(),
+            2 * self.n_kv_heads,
+            self.head_dim,
+            self.dtype,
+        )
     }
 
     /// Layers the cache holds.

@@ -25,9 +25,7 @@ pub use kv_cache::KvCache;
 pub use mla::hf::{check_mla_config, mla_layer_tensors, mla_moe_from_json};
 pub use mla::{LatentCache, MlaModel, MlaWorkspace, MtpLayer};
 pub use rank_io::{ForwardOptions, ForwardOutput, RankComms};
-pub use rank_model::{
-    kv_bytes_per_token, kv_capacity, KvCapacity, KvStorage, RankCache, RankModel,
-};
+pub use rank_model::{KvStorage, RankCache, RankModel};
 pub use shell::ModelShell;
 pub use weights::{
     split_range, DecoderWeights, HeadLayout, LayerWeights, TpShard, WeightPrecision,

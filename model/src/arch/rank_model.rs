@@ -1,6 +1,7 @@
 //! The model a rank runs, whatever its attention: standard (Llama family, K/V cache) or
-//! multi-head latent attention (DeepSeek family, latent cache), and how much KV memory a
-//! token costs each.
+//! multi-head latent attention (DeepSeek family, latent cache), and what its cache holds
+//! (what a token costs is `dcpserve_kernels::dcp::KvShape`'s, from
+//! [`ModelConfig::kv_shape`]).
 
 use std::sync::Mutex;
 
@@ -10,9 +11,9 @@ use super::cache_access::{lock, SharedCache};
 
 use super::forward::{no_mtp, BatchInput, DecoderModel};
 use super::kv_cache::KvCache;
-use super::mla::{latent_bytes_per_token, LatentCache, MlaModel};
+use super::mla::{LatentCache, MlaModel};
 use super::rank_io::{ForwardOptions, ForwardOutput, RankComms};
-use super::weights::{HeadLayout, TpShard, WeightPrecision};
+use super::weights::{TpShard, WeightPrecision};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::tensors::TensorSource;
@@ -49,12 +50,7 @@ impl<B: Backend> RankCache<B> {
                 let c = lock(c);
                 KvStorage {
                     tokens_written_per_layer: None,
-                    bytes_per_token: KvCache::<CpuBackend>::bytes_per_token(
-                        c.num_layers(),
-                        c.n_kv_heads,
-                        c.head_dim,
-                        c.dtype,
-                    ),
+                    bytes_per_token: c.bytes_per_token(),
                     capacity_tokens: c.capacity_tokens(),
                 }
             }
@@ -62,7 +58,7 @@ impl<B: Backend> RankCache<B> {
                 let c = lock(c);
                 KvStorage {
                     tokens_written_per_layer: Some(c.tokens_written().to_vec()),
-                    bytes_per_token: latent_bytes_per_token(c.num_layers(), c.latent_dim, c.dtype),
+                    bytes_per_token: c.bytes_per_token(),
                     capacity_tokens: c.capacity_tokens(),
                 }
             }
@@ -219,69 +215,29 @@ fn mismatch() -> ModelError {
     ModelError::Invalid("the KV cache does not match the model's attention".into())
 }
 
-/// KV-cache bytes one token costs on one rank at tensor-parallel size `tp`, stored as
-/// `dtype`: MLA stores one latent row (`kv_lora_rank + qk_rope_head_dim`) per layer,
-/// replicated on every rank; standard attention stores K and V of the rank's KV heads.
-pub fn kv_bytes_per_token(cfg: &ModelConfig, tp: usize, dtype: KvCacheDType) -> usize {
-    let layers = cfg.num_hidden_layers;
-    match &cfg.mla {
-        Some(mla) => latent_bytes_per_token(layers, mla.latent_dim(), dtype),
-        None => {
-            let heads = HeadLayout::new(
-                cfg,
-                TpShard {
-                    rank: 0,
-                    size: tp.max(1),
-                },
-            );
-            KvCache::<CpuBackend>::bytes_per_token(layers, heads.kv_heads, cfg.head_dim, dtype)
-        }
-    }
-}
-
-/// How many tokens a KV budget holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvCapacity {
-    /// Bytes one token costs on each rank that stores it.
-    pub bytes_per_token_per_rank: usize,
-    /// Blocks of `block_size` tokens each rank allocates.
-    pub num_blocks: usize,
-    /// Token slots on one rank.
-    pub tokens_per_rank: usize,
-    /// Distinct tokens the model holds: each DCP rank stores a different 1/dcp of every
-    /// sequence, so `tokens_per_rank × dcp`.
-    pub tokens_total: usize,
-}
-
-/// The engine's KV sizing: `budget_per_rank` bytes on each rank, whole blocks of
-/// `block_size` tokens (at least one), every token stored on exactly one rank of its DCP
-/// group, each value stored as `dtype` (so bf16 holds 2× and FP8 4× the float32 tokens).
-pub fn kv_capacity(
-    cfg: &ModelConfig,
-    tp: usize,
-    dcp: usize,
-    block_size: usize,
-    budget_per_rank: u64,
-    dtype: KvCacheDType,
-) -> KvCapacity {
-    let per_token = kv_bytes_per_token(cfg, tp, dtype).max(1);
-    let block_bytes = (per_token as u64).saturating_mul(block_size.max(1) as u64);
-    let num_blocks = usize::try_from(budget_per_rank / block_bytes)
-        .unwrap_or(usize::MAX)
-        .max(1);
-    let tokens_per_rank = num_blocks.saturating_mul(block_size);
-    KvCapacity {
-        bytes_per_token_per_rank: per_token,
-        num_blocks,
-        tokens_per_rank,
-        tokens_total: tokens_per_rank.saturating_mul(dcp.max(1)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::{Architecture, MlaConfig, MoeConfig, MoeScoring, YarnScaling};
+    use dcpserve_kernels::dcp::{KvCapacity, Layout};
+
+    /// The engine's figures for `cfg`, through the model's [`ModelConfig::kv_shape`].
+    fn kv_bytes_per_token(cfg: &ModelConfig, tp: usize, dtype: KvCacheDType) -> usize {
+        cfg.kv_shape().bytes_per_token_per_rank(tp, dtype)
+    }
+
+    fn kv_capacity(
+        cfg: &ModelConfig,
+        tp: usize,
+        dcp: usize,
+        block_size: usize,
+        budget: u64,
+        dtype: KvCacheDType,
+    ) -> KvCapacity {
+        Layout::new(tp, dcp, 1, block_size, 1)
+            .unwrap()
+            .kv_capacity(kv_bytes_per_token(cfg, tp, dtype), budget)
+    }
 
     /// Kimi K2's shapes (DeepSeek-V3 architecture, 61 layers, 64 heads, 384 experts).
     pub(crate) fn kimi_k2() -> ModelConfig {

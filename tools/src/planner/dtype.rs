@@ -1,6 +1,7 @@
 //! Storage formats of weights and of the KV cache, and what one value costs in each.
 
 use clap::ValueEnum;
+use dcpserve_config::DType;
 use dcpserve_kernels::KvCacheDType;
 
 /// How the weights of linear layers are stored. Sizes include the block scales each
@@ -61,16 +62,30 @@ impl WeightDtype {
             .map(|v| v.get_name().to_string())
             .unwrap_or_default()
     }
+
+    /// The engine's `--dtype` for weights stored in this format: float32 for f32,
+    /// bfloat16 for bf16, `auto` for quantized formats (which stay quantized).
+    pub fn engine_dtype(self) -> DType {
+        match self {
+            WeightDtype::F32 => DType::Float32,
+            WeightDtype::Bf16 => DType::Bfloat16,
+            _ => DType::Auto,
+        }
+    }
 }
 
 /// How the KV cache stores one value: the command line's names for the engine's
 /// [`KvCacheDType`] (`--kv-cache-dtype`), which sizes the cache; `fp8` is E4M3 (E5M2
-/// costs the same byte).
+/// costs the same byte). `auto` is resolved as the engine resolves it
+/// ([`KvDtype::resolve`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KvDtype {
+    /// The engine's `auto`: float32 for f32 weights, bfloat16 otherwise.
+    #[value(name = "auto")]
+    Auto,
     #[value(name = "f32", alias = "float32")]
     F32,
-    #[value(name = "bf16", alias = "bfloat16", alias = "f16", alias = "auto")]
+    #[value(name = "bf16", alias = "bfloat16", alias = "f16")]
     Bf16,
     #[value(name = "fp8", alias = "fp8_e4m3")]
     Fp8,
@@ -79,19 +94,40 @@ pub enum KvDtype {
 }
 
 impl KvDtype {
-    /// The engine's element type.
-    pub fn storage(self) -> KvCacheDType {
+    /// The engine's element type when one is named; `None` for `auto` (as the engine's
+    /// `EngineConfig::kv_cache_dtype` field).
+    pub fn explicit(self) -> Option<KvCacheDType> {
         match self {
-            KvDtype::F32 => KvCacheDType::F32,
-            KvDtype::Bf16 => KvCacheDType::BF16,
-            KvDtype::Fp8 => KvCacheDType::Fp8E4M3,
-            KvDtype::Fp8E5M2 => KvCacheDType::Fp8E5M2,
+            KvDtype::Auto => None,
+            KvDtype::F32 => Some(KvCacheDType::F32),
+            KvDtype::Bf16 => Some(KvCacheDType::BF16),
+            KvDtype::Fp8 => Some(KvCacheDType::Fp8E4M3),
+            KvDtype::Fp8E5M2 => Some(KvCacheDType::Fp8E5M2),
         }
     }
 
-    /// Bytes per stored value.
-    pub fn bytes(self) -> usize {
-        self.storage().bytes()
+    /// The element type the engine allocates with this setting and weights stored as
+    /// `weights`: the engine's own resolution ([`DType::kv_cache_dtype`]).
+    ///
+    /// ```
+    /// use dcpserve_kernels::KvCacheDType;
+    /// use dcpserve_tools::planner::{KvDtype, WeightDtype};
+    /// assert_eq!(KvDtype::Auto.resolve(WeightDtype::F32), KvCacheDType::F32);
+    /// assert_eq!(KvDtype::Auto.resolve(WeightDtype::Q4_1), KvCacheDType::BF16);
+    /// assert_eq!(KvDtype::Fp8.resolve(WeightDtype::F32), KvCacheDType::Fp8E4M3);
+    /// ```
+    pub fn resolve(self, weights: WeightDtype) -> KvCacheDType {
+        weights.engine_dtype().kv_cache_dtype(self.explicit())
+    }
+
+    /// The command line's name for the engine's element type.
+    pub fn of(dtype: KvCacheDType) -> Self {
+        match dtype {
+            KvCacheDType::F32 => KvDtype::F32,
+            KvCacheDType::BF16 => KvDtype::Bf16,
+            KvCacheDType::Fp8E4M3 => KvDtype::Fp8,
+            KvCacheDType::Fp8E5M2 => KvDtype::Fp8E5M2,
+        }
     }
 
     /// The name the command line uses.

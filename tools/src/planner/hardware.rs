@@ -1,6 +1,8 @@
 //! Hardware presets (H100, H200, B200 and this CPU) and the figures the planner uses.
 
 use clap::ValueEnum;
+pub use dcpserve_config::{meminfo_bytes, KvBudgetRule};
+use dcpserve_config::{SharedMemory, ACTIVATION_RESERVE_BYTES};
 
 const GB: f64 = 1e9;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -16,21 +18,6 @@ pub enum HardwarePreset {
     B200,
     /// This machine's CPU cores, one rank per core, collectives through shared memory.
     Cpu,
-}
-
-/// How each rank's KV-cache budget is derived.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum KvBudgetRule {
-    /// vLLM's rule: `memory × gpu_memory_utilization − weights − activation reserve`.
-    MemoryUtilization {
-        utilization: f64,
-        reserve_bytes: f64,
-    },
-    /// dcpserve's CPU default (`actors/src/supervisor.rs`): a quarter of `MemAvailable`
-    /// split over the ranks, at most 8 GiB per rank. Weights are not subtracted.
-    CpuEngineDefault { mem_available_bytes: u64 },
-    /// Exactly this many bytes per rank (`--kv-cache-memory-bytes`, as the engine takes it).
-    Fixed(u64),
 }
 
 /// The figures of one machine the roofline and the memory budget use.
@@ -85,15 +72,6 @@ impl Default for HardwareOverrides {
     }
 }
 
-/// A `/proc/meminfo` field in bytes.
-pub fn meminfo_bytes(field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    text.lines()
-        .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-}
-
 impl Hardware {
     /// The preset with `o`'s overrides applied.
     pub fn new(preset: HardwarePreset, o: &HardwareOverrides) -> Self {
@@ -121,13 +99,12 @@ impl Hardware {
         };
         let kv_budget = match (o.kv_cache_memory_bytes, preset) {
             (Some(bytes), _) => KvBudgetRule::Fixed(bytes),
-            (None, HardwarePreset::Cpu) => KvBudgetRule::CpuEngineDefault {
-                mem_available_bytes: meminfo_bytes("MemAvailable").unwrap_or(4 << 30),
-            },
+            (None, HardwarePreset::Cpu) => KvBudgetRule::cpu_default(),
             (None, _) => KvBudgetRule::MemoryUtilization {
                 utilization: o.gpu_memory_utilization,
-                // Activations, CUDA graphs and NCCL buffers; vLLM profiles this, we assume it.
-                reserve_bytes: o.activation_reserve_gb.unwrap_or(4.0) * GIB,
+                reserve_bytes: o
+                    .activation_reserve_gb
+                    .map_or(ACTIVATION_RESERVE_BYTES as f64, |gb| gb * GIB),
             },
         };
         Hardware {
@@ -143,27 +120,19 @@ impl Hardware {
         }
     }
 
-    /// KV-cache bytes each rank of a `tp`-rank layout gets, given its weight bytes.
-    /// Zero when the weights alone exceed the memory.
+    /// KV-cache bytes each rank of a `tp`-rank layout gets, given its weight bytes, by
+    /// the engine's rule: the `tp` ranks share a host's memory on CPU cores, each GPU
+    /// holds one rank. Zero when the weights alone exceed the memory.
     pub fn kv_budget_per_rank(&self, tp: usize, weight_bytes_per_rank: f64) -> u64 {
-        match self.kv_budget {
-            KvBudgetRule::Fixed(bytes) => bytes,
-            KvBudgetRule::CpuEngineDefault {
-                mem_available_bytes,
-            } => (mem_available_bytes / 4 / tp.max(1) as u64).min(8 << 30),
-            KvBudgetRule::MemoryUtilization {
-                utilization,
-                reserve_bytes,
-            } => {
-                let left =
-                    self.mem_per_rank_bytes * utilization - weight_bytes_per_rank - reserve_bytes;
-                if left > 0.0 {
-                    left as u64
-                } else {
-                    0
-                }
-            }
-        }
+        let ranks = match self.kv_budget {
+            KvBudgetRule::CpuEngineDefault { .. } => tp,
+            _ => 1,
+        };
+        self.kv_budget.per_rank(SharedMemory {
+            memory_bytes: self.mem_per_rank_bytes,
+            ranks,
+            weights_per_rank: weight_bytes_per_rank,
+        })
     }
 
     /// One line naming the machine and its figures.

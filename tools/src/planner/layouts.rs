@@ -3,8 +3,6 @@
 use dcpserve_config::ParallelConfig;
 use dcpserve_model::ModelConfig;
 
-use super::model_shape::attention_kind;
-
 /// One tensor-parallel group with its decode-context-parallel size. `ranks / tp` such
 /// groups serve as data-parallel replicas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +38,6 @@ pub fn check_layout(
         decode_context_parallel_size: layout.dcp,
         cp_kv_cache_interleave_size: interleave,
     }
-    .validate(attention_kind(cfg), block_size)
+    .validate(cfg.attention_kind(), block_size)
     .map_err(|e| e.to_string())
 }

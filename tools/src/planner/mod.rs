@@ -3,14 +3,13 @@
 //! For a model (`config.json`, Hugging Face folder or GGUF file) on a machine (a preset
 //! with overridable figures), it lists every (tp, dcp) layout of the machine's ranks:
 //! weights per rank, KV bytes per token per rank, the KV capacity in tokens per rank and
-//! in total (the engine's own sizing, [`dcpserve_model::arch::kv_capacity`]), how many
+//! in total (the engine's own resolution, [`dcpserve_config::resolve`]), how many
 //! requests of a workload fit at once, and a roofline estimate of decode tok/s per rank
 //! at that concurrency ([`roofline`]). Layouts the engine rejects appear with its
 //! (vLLM's) constraint message. See [`plan_layouts`] for the library entry point.
 
 mod dtype;
 mod hardware;
-mod kv;
 mod layouts;
 mod model_shape;
 mod plan;
@@ -27,7 +26,6 @@ use clap::Args;
 
 pub use dtype::{KvDtype, WeightDtype};
 pub use hardware::{Hardware, HardwareOverrides, HardwarePreset, KvBudgetRule};
-pub use kv::{kv_bytes_per_token_per_rank, kv_capacity_in};
 pub use layouts::{candidate_layouts, check_layout, Layout};
 pub use model_shape::{load_model_config, rank_params, RankParams};
 pub use plan::{plan_layouts, weight_bytes_per_rank, LayoutEstimate, LayoutRow, PlanOptions};
@@ -77,8 +75,8 @@ pub struct PlanArgs {
     /// Format of the attention projections (default: --weight-dtype).
     #[arg(long, value_enum)]
     pub attention_dtype: Option<WeightDtype>,
-    /// KV-cache format, as the engine's --kv-cache-dtype (f32, bf16, fp8 = fp8_e4m3,
-    /// fp8_e5m2; default: what the engine's `auto` picks: f32 on cpu for f32 weights,
+    /// KV-cache format, as the engine's --kv-cache-dtype (auto, f32, bf16, fp8 = fp8_e4m3,
+    /// fp8_e5m2; default auto, resolved as the engine resolves it: f32 for f32 weights,
     /// bf16 otherwise).
     #[arg(long, value_enum, alias = "kv-cache-dtype")]
     pub kv_dtype: Option<KvDtype>,
@@ -167,19 +165,10 @@ impl PlanArgs {
         if self.block_size == 0 || self.max_num_seqs == 0 {
             bail!("--block-size and --max-num-seqs must be at least 1");
         }
-        let gpu = self.hardware != HardwarePreset::Cpu;
         Ok(PlanOptions {
             weight_dtype: self.weight_dtype,
             attention_dtype: self.attention_dtype.unwrap_or(self.weight_dtype),
-            // The engine's `--kv-cache-dtype auto` on CPU: float32 for float32 weights,
-            // bfloat16 otherwise.
-            kv_dtype: self
-                .kv_dtype
-                .unwrap_or(if gpu || self.weight_dtype != WeightDtype::F32 {
-                    KvDtype::Bf16
-                } else {
-                    KvDtype::F32
-                }),
+            kv_dtype: self.kv_dtype.unwrap_or(KvDtype::Auto),
             block_size: self.block_size,
             interleave: self.cp_kv_cache_interleave_size,
             max_num_seqs: self.max_num_seqs,

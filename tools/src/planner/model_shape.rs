@@ -25,8 +25,6 @@ pub fn load_model_config(path: &Path) -> Result<ModelConfig> {
     ModelFiles::read_config(path).map_err(|e| anyhow!("{e}"))
 }
 
-pub use dcpserve_actors::attention_kind;
-
 /// Parameters one tensor-parallel rank holds, by kind (the largest rank when a width
 /// does not split evenly).
 ///

@@ -1,12 +1,13 @@
 //! Everything the planner computes for each layout.
 
-use dcpserve_model::arch::KvCapacity;
+use dcpserve_config::{resolve, KvSizing, ParallelConfig};
+use dcpserve_kernels::dcp::KvCapacity;
+use dcpserve_kernels::KvCacheDType;
 use dcpserve_model::ModelConfig;
 
 use super::dtype::{KvDtype, WeightDtype};
 use super::hardware::Hardware;
-use super::kv::kv_capacity_in;
-use super::layouts::{candidate_layouts, check_layout, Layout};
+use super::layouts::{candidate_layouts, Layout};
 use super::model_shape::rank_params;
 use super::roofline::{decode_step, RankWeightBytes, StepEstimate, StepInputs};
 use super::workload::{kv_fraction_used, max_concurrency, Workload};
@@ -18,6 +19,7 @@ pub struct PlanOptions {
     pub weight_dtype: WeightDtype,
     /// Format of the attention projections.
     pub attention_dtype: WeightDtype,
+    /// KV-cache format; `auto` resolves as the engine's ([`PlanOptions::kv_cache_dtype`]).
     pub kv_dtype: KvDtype,
     /// Tokens per KV block on one rank.
     pub block_size: usize,
@@ -27,6 +29,13 @@ pub struct PlanOptions {
     pub workload: Workload,
     /// Evaluate at this many concurrent requests instead of the most that fit.
     pub concurrency: Option<usize>,
+}
+
+impl PlanOptions {
+    /// The KV-cache element type the engine would allocate with these weights.
+    pub fn kv_cache_dtype(&self) -> KvCacheDType {
+        self.kv_dtype.resolve(self.weight_dtype)
+    }
 }
 
 /// The numbers of one valid layout.
@@ -74,7 +83,9 @@ pub fn weight_bytes_per_rank(cfg: &ModelConfig, tp: usize, o: &PlanOptions) -> R
     }
 }
 
-/// The estimate for one layout the engine accepts.
+/// The estimate for one layout, or the engine's (vLLM's) message when it rejects it:
+/// the layout and its KV cache are resolved as the engine resolves them
+/// ([`dcpserve_config::resolve`]).
 pub fn estimate_layout(
     cfg: &ModelConfig,
     hw: &Hardware,
@@ -83,14 +94,26 @@ pub fn estimate_layout(
 ) -> Result<LayoutEstimate, String> {
     let weights = weight_bytes_per_rank(cfg, layout.tp, o);
     let budget = hw.kv_budget_per_rank(layout.tp, weights.total);
+    let parallel = ParallelConfig {
+        tensor_parallel_size: layout.tp,
+        decode_context_parallel_size: layout.dcp,
+        cp_kv_cache_interleave_size: o.interleave,
+    };
+    let sizing = KvSizing {
+        block_size: o.block_size,
+        micro_batches: 1,
+        dtype: o.kv_cache_dtype(),
+        budget_per_rank: budget,
+    };
+    let resolved = resolve(&parallel, &cfg.kv_shape(), sizing).map_err(|e| e.to_string())?;
     if budget == 0 {
         return Err(format!(
             "The weights ({:.1} GB per rank) leave no memory for the KV cache.",
             weights.total / 1e9
         ));
     }
-    let capacity = kv_capacity_in(cfg, layout.tp, layout.dcp, o.block_size, budget, o.kv_dtype);
-    let tokens_per_block = o.block_size * layout.dcp;
+    let capacity = resolved.capacity;
+    let tokens_per_block = resolved.layout.virtual_block_size();
     let fit = max_concurrency(
         &o.workload,
         capacity.num_blocks,
@@ -157,8 +180,7 @@ pub fn plan_layouts(cfg: &ModelConfig, hw: &Hardware, o: &PlanOptions) -> Vec<La
         .map(|layout| LayoutRow {
             layout,
             replicas: hw.ranks / layout.tp,
-            outcome: check_layout(cfg, layout, o.interleave, o.block_size)
-                .and_then(|()| estimate_layout(cfg, hw, layout, o)),
+            outcome: estimate_layout(cfg, hw, layout, o),
         })
         .collect()
 }

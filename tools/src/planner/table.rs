@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use dcpserve_model::ModelConfig;
 
+use super::dtype::KvDtype;
 use super::hardware::Hardware;
 use super::model_shape::describe;
 use super::plan::{LayoutRow, PlanOptions};
@@ -47,7 +48,7 @@ pub fn render(cfg: &ModelConfig, hw: &Hardware, o: &PlanOptions, rows: &[LayoutR
         "formats:   weights {} (attention {}; embeddings, norms, router 16-bit), KV cache {}; block size {}, interleave {}, max-num-seqs {}",
         o.weight_dtype.name(),
         o.attention_dtype.name(),
-        o.kv_dtype.name(),
+        KvDtype::of(o.kv_cache_dtype()).name(),
         o.block_size,
         o.interleave,
         o.max_num_seqs

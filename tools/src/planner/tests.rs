@@ -3,12 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use dcpserve_model::arch::kv_bytes_per_token;
+use dcpserve_config::{resolve, KvSizing, ParallelConfig};
+use dcpserve_kernels::dcp::KvCapacity;
 use dcpserve_model::source::expected_tensors;
 use dcpserve_model::ModelConfig;
 
 use super::hardware::{Hardware, HardwareOverrides, HardwarePreset, KvBudgetRule};
-use super::kv::{kv_bytes_per_token_per_rank, kv_capacity_in};
 use super::layouts::{candidate_layouts, check_layout, Layout};
 use super::model_shape::{load_model_config, rank_params, routed_fraction_touched};
 use super::plan::{plan_layouts, weight_bytes_per_rank, PlanOptions};
@@ -28,6 +28,37 @@ fn fixture(name: &str) -> ModelConfig {
 
 fn kimi() -> ModelConfig {
     load_model_config(&root().join("examples/configs/kimi-k2-config.json")).unwrap()
+}
+
+/// KV bytes one token costs on one of `tp` ranks in `kv`, as the planner resolves it
+/// (the engine's [`resolve`]).
+fn kv_bytes_per_token_per_rank(cfg: &ModelConfig, tp: usize, kv: KvDtype) -> usize {
+    kv_capacity_in(cfg, tp, 1, 16, 1 << 20, kv).bytes_per_token_per_rank
+}
+
+/// What `budget_per_rank` bytes hold at (tp, dcp), as the planner resolves it.
+fn kv_capacity_in(
+    cfg: &ModelConfig,
+    tp: usize,
+    dcp: usize,
+    block_size: usize,
+    budget_per_rank: u64,
+    kv: KvDtype,
+) -> KvCapacity {
+    let parallel = ParallelConfig {
+        tensor_parallel_size: tp,
+        decode_context_parallel_size: dcp,
+        cp_kv_cache_interleave_size: 1,
+    };
+    let sizing = KvSizing {
+        block_size,
+        micro_batches: 1,
+        dtype: kv.explicit().unwrap(),
+        budget_per_rank,
+    };
+    resolve(&parallel, &cfg.kv_shape(), sizing)
+        .unwrap()
+        .capacity
 }
 
 fn options(weights: WeightDtype, kv: KvDtype, workload: Workload) -> PlanOptions {
@@ -142,7 +173,8 @@ fn kv_bytes_per_token_scale_from_the_engines_f32() {
     assert_eq!(kv_bytes_per_token_per_rank(&cfg, 1, KvDtype::F32), 256);
     assert_eq!(
         kv_bytes_per_token_per_rank(&cfg, 1, KvDtype::F32),
-        kv_bytes_per_token(&cfg, 1, dcpserve_kernels::KvCacheDType::F32)
+        cfg.kv_shape()
+            .bytes_per_token_per_rank(1, dcpserve_kernels::KvCacheDType::F32)
     );
     assert_eq!(kv_bytes_per_token_per_rank(&cfg, 1, KvDtype::Bf16), 128);
     // tp=4 > 2 KV heads: one replicated head per rank.

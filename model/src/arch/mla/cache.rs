@@ -4,6 +4,7 @@
 //! (values are the `c_kv` prefix), so there is no separate V cache. Values are stored in
 //! the chosen [`KvCacheDType`].
 
+use dcpserve_kernels::dcp::kv_bytes_per_token;
 use dcpserve_kernels::{Backend, CpuBackend, KvCacheDType};
 
 use crate::error::ModelError;
@@ -19,12 +20,6 @@ pub struct LatentCache<B: Backend = CpuBackend> {
     layers: Vec<B::KvBuffer>,
     /// Token rows written per layer since allocation (diagnostic: what DCP left on this rank).
     written: Vec<usize>,
-}
-
-/// Bytes one token occupies on one rank across `n_layers` layers of a latent cache (one
-/// latent row per layer, `dtype.bytes()` per value).
-pub fn latent_bytes_per_token(n_layers: usize, latent_dim: usize, dtype: KvCacheDType) -> usize {
-    n_layers * latent_dim * dtype.bytes()
 }
 
 impl<B: Backend> LatentCache<B> {
@@ -57,15 +52,14 @@ impl<B: Backend> LatentCache<B> {
         &self.written
     }
 
-    /// Bytes one token occupies on one rank across all layers (see
-    /// [`latent_bytes_per_token`]).
-    pub fn bytes_per_token(n_layers: usize, latent_dim: usize, dtype: KvCacheDType) -> usize {
-        latent_bytes_per_token(n_layers, latent_dim, dtype)
+    /// Bytes one token occupies on one rank across all layers (one latent row each).
+    pub fn bytes_per_token(&self) -> usize {
+        kv_bytes_per_token(self.num_layers(), 1, self.latent_dim, self.dtype)
     }
 
     /// Bytes the cache occupies (all layers).
     pub fn bytes(&self) -> usize {
-        self.layers.len() * self.capacity_tokens() * self.latent_dim * self.dtype.bytes()
+        self.capacity_tokens() * self.bytes_per_token()
     }
 
     /// Layers the cache holds.

@@ -23,7 +23,7 @@ pub mod rope;
 pub mod weights;
 mod workspace;
 
-pub use cache::{latent_bytes_per_token, LatentCache};
+pub use cache::LatentCache;
 pub use device_weights::{DeviceMlaWeights, DeviceMtp};
 pub use model::MlaModel;
 pub use mtp::MtpLayer;
