@@ -94,7 +94,7 @@ fn ngram() -> SpeculativeConfig {
 }
 
 async fn run(c: EngineConfig, temperature: f32, count: usize) -> (Vec<Completion>, SchedulerStats) {
-    let engine = Engine::builder(&fixture("tiny-llama"))
+    let engine = Engine::builder(fixture("tiny-llama"))
         .config(c)
         .build()
         .await
@@ -153,7 +153,7 @@ async fn schema_holds_under_preemption() {
     // matchers rebuilt from their tokens).
     let mut c = cfg(layout(4, 2, 1), 64, 128 * 16 * 24);
     c.speculative = Some(ngram());
-    let engine = Engine::builder(&fixture("tiny-llama"))
+    let engine = Engine::builder(fixture("tiny-llama"))
         .config(c)
         .build()
         .await
