@@ -80,25 +80,6 @@ impl ParallelConfig {
             micro_batches,
         )?)
     }
-
-    /// The rank group's [`Layout`] with `block_size` tokens per block on one rank and
-    /// `micro_batches` (1, or 2 in ping-pong), whatever the model (only the
-    /// model-independent checks; [`ParallelConfig::layout_for`] adds the model's).
-    ///
-    /// ```
-    /// use dcpserve_config::ParallelConfig;
-    /// let p = ParallelConfig { tensor_parallel_size: 4, decode_context_parallel_size: 2, cp_kv_cache_interleave_size: 1 };
-    /// assert_eq!(p.layout(16, 1).unwrap().virtual_block_size(), 32);
-    /// ```
-    pub fn layout(&self, block_size: usize, micro_batches: usize) -> Result<Layout, ConfigError> {
-        Ok(Layout::new(
-            self.tensor_parallel_size,
-            self.decode_context_parallel_size,
-            self.cp_kv_cache_interleave_size,
-            block_size,
-            micro_batches,
-        )?)
-    }
 }
 
 #[cfg(test)]
@@ -275,7 +256,7 @@ mod tests {
 
     #[test]
     fn dcp_rank_is_tp_rank_mod_dcp() {
-        let l = layout(8, 4, 1).layout(16, 1).unwrap();
+        let l = layout(8, 4, 1).layout_for(gqa(8, 2), 16, 1).unwrap();
         let ranks: Vec<usize> = (0..8).map(|r| l.dcp_rank(r)).collect();
         assert_eq!(ranks, vec![0, 1, 2, 3, 0, 1, 2, 3]);
     }
