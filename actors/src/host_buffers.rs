@@ -32,7 +32,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use dcpserve_kernels::{Backend, CpuBackend};
+    use dcpserve_kernels::{CpuBackend, DeviceMemory};
 
     #[test]
     fn host_buffers_come_back_unchanged() {

@@ -8,7 +8,7 @@
 //! With two micro-batches the rank has one compute thread per micro-batch, sharing the
 //! weights, the KV cache and a compute baton: while one waits in a collective the other
 //! computes (see `dcpserve_kernels::overlap`). On a GPU each micro-batch thread binds
-//! its own stream instead ([`Backend::bind_micro_batch`]): no baton, the two
+//! its own stream instead ([`bind_micro_batch`](dcpserve_kernels::StepQueues::bind_micro_batch)): no baton, the two
 //! micro-batches' kernels and collectives overlap on the device.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -9,7 +9,9 @@
 //! Prefill: a chunk of query tokens at the end of a long cache (causal via
 //! `token_kv_len`), and a whole short prompt. Every line is the median of `reps` runs.
 
-use dcpserve_kernels::{paged_attention, AttentionBatch, ThreadPool};
+use dcpserve_kernels::{
+    paged_attention, AttentionBatch, PagedAttentionParams, PagedBatch, ThreadPool,
+};
 use std::time::Instant;
 
 /// Total cache footprint (MiB) cycled through by the decode benchmark: well above L3
@@ -142,14 +144,18 @@ fn decode(
         let secs = time(reps, 0.08, || {
             let b = AttentionBatch {
                 q: &q,
-                n_q_heads: nq,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                block_size: BS,
-                scale: 1.0 / (hd as f32).sqrt(),
-                token_seq: &seqs,
-                token_kv_len: &lens,
-                block_tables: &tables[layer],
+                params: PagedAttentionParams {
+                    n_q_heads: nq,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    batch: PagedBatch {
+                        block_size: BS,
+                        token_seq: &seqs,
+                        token_kv_len: &lens,
+                        block_tables: &tables[layer],
+                    },
+                },
             };
             paged_attention(pool, &b, &kc, &vc, &mut out, &mut lse).expect("attention");
             layer = (layer + 1) % n_layers;
@@ -187,14 +193,18 @@ fn prefill(pools: &[ThreadPool], reps: usize, ctx: usize, n_new: usize, nq: usiz
     let mut lse = vec![0.0; n_new * nq];
     let b = AttentionBatch {
         q: &q,
-        n_q_heads: nq,
-        n_kv_heads: nkv,
-        head_dim: hd,
-        block_size: BS,
-        scale: 1.0 / (hd as f32).sqrt(),
-        token_seq: &seqs,
-        token_kv_len: &lens,
-        block_tables: &tables,
+        params: PagedAttentionParams {
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            batch: PagedBatch {
+                block_size: BS,
+                token_seq: &seqs,
+                token_kv_len: &lens,
+                block_tables: &tables,
+            },
+        },
     };
     // q·k and p·v multiply-adds, 2 flops each.
     let pairs: f64 = lens.iter().map(|&l| l as f64).sum();

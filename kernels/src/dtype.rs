@@ -24,8 +24,8 @@ pub const QK_K: usize = 256;
 ///   element `j+16` the high nibble; value `(q−8)·d` (18 bytes).
 /// * `Q4_1`: f16 `d`, f16 `m` + 16 bytes of nibbles as `Q4_0`; value `q·d + m` (20 bytes).
 ///
-/// The 5-bit, K-quant and IQ4 layouts (`Q5_0` … `IQ4_XS`) are described in
-/// [`crate::cpu::kquants`]; K-quants and `IQ4_XS` have 256-element super-blocks.
+/// The 5-bit, K-quant and IQ4 layouts (`Q5_0` … `IQ4_XS`) are described with the CPU
+/// backend's decoders (`cpu::kquants`); K-quants and `IQ4_XS` have 256-element super-blocks.
 ///
 /// ```
 /// use dcpserve_kernels::DType;
@@ -111,7 +111,7 @@ impl DType {
     }
 
     /// The block-quantized types added for the GGUF files in the wild (5-bit, K-quants,
-    /// IQ4), decoded by [`crate::cpu::kquants`].
+    /// IQ4), decoded by the CPU backend's `cpu::kquants`.
     pub const EXTRA_QUANTS: [DType; 10] = [
         DType::Q5_0,
         DType::Q5_1,

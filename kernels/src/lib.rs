@@ -1,7 +1,7 @@
 //! dcpserve-kernels: the compute backends of dcpserve.
 //!
-//! [`Backend`] is the device seam: buffers, allocation, host transfers and every op a
-//! forward pass uses. [`CpuBackend`] implements it with the CPU kernels in [`cpu`]: a
+//! [`Backend`] is the device seam ([`backend`]): buffers, allocation, host transfers and
+//! every op a forward pass uses, split into memory, queue and op traits it unites. [`CpuBackend`] implements it with the CPU kernels in [`cpu`]: a
 //! low-latency thread pool, weight matrices in GGML/float formats with
 //! (de)quantization, an AVX-512 matmul (with a portable scalar fallback), element-wise
 //! ops and RoPE (incl. YaRN and Llama 3 scaling), paged attention and MLA latent
@@ -38,7 +38,12 @@ pub use cpu::{
 pub use attention::{
     paged_attention, paged_attention_typed, write_kv, write_kv_typed, AttentionBatch,
 };
-pub use backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams, Strided};
+pub use backend::{
+    yarn_mscale, AttentionOps, Backend, DenseOps, DeviceMemory, HostViews, KvStorage,
+    LatentAttentionParams, PagedAttentionParams, PagedBatch, Precision, Rng, RopeScalingKind,
+    RouterParams, RouterScoring, Routing, SamplingOps, SharedBytes, StepQueues, Strided,
+    WeightMatrix, WeightStorage, YarnParams,
+};
 pub use comm::{
     Collectives, Communicator, Elems, ElemsMut, HostCollectives, InProcessComm, SoloCollectives,
 };
@@ -53,15 +58,14 @@ pub use error::KernelError;
 pub use kv_dtype::KvCacheDType;
 pub use latent_attention::{latent_attention, latent_attention_typed, LatentBatch};
 pub use link_model::{LinkModel, ModeledLink};
-pub use matmul::{matmul, matmul_fast, matmul_with_precision, Precision};
-pub use moe_routing::{route_experts, RouterParams, RouterScoring, Routing};
+pub use matmul::{matmul, matmul_fast, matmul_with_precision};
+pub use moe_routing::route_experts;
 pub use ops::{
     add_bias, add_inplace, log_softmax, rms_norm, rms_norm_inplace, silu_mul, softmax_inplace,
-    yarn_mscale, RopeScalingKind, RopeTable, YarnParams,
+    RopeTable,
 };
 pub use overlap::{BatonComm, BatonTurn, ComputeBaton};
 pub use pool::{available_cores, online_cores, pin_current_thread, ThreadPool};
 pub use quant::{dequantize, quantize, WeightFormat};
-pub use sampling::{argmax, sample, Rng, SamplingParams};
-pub use sampling_params::OutputConstraint;
-pub use weights::{SharedBytes, WeightMatrix};
+pub use sampling::{argmax, sample};
+pub use sampling_params::{OutputConstraint, SamplingParams};

@@ -1,4 +1,4 @@
-//! What [`Backend::sample_rows`](crate::Backend::sample_rows) is asked and answers: one
+//! What [`SamplingOps::sample_rows`](crate::SamplingOps::sample_rows) is asked and answers: one
 //! draw per row of a step's logits, so that a device backend returns only the chosen
 //! tokens and the log-probabilities asked for instead of the whole logits matrix.
 //!
@@ -11,39 +11,8 @@
 
 use crate::error::KernelError;
 use crate::sampling::{sample_with_uniform, token_logprobs};
-use crate::sampling_params::SamplingParams;
 
-/// One draw: which row, how, with which uniform number, and which log-probabilities.
-#[derive(Debug, Clone, Copy)]
-pub struct RowDraw<'a> {
-    /// Row of the logits matrix (`vocab` values wide).
-    pub row: usize,
-    /// Temperature, top-k, top-p and min-p (penalties and stop rules are the caller's:
-    /// rows that need them are not drawn this way).
-    pub params: &'a SamplingParams,
-    /// A uniform number in `[0, 1)`; `None` only when `params.is_greedy()` (nothing is
-    /// drawn then).
-    pub uniform: Option<f64>,
-    /// Return the chosen token's log-probability and this many most likely tokens with
-    /// theirs; `None`: no log-probabilities.
-    pub top_logprobs: Option<usize>,
-}
-
-/// The answer to one [`RowDraw`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct RowDrawn {
-    /// The chosen token.
-    pub token: u32,
-    /// Whether the draw used [`RowDraw::uniform`] (exactly when
-    /// [`sample`](crate::sample) takes a number from its generator: the support left
-    /// more than one token).
-    pub used_uniform: bool,
-    /// The token's log-probability under the row's log-softmax, when asked for.
-    pub logprob: Option<f32>,
-    /// The most likely tokens and their log-probabilities, most likely first, ties by
-    /// lower id (empty unless asked for).
-    pub top_logprobs: Vec<(u32, f32)>,
-}
+pub use crate::backend::sampling::{RowDraw, RowDrawn};
 
 /// The reference answer to `draw` for its row `logits`: [`sample_with_uniform`] and
 /// [`token_logprobs`], exactly the host sampler's computation.
@@ -76,7 +45,7 @@ pub fn draw_row_on_host(logits: &[f32], draw: &RowDraw<'_>) -> RowDrawn {
     }
 }
 
-/// Checks a [`Backend::sample_rows`](crate::Backend::sample_rows) call: `vocab > 0`,
+/// Checks a [`SamplingOps::sample_rows`](crate::SamplingOps::sample_rows) call: `vocab > 0`,
 /// `len` whole rows of it, every row in range, a uniform number in `[0, 1)` for every
 /// draw whose parameters are not greedy. Returns the number of rows.
 pub(crate) fn check_draws(
@@ -119,7 +88,9 @@ pub(crate) fn check_draws(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampling::{sample, Rng};
+    use crate::backend::Rng;
+    use crate::sampling::sample;
+    use crate::sampling_params::SamplingParams;
 
     #[test]
     fn the_host_draw_is_sample_and_moves_the_stream_alike() {

@@ -33,7 +33,7 @@ pub(crate) fn check_strided(
     Ok(())
 }
 
-/// Checks both sides of a strided copy (see `Backend::copy_strided`).
+/// Checks both sides of a strided copy (see `DenseOps::copy_strided`).
 pub(crate) fn check_strided_copy(
     (src_len, s): (usize, Strided),
     (dst_len, d): (usize, Strided),
@@ -85,13 +85,13 @@ pub(crate) fn check_paged_attention(
     (v_len, v_dtype): (usize, KvCacheDType),
 ) -> Result<(), KernelError> {
     let (nq, nkv, hd) = (p.n_q_heads, p.n_kv_heads, p.head_dim);
-    if nkv == 0 || nq % nkv != 0 || p.block_size == 0 {
+    if nkv == 0 || nq % nkv != 0 || p.batch.block_size == 0 {
         return Err(KernelError::Shape(format!(
             "n_q_heads={nq} must be a multiple of n_kv_heads={nkv} > 0, block_size={} > 0",
-            p.block_size
+            p.batch.block_size
         )));
     }
-    let n = p.token_seq.len();
+    let n = p.batch.token_seq.len();
     check_len("attention q", n * nq * hd, q_len)?;
     check_len("attention out", n * nq * hd, out_len)?;
     check_len("attention lse", n * nq, lse_len)?;
@@ -105,13 +105,13 @@ pub(crate) fn check_paged_attention(
     let n_blocks = if row == 0 {
         0
     } else {
-        k_len / (row * p.block_size)
+        k_len / (row * p.batch.block_size)
     };
     check_block_tables(
-        p.token_seq,
-        p.token_kv_len,
-        p.block_tables,
-        p.block_size,
+        p.batch.token_seq,
+        p.batch.token_kv_len,
+        p.batch.block_tables,
+        p.batch.block_size,
         n_blocks,
     )
 }

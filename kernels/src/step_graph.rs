@@ -32,10 +32,10 @@
 //! replays the same graph until a bucket changes.
 //!
 //! The pass state is per thread: each micro-batch's compute thread drives its own
-//! lane (stream). Backends without graphs ([`Backend::step_graphs`] is `None`, the
+//! lane (stream). Backends without graphs ([`StepQueues::step_graphs`] is `None`, the
 //! CPU) run every step eagerly and [`enqueue`] just runs the operation.
 //!
-//! [`Backend::step_graphs`]: crate::Backend::step_graphs
+//! [`StepQueues::step_graphs`]: crate::StepQueues::step_graphs
 
 use std::cell::RefCell;
 use std::hash::{DefaultHasher, Hasher};

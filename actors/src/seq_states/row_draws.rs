@@ -1,4 +1,4 @@
-//! Sampling a step on the device that holds its logits ([`Backend::sample_rows`]): when
+//! Sampling a step on the device that holds its logits ([`sample_rows`](dcpserve_kernels::SamplingOps::sample_rows)): when
 //! every sequence the step samples is drawn from a raw logits row (one token, no
 //! drafts, no prompt log-probabilities, no grammar, no penalties, no stop tokens held
 //! back), only the chosen tokens and the log-probabilities asked for come to the host,

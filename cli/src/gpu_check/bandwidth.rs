@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use dcpserve_kernels::{Backend, KvCacheDType, PagedAttentionParams};
+use dcpserve_kernels::{Backend, KvCacheDType, PagedAttentionParams, PagedBatch};
 
 /// The attention shape measured: a Llama-3-8B-like layer (32 query heads, 8 KV heads
 /// of 128) with a bf16 cache in blocks of 16 tokens.
@@ -73,11 +73,13 @@ pub fn decode_attention_gb_s<B: Backend>(
         n_q_heads: NQ,
         n_kv_heads: NKV,
         head_dim: HD,
-        block_size: BS,
         scale: 1.0 / (HD as f32).sqrt(),
-        token_seq: &token_seq,
-        token_kv_len: &token_kv_len,
-        block_tables: &refs,
+        batch: PagedBatch {
+            block_size: BS,
+            token_seq: &token_seq,
+            token_kv_len: &token_kv_len,
+            block_tables: &refs,
+        },
     };
     let q = dev.upload(&vec![0.01; seqs * NQ * HD])?;
     let mut out = dev.zeros(seqs * NQ * HD)?;

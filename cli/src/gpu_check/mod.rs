@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dcpserve::{Device, EngineConfig, RankSettings};
-use dcpserve_kernels::backend::compare::compare_with_cpu;
+use dcpserve_gpu_check::compare_with_cpu;
 use dcpserve_kernels::{Backend, CpuBackend, CudaBackend, CudaGraphs};
 
 /// Arguments of `dcpserve gpu-check`.

@@ -3,15 +3,31 @@
 //! straightforward f64 reference on random inputs.
 
 use super::*;
-use crate::moe_routing::RouterScoring;
-use crate::ops::YarnParams;
+use crate::dtype::DType;
+use crate::error::KernelError;
+use crate::kv_dtype::KvCacheDType;
+use crate::sampling_params::SamplingParams;
 use crate::test_on_every_backend;
 
 mod attention;
 mod routing;
 mod sampling;
 
-use super::compare::Lcg;
+/// Deterministic uniform values in `[-1, 1)`.
+pub(super) struct Lcg(pub(super) u64);
+
+impl Lcg {
+    pub(super) fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    pub(super) fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
 
 fn all<'a, B: Backend>(dev: &B, buf: &'a B::Buffer) -> B::View<'a> {
     dev.view(buf, 0..dev.len(buf)).unwrap()

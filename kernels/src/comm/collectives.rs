@@ -27,7 +27,7 @@ use crate::error::{check_len, KernelError};
 /// ```
 /// use std::sync::Arc;
 /// use dcpserve_kernels::comm::{Collectives, HostCollectives};
-/// use dcpserve_kernels::{Backend, CpuBackend, InProcessComm};
+/// use dcpserve_kernels::{CpuBackend, DeviceMemory, InProcessComm};
 /// let dev = CpuBackend::new(1);
 /// let groups: Vec<_> = InProcessComm::group(2).into_iter().map(|c| HostCollectives::new(Arc::new(c))).collect();
 /// std::thread::scope(|s| {

@@ -90,40 +90,26 @@ pub fn write_kv_typed(
     Ok(())
 }
 
-/// One batch of query tokens for [`paged_attention`].
+/// One batch of query tokens for [`paged_attention`]: the queries and the call's
+/// [`PagedAttentionParams`] (heads, scale and where the cached keys live).
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionBatch<'a> {
     /// Queries, `[n_tokens, n_q_heads, head_dim]`.
     pub q: &'a [f32],
-    /// Query heads.
-    pub n_q_heads: usize,
-    /// KV heads (query head `h` uses KV head `h / (n_q_heads / n_kv_heads)`).
-    pub n_kv_heads: usize,
-    /// Head dimension.
-    pub head_dim: usize,
-    /// Tokens per cache block.
-    pub block_size: usize,
-    /// Score scale, usually `1 / sqrt(head_dim)`.
-    pub scale: f32,
-    /// Sequence index (into `block_tables`) of each token.
-    pub token_seq: &'a [u32],
-    /// Cached tokens (local indices `0..kv_len`) each token attends to; the caller
-    /// has already applied the causal mask.
-    pub token_kv_len: &'a [u32],
-    /// Per sequence: local token `j` lives in slot
-    /// `block_tables[s][j / block_size] * block_size + j % block_size`.
-    pub block_tables: &'a [&'a [u32]],
+    /// The shape, the score scale and the paged-cache metadata of the tokens.
+    pub params: PagedAttentionParams<'a>,
 }
 
 impl<'a> AttentionBatch<'a> {
     /// The tokens `range` of the batch (their queries, sequences and lengths).
     pub fn tokens(&self, range: std::ops::Range<usize>) -> AttentionBatch<'a> {
-        let row = self.n_q_heads * self.head_dim;
+        let row = self.params.n_q_heads * self.params.head_dim;
         AttentionBatch {
             q: &self.q[range.start * row..range.end * row],
-            token_seq: &self.token_seq[range.clone()],
-            token_kv_len: &self.token_kv_len[range],
-            ..*self
+            params: PagedAttentionParams {
+                batch: self.params.batch.tokens(range),
+                ..self.params
+            },
         }
     }
 }
@@ -147,12 +133,17 @@ unsafe impl Send for SyncPtr {}
 /// Tokens with `kv_len == 0` get zeros and `lse = -inf`.
 ///
 /// ```
-/// use dcpserve_kernels::{paged_attention, AttentionBatch, ThreadPool};
+/// use dcpserve_kernels::{
+///     paged_attention, AttentionBatch, PagedAttentionParams, PagedBatch, ThreadPool,
+/// };
 /// let pool = ThreadPool::new(1);
 /// let (k, v) = (vec![1.0, 0.0], vec![3.0, 4.0]); // one block of one slot, 1 head, dim 2
 /// let bt: &[u32] = &[0];
-/// let b = AttentionBatch { q: &[1.0, 0.0], n_q_heads: 1, n_kv_heads: 1, head_dim: 2,
-///     block_size: 1, scale: 1.0, token_seq: &[0], token_kv_len: &[1], block_tables: &[bt] };
+/// let batch = PagedBatch { block_size: 1, token_seq: &[0], token_kv_len: &[1],
+///     block_tables: &[bt] };
+/// let params = PagedAttentionParams { n_q_heads: 1, n_kv_heads: 1, head_dim: 2, scale: 1.0,
+///     batch };
+/// let b = AttentionBatch { q: &[1.0, 0.0], params };
 /// let (mut out, mut lse) = (vec![0.0; 2], vec![0.0; 1]);
 /// paged_attention(&pool, &b, &k, &v, &mut out, &mut lse).unwrap();
 /// assert_eq!(out, [3.0, 4.0]);
@@ -194,8 +185,8 @@ pub(crate) fn paged_attention_impl(
     isa: CpuIsa,
 ) -> Result<(), KernelError> {
     validate(b, k_cache, v_cache, out, lse)?;
-    let n_tokens = b.token_seq.len();
-    let (nq, nkv, hd) = (b.n_q_heads, b.n_kv_heads, b.head_dim);
+    let n_tokens = b.params.batch.token_seq.len();
+    let (nq, nkv, hd) = (b.params.n_q_heads, b.params.n_kv_heads, b.params.head_dim);
     if n_tokens == 0 || hd == 0 || nkv == 0 {
         lse.fill(f32::NEG_INFINITY);
         return Ok(());
@@ -223,7 +214,10 @@ pub(crate) fn paged_attention_impl(
         let mut t0 = 0;
         while t0 < n_tokens {
             let mut t1 = t0 + 1;
-            while t1 < n_tokens && t1 - t0 < tile_tokens && b.token_seq[t1] == b.token_seq[t0] {
+            while t1 < n_tokens
+                && t1 - t0 < tile_tokens
+                && b.params.batch.token_seq[t1] == b.params.batch.token_seq[t0]
+            {
                 t1 += 1;
             }
             tiles_buf.push((t0 as u32, (t1 - t0) as u32));
@@ -234,7 +228,14 @@ pub(crate) fn paged_attention_impl(
         let groups = if simd { nkv } else { 1 };
         let n_items = tiles.len() * (nkv / groups);
         let threads = pool.n_threads();
-        let max_kv = b.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
+        let max_kv = b
+            .params
+            .batch
+            .token_kv_len
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0) as usize;
         // Split along KV only when there are too few items for the threads; one thread
         // never splits (that would only add merges).
         let n_splits = if threads > 1 && n_items < 2 * threads && max_kv >= 2 * SPLIT_MIN {
@@ -250,7 +251,7 @@ pub(crate) fn paged_attention_impl(
                 let (tile, s) = (it / n_splits, it % n_splits);
                 let (ti, g) = (tile / (nkv / groups), tile % (nkv / groups) * groups);
                 let (t0, nt) = (tiles[ti].0 as usize, tiles[ti].1 as usize);
-                let lens = &b.token_kv_len[t0..t0 + nt];
+                let lens = &b.params.batch.token_kv_len[t0..t0 + nt];
                 let tile_kv = lens.iter().copied().max().unwrap_or(0) as usize;
                 let (start, end) = if n_splits == 1 {
                     (0, tile_kv)
@@ -304,20 +305,14 @@ fn validate(
     out: &[f32],
     lse: &[f32],
 ) -> Result<(), KernelError> {
-    let n_tokens = b.token_seq.len();
-    check_len("attention token_kv_len", n_tokens, b.token_kv_len.len())?;
-    let p = PagedAttentionParams {
-        n_q_heads: b.n_q_heads,
-        n_kv_heads: b.n_kv_heads,
-        head_dim: b.head_dim,
-        block_size: b.block_size,
-        scale: b.scale,
-        token_seq: b.token_seq,
-        token_kv_len: b.token_kv_len,
-        block_tables: b.block_tables,
-    };
+    let n_tokens = b.params.batch.token_seq.len();
+    check_len(
+        "attention token_kv_len",
+        n_tokens,
+        b.params.batch.token_kv_len.len(),
+    )?;
     check_paged_attention(
-        &p,
+        &b.params,
         (b.q.len(), out.len(), lse.len()),
         (k_cache.len(), k_cache.dtype()),
         (v_cache.len(), v_cache.dtype()),
@@ -348,9 +343,9 @@ unsafe fn attend_item(
     row0: usize,
     isa: CpuIsa,
 ) {
-    let (nq, nkv, hd) = (b.n_q_heads, b.n_kv_heads, b.head_dim);
+    let (nq, nkv, hd) = (b.params.n_q_heads, b.params.n_kv_heads, b.params.head_dim);
     let r = nq / nkv;
-    let bt = b.block_tables[b.token_seq[t0] as usize];
+    let bt = b.params.batch.block_tables[b.params.batch.token_seq[t0] as usize];
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         #[cfg(target_arch = "x86_64")]
@@ -366,15 +361,15 @@ unsafe fn attend_item(
                 q_tok_stride: nq * hd,
                 r,
                 groups,
-                kv_len: &b.token_kv_len[t0..t0 + nt],
+                kv_len: &b.params.batch.token_kv_len[t0..t0 + nt],
                 hd,
-                scale: b.scale,
+                scale: b.params.scale,
                 kc: kp,
                 vc: vp,
                 packed,
                 slot_stride: nkv * hd,
                 bt,
-                bs: b.block_size,
+                bs: b.params.batch.block_size,
                 start,
                 end,
                 out: out.0.add(row0 * hd),
@@ -401,15 +396,15 @@ unsafe fn attend_item(
                 nq: r,
                 r,
                 hd,
-                scale: b.scale,
+                scale: b.params.scale,
                 kc,
                 vc,
                 head_off: g * hd,
                 nkv,
                 bt,
-                bs: b.block_size,
+                bs: b.params.batch.block_size,
                 start,
-                end: end.min(b.token_kv_len[t] as usize).max(start),
+                end: end.min(b.params.batch.token_kv_len[t] as usize).max(start),
             };
             #[cfg(target_arch = "x86_64")]
             if isa == CpuIsa::Avx2 {

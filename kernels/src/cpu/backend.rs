@@ -1,11 +1,15 @@
-//! [`CpuBackend`]: the [`Backend`] over host memory, calling the CPU kernels directly.
+//! [`CpuBackend`]: the [`Backend`](crate::Backend) over host memory, calling the CPU kernels directly.
 
 use crate::shape_checks::rope_token_width;
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::attention::{paged_attention_typed, write_kv_typed, AttentionBatch};
-use crate::backend::{Backend, HostViews, LatentAttentionParams, PagedAttentionParams, Strided};
+use crate::backend::{
+    AttentionOps, DenseOps, DeviceMemory, HostViews, KvStorage, LatentAttentionParams,
+    PagedAttentionParams, Precision, Rng, RopeScalingKind, RouterParams, Routing, RowDraw,
+    RowDrawn, SamplingOps, StepQueues, Strided, WeightMatrix, WeightStorage,
+};
 use crate::cpu::int8_matmul::{int8_supported, matmul_int8, CpuMatmul, Int8Isa};
 use crate::cpu::kv_store::{KvMut, KvRef, KvStore};
 use crate::cpu::rows::{copy_strided, gather_rows, scatter_add_rows, write_rows};
@@ -14,15 +18,13 @@ use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::KvCacheDType;
 use crate::latent_attention::{latent_attention_typed, LatentBatch};
-use crate::matmul::{matmul_with_precision, Precision};
-use crate::moe_routing::{route_experts, RouterParams, Routing};
-use crate::ops::{
-    add_bias, add_inplace, rms_norm, rms_norm_inplace, silu_mul, RopeScalingKind, RopeTable,
-};
+use crate::matmul::matmul_with_precision;
+use crate::moe_routing::route_experts;
+use crate::ops::{add_bias, add_inplace, rms_norm, rms_norm_inplace, silu_mul, RopeTable};
 use crate::pool::ThreadPool;
-use crate::row_sampling::{check_draws, draw_row_on_host, RowDraw, RowDrawn};
-use crate::sampling::{argmax, sample, Rng, SamplingParams};
-use crate::weights::WeightMatrix;
+use crate::row_sampling::{check_draws, draw_row_on_host};
+use crate::sampling::{argmax, sample};
+use crate::sampling_params::SamplingParams;
 
 /// The CPU device: buffers are `Vec<f32>`, views are slices, weights are
 /// [`WeightMatrix`] (shared, never copied), and multi-threaded kernels run on the
@@ -31,7 +33,7 @@ use crate::weights::WeightMatrix;
 /// f32 unless `DCPSERVE_CPU_MATMUL=int8`).
 ///
 /// ```
-/// use dcpserve_kernels::{Backend, CpuBackend};
+/// use dcpserve_kernels::{CpuBackend, DenseOps, DeviceMemory};
 /// let cpu = CpuBackend::new(2);
 /// let mut a = cpu.upload(&[1.0, 2.0]).unwrap();
 /// let b = cpu.upload(&[0.5, 0.5]).unwrap();
@@ -92,15 +94,10 @@ fn check_range(what: &'static str, range: &Range<usize>, len: usize) -> Result<(
     Ok(())
 }
 
-impl Backend for CpuBackend {
+impl DeviceMemory for CpuBackend {
     type Buffer = Vec<f32>;
     type View<'a> = &'a [f32];
     type ViewMut<'a> = &'a mut [f32];
-    type Matrix = WeightMatrix;
-    type Rope = RopeTable;
-    type KvBuffer = KvStore;
-    type KvView<'a> = KvRef<'a>;
-    type KvViewMut<'a> = KvMut<'a>;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -146,6 +143,43 @@ impl Backend for CpuBackend {
         check_range("view range", &range, buf.len())?;
         Ok(&mut buf[range])
     }
+}
+
+impl KvStorage for CpuBackend {
+    type KvBuffer = KvStore;
+    type KvView<'a> = KvRef<'a>;
+    type KvViewMut<'a> = KvMut<'a>;
+
+    fn kv_zeros(&self, dtype: KvCacheDType, len: usize) -> Result<KvStore, KernelError> {
+        Ok(KvStore::zeros(dtype, len))
+    }
+
+    fn kv_len(&self, buf: &KvStore) -> usize {
+        buf.len()
+    }
+
+    fn kv_view<'a>(&self, buf: &'a KvStore, range: Range<usize>) -> Result<KvRef<'a>, KernelError> {
+        buf.checked_view(range)
+    }
+
+    fn kv_view_mut<'a>(
+        &self,
+        buf: &'a mut KvStore,
+        range: Range<usize>,
+    ) -> Result<KvMut<'a>, KernelError> {
+        buf.checked_view_mut(range)
+    }
+
+    fn kv_download(&self, src: KvRef<'_>, host: &mut [f32]) -> Result<(), KernelError> {
+        check_len("kv_download host", src.len(), host.len())?;
+        src.decode(0, host);
+        Ok(())
+    }
+}
+
+impl WeightStorage for CpuBackend {
+    type Matrix = WeightMatrix;
+    type Rope = RopeTable;
 
     fn upload_matrix(&self, w: &WeightMatrix) -> Result<WeightMatrix, KernelError> {
         Ok(w.clone()) // shares the storage
@@ -164,7 +198,11 @@ impl Backend for CpuBackend {
     ) -> Result<RopeTable, KernelError> {
         Ok(RopeTable::new(head_dim, theta, scaling, max_positions))
     }
+}
 
+impl StepQueues for CpuBackend {}
+
+impl DenseOps for CpuBackend {
     fn matmul(
         &self,
         x: &[f32],
@@ -309,33 +347,9 @@ impl Backend for CpuBackend {
     ) -> Result<(), KernelError> {
         table.gather_rows(ids, out)
     }
+}
 
-    fn kv_zeros(&self, dtype: KvCacheDType, len: usize) -> Result<KvStore, KernelError> {
-        Ok(KvStore::zeros(dtype, len))
-    }
-
-    fn kv_len(&self, buf: &KvStore) -> usize {
-        buf.len()
-    }
-
-    fn kv_view<'a>(&self, buf: &'a KvStore, range: Range<usize>) -> Result<KvRef<'a>, KernelError> {
-        buf.checked_view(range)
-    }
-
-    fn kv_view_mut<'a>(
-        &self,
-        buf: &'a mut KvStore,
-        range: Range<usize>,
-    ) -> Result<KvMut<'a>, KernelError> {
-        buf.checked_view_mut(range)
-    }
-
-    fn kv_download(&self, src: KvRef<'_>, host: &mut [f32]) -> Result<(), KernelError> {
-        check_len("kv_download host", src.len(), host.len())?;
-        src.decode(0, host);
-        Ok(())
-    }
-
+impl AttentionOps for CpuBackend {
     fn write_kv(
         &self,
         k_cache: KvMut<'_>,
@@ -368,17 +382,7 @@ impl Backend for CpuBackend {
         out: &mut [f32],
         lse: &mut [f32],
     ) -> Result<(), KernelError> {
-        let batch = AttentionBatch {
-            q,
-            n_q_heads: p.n_q_heads,
-            n_kv_heads: p.n_kv_heads,
-            head_dim: p.head_dim,
-            block_size: p.block_size,
-            scale: p.scale,
-            token_seq: p.token_seq,
-            token_kv_len: p.token_kv_len,
-            block_tables: p.block_tables,
-        };
+        let batch = AttentionBatch { q, params: *p };
         paged_attention_typed(&self.pool, &batch, k_cache, v_cache, out, lse)
     }
 
@@ -390,17 +394,7 @@ impl Backend for CpuBackend {
         out: &mut [f32],
         lse: &mut [f32],
     ) -> Result<(), KernelError> {
-        let batch = LatentBatch {
-            q,
-            n_heads: p.n_heads,
-            dim: p.dim,
-            v_dim: p.v_dim,
-            block_size: p.block_size,
-            scale: p.scale,
-            token_seq: p.token_seq,
-            token_kv_len: p.token_kv_len,
-            block_tables: p.block_tables,
-        };
+        let batch = LatentBatch { q, params: *p };
         latent_attention_typed(&self.pool, &batch, cache, out, lse)
     }
 
@@ -426,7 +420,9 @@ impl Backend for CpuBackend {
     ) -> Result<(), KernelError> {
         scale_by_lse_share(out, lse, all_lse, parts, head_dim)
     }
+}
 
+impl SamplingOps for CpuBackend {
     fn route_experts(
         &self,
         logits: &[f32],

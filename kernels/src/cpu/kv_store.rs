@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use crate::error::KernelError;
 use crate::kv_dtype::{bf16_to_f32, f32_to_bf16, KvCacheDType};
 
-/// An owned KV-cache buffer (the CPU backend's [`Backend::KvBuffer`](crate::Backend::KvBuffer)).
+/// An owned KV-cache buffer (the CPU backend's [`KvStorage::KvBuffer`](crate::KvStorage::KvBuffer)).
 ///
 /// ```
 /// use dcpserve_kernels::cpu::kv_store::KvStore;

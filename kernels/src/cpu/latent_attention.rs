@@ -3,6 +3,7 @@
 //! the output and the log-sum-exp per (token, head) like [`crate::paged_attention`], so
 //! partial results over KV shards merge exactly (decode context parallelism).
 
+use crate::backend::LatentAttentionParams;
 use crate::cpu::kv_store::KvRef;
 use crate::dcp::merge_partials;
 use crate::error::KernelError;
@@ -13,38 +14,26 @@ const CH: usize = 32;
 /// Minimum keys per split when one token's keys are split across threads.
 const SPLIT_MIN: usize = 256;
 
-/// One batch of absorbed queries for [`latent_attention`].
+/// One batch of absorbed queries for [`latent_attention`]: the queries and the call's
+/// [`LatentAttentionParams`] (heads, key and value widths, scale, paged metadata).
 #[derive(Clone, Copy)]
 pub struct LatentBatch<'a> {
     /// Queries, `[n_tokens, n_heads, dim]`.
     pub q: &'a [f32],
-    /// Query heads (all share the one latent KV head).
-    pub n_heads: usize,
-    /// Key width: the cache row (`kv_lora_rank + qk_rope_head_dim`).
-    pub dim: usize,
-    /// Value width: the row prefix attention averages (`kv_lora_rank`).
-    pub v_dim: usize,
-    /// Tokens per cache block.
-    pub block_size: usize,
-    /// Score scale (MLA: the softmax scale incl. YaRN's correction).
-    pub scale: f32,
-    /// Sequence (index into `block_tables`) of each token.
-    pub token_seq: &'a [u32],
-    /// Local cached tokens each token attends to (causal mask applied by the caller).
-    pub token_kv_len: &'a [u32],
-    /// Local token `j` of sequence `s` is in slot `block_tables[s][j / B]·B + j % B`.
-    pub block_tables: &'a [&'a [u32]],
+    /// The shape, the score scale and the paged-cache metadata of the tokens.
+    pub params: LatentAttentionParams<'a>,
 }
 
 impl<'a> LatentBatch<'a> {
     /// The tokens `range` of the batch (their queries, sequences and lengths).
     pub fn tokens(&self, range: std::ops::Range<usize>) -> LatentBatch<'a> {
-        let row = self.n_heads * self.dim;
+        let row = self.params.n_heads * self.params.dim;
         LatentBatch {
             q: &self.q[range.start * row..range.end * row],
-            token_seq: &self.token_seq[range.clone()],
-            token_kv_len: &self.token_kv_len[range],
-            ..*self
+            params: LatentAttentionParams {
+                batch: self.params.batch.tokens(range),
+                ..self.params
+            },
         }
     }
 }
@@ -79,13 +68,20 @@ pub fn latent_attention_typed(
     lse: &mut [f32],
 ) -> Result<(), KernelError> {
     validate(b, cache, out, lse)?;
-    let n = b.token_seq.len();
-    let rows = n * b.n_heads;
+    let n = b.params.batch.token_seq.len();
+    let rows = n * b.params.n_heads;
     if n == 0 {
         return Ok(());
     }
     let threads = pool.n_threads();
-    let max_kv = b.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
+    let max_kv = b
+        .params
+        .batch
+        .token_kv_len
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0) as usize;
     // Few tokens over long contexts (decode): split the keys too, so every thread works.
     let splits = if n < 2 * threads && max_kv >= 2 * SPLIT_MIN {
         (4 * threads).div_ceil(n).min(max_kv / SPLIT_MIN).max(2)
@@ -96,18 +92,18 @@ pub fn latent_attention_typed(
     if splits == 1 {
         let (op, lp) = (SyncPtr(out.as_mut_ptr()), SyncPtr(lse.as_mut_ptr()));
         pool.run(n, |t| {
-            let len = b.token_kv_len[t] as usize;
+            let len = b.params.batch.token_kv_len[t] as usize;
             // SAFETY: item t owns rows t·n_heads.. of out and lse.
-            unsafe { attend(b, cache, t, 0, len, op, lp, t * b.n_heads, simd) };
+            unsafe { attend(b, cache, t, 0, len, op, lp, t * b.params.n_heads, simd) };
         });
         return Ok(());
     }
-    let mut pout = vec![0.0f32; splits * rows * b.v_dim];
+    let mut pout = vec![0.0f32; splits * rows * b.params.v_dim];
     let mut plse = vec![f32::NEG_INFINITY; splits * rows];
     let (op, lp) = (SyncPtr(pout.as_mut_ptr()), SyncPtr(plse.as_mut_ptr()));
     pool.run(n * splits, |it| {
         let (t, s) = (it / splits, it % splits);
-        let len = b.token_kv_len[t] as usize;
+        let len = b.params.batch.token_kv_len[t] as usize;
         let chunk = len.div_ceil(splits).next_multiple_of(CH);
         let (start, end) = ((s * chunk).min(len), ((s + 1) * chunk).min(len));
         // SAFETY: split s of token t owns its rows of partial buffer s.
@@ -120,14 +116,14 @@ pub fn latent_attention_typed(
                 end,
                 op,
                 lp,
-                s * rows + t * b.n_heads,
+                s * rows + t * b.params.n_heads,
                 simd,
             )
         };
     });
-    let outs: Vec<&[f32]> = pout.chunks_exact(rows * b.v_dim).collect();
+    let outs: Vec<&[f32]> = pout.chunks_exact(rows * b.params.v_dim).collect();
     let lses: Vec<&[f32]> = plse.chunks_exact(rows).collect();
-    merge_partials(&outs, &lses, rows, b.v_dim, out, lse)
+    merge_partials(&outs, &lses, rows, b.params.v_dim, out, lse)
 }
 
 fn validate(
@@ -136,30 +132,36 @@ fn validate(
     out: &[f32],
     lse: &[f32],
 ) -> Result<(), KernelError> {
-    let n = b.token_seq.len();
+    let n = b.params.batch.token_seq.len();
     let bad = |what: String| Err(KernelError::Shape(format!("latent attention: {what}")));
-    if b.dim == 0 || b.v_dim > b.dim || b.block_size == 0 {
+    if b.params.dim == 0 || b.params.v_dim > b.params.dim || b.params.batch.block_size == 0 {
         return bad(format!(
             "dim {} / v_dim {} / block_size {}",
-            b.dim, b.v_dim, b.block_size
+            b.params.dim, b.params.v_dim, b.params.batch.block_size
         ));
     }
-    if b.token_kv_len.len() != n
-        || b.q.len() != n * b.n_heads * b.dim
-        || out.len() != n * b.n_heads * b.v_dim
-        || lse.len() != n * b.n_heads
+    if b.params.batch.token_kv_len.len() != n
+        || b.q.len() != n * b.params.n_heads * b.params.dim
+        || out.len() != n * b.params.n_heads * b.params.v_dim
+        || lse.len() != n * b.params.n_heads
     {
         return bad(format!(
             "buffer sizes disagree for {n} tokens of {} heads",
-            b.n_heads
+            b.params.n_heads
         ));
     }
-    let n_blocks = cache.len() / (b.dim * b.block_size);
-    for (&s, &l) in b.token_seq.iter().zip(b.token_kv_len) {
-        let Some(table) = b.block_tables.get(s as usize) else {
+    let n_blocks = cache.len() / (b.params.dim * b.params.batch.block_size);
+    for (&s, &l) in b
+        .params
+        .batch
+        .token_seq
+        .iter()
+        .zip(b.params.batch.token_kv_len)
+    {
+        let Some(table) = b.params.batch.block_tables.get(s as usize) else {
             return bad(format!("sequence {s} has no block table"));
         };
-        let need = (l as usize).div_ceil(b.block_size);
+        let need = (l as usize).div_ceil(b.params.batch.block_size);
         if need > table.len() {
             return bad(format!(
                 "{l} keys need {need} blocks, the table has {}",
@@ -198,7 +200,7 @@ unsafe fn attend(
     row0: usize,
     simd: bool,
 ) {
-    let (h, vd) = (b.n_heads, b.v_dim);
+    let (h, vd) = (b.params.n_heads, b.params.v_dim);
     let o = std::slice::from_raw_parts_mut(out.0.add(row0 * vd), h * vd);
     let l = std::slice::from_raw_parts_mut(lse.0.add(row0), h);
     #[cfg(target_arch = "x86_64")]
@@ -338,9 +340,14 @@ fn attend_body<M: Math>(
     out: &mut [f32],
     lse: &mut [f32],
 ) {
-    let (h, d, vd, bs) = (b.n_heads, b.dim, b.v_dim, b.block_size);
+    let (h, d, vd, bs) = (
+        b.params.n_heads,
+        b.params.dim,
+        b.params.v_dim,
+        b.params.batch.block_size,
+    );
     let q = &b.q[t * h * d..(t + 1) * h * d];
-    let table = b.block_tables[b.token_seq[t] as usize];
+    let table = b.params.batch.block_tables[b.params.batch.token_seq[t] as usize];
     out.fill(0.0);
     let mut m = vec![f32::NEG_INFINITY; h];
     let mut sum = vec![0.0f32; h];
@@ -371,7 +378,7 @@ fn attend_body<M: Math>(
         for jj in 0..c {
             let key = &cache[offs[jj]..offs[jj] + d];
             for hh in 0..h {
-                scores[hh * CH + jj] = M::dot(&q[hh * d..(hh + 1) * d], key) * b.scale;
+                scores[hh * CH + jj] = M::dot(&q[hh * d..(hh + 1) * d], key) * b.params.scale;
             }
         }
         for hh in 0..h {
@@ -439,6 +446,7 @@ fn exp(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::PagedBatch;
 
     /// Against a naive softmax over expanded keys/values, split or not, scalar or SIMD.
     #[test]
@@ -470,14 +478,18 @@ mod tests {
         let tables = [table.as_slice()];
         let b = LatentBatch {
             q: &q,
-            n_heads: h,
-            dim: d,
-            v_dim: vd,
-            block_size: bs,
-            scale: 0.7,
-            token_seq: &[0, 0],
-            token_kv_len: &kv,
-            block_tables: &tables,
+            params: LatentAttentionParams {
+                n_heads: h,
+                dim: d,
+                v_dim: vd,
+                scale: 0.7,
+                batch: PagedBatch {
+                    block_size: bs,
+                    token_seq: &[0, 0],
+                    token_kv_len: &kv,
+                    block_tables: &tables,
+                },
+            },
         };
         for threads in [1, 2] {
             let pool = ThreadPool::new(threads);

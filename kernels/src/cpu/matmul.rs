@@ -11,6 +11,7 @@
 //!
 //! Work is split over output columns (rows of `w`) and, for large `m`, over `m` too.
 
+use crate::backend::Precision;
 use crate::cpu::CpuIsa;
 use crate::error::{check_len, KernelError};
 use crate::pool::ThreadPool;
@@ -24,16 +25,6 @@ const SMALL_M: usize = 4;
 const NB: usize = 16;
 /// Rows of `x` per task chunk in the blocked path (keeps the chunk in L2).
 const MC: usize = 64;
-
-/// Accumulation precision of [`matmul_with_precision`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Precision {
-    /// f32 products and f32 accumulation (the default, test-exact path).
-    #[default]
-    Exact,
-    /// Allows `vdpbf16ps` for BF16 weights: activations are rounded to bf16.
-    Fast,
-}
 
 thread_local! {
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };

@@ -2,46 +2,8 @@
 //! with the scoring functions and the group-limited choice of DeepSeek-V2 / V3
 //! (transformers' `DeepseekV2TopkRouter` / `DeepseekV3TopkRouter`).
 
+use crate::backend::{RouterParams, RouterScoring, Routing};
 use crate::error::{check_len, KernelError};
-
-/// How router logits become expert scores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouterScoring {
-    /// DeepSeek-V3: sigmoid, groups ranked by the sum of their top-2 biased scores.
-    Sigmoid,
-    /// DeepSeek-V2: softmax, groups ranked by their best score.
-    Softmax,
-}
-
-/// The routing rule of one MoE layer.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RouterParams {
-    /// Routed experts (`n_routed_experts`), the width of a logits row.
-    pub n_experts: usize,
-    /// Experts chosen per token (`num_experts_per_tok`).
-    pub experts_per_token: usize,
-    /// Expert groups (`n_group`); experts are split into equal contiguous groups.
-    pub n_group: usize,
-    /// Groups a token may choose from when `group_limited` (`topk_group`).
-    pub topk_group: usize,
-    /// Restrict the choice to the best `topk_group` groups.
-    pub group_limited: bool,
-    /// Scoring function.
-    pub scoring: RouterScoring,
-    /// Renormalize the chosen weights to sum to 1 (before scaling).
-    pub norm_topk_prob: bool,
-    /// Factor applied to every chosen weight.
-    pub routed_scaling_factor: f32,
-}
-
-/// Each token's chosen experts and their weights, `[n_tokens, experts_per_token]`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Routing {
-    /// Expert index of each choice.
-    pub experts: Vec<usize>,
-    /// Weight of each choice.
-    pub weights: Vec<f32>,
-}
 
 /// Indices of the `k` largest values (ties: the lower index first), largest first.
 fn top_k(values: &[f32], k: usize) -> Vec<usize> {

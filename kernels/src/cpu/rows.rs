@@ -1,15 +1,15 @@
 //! Row movement on host memory: strided copies, gathers and scatters of fixed-width rows
-//! (the CPU side of [`Backend::copy_strided`](crate::Backend::copy_strided),
-//! [`gather_rows`](crate::Backend::gather_rows),
-//! [`scatter_add_rows`](crate::Backend::scatter_add_rows) and
-//! [`write_rows`](crate::Backend::write_rows)).
+//! (the CPU side of [`DenseOps::copy_strided`](crate::DenseOps::copy_strided),
+//! [`gather_rows`](crate::DenseOps::gather_rows),
+//! [`scatter_add_rows`](crate::DenseOps::scatter_add_rows) and
+//! [`write_rows`](crate::AttentionOps::write_rows)).
 
 use crate::backend::Strided;
 use crate::cpu::kv_store::KvMut;
 use crate::error::{check_len, KernelError};
 use crate::shape_checks::check_strided_copy;
 
-/// See [`Backend::copy_strided`](crate::Backend::copy_strided).
+/// See [`DenseOps::copy_strided`](crate::DenseOps::copy_strided).
 pub fn copy_strided(
     (src, s): (&[f32], Strided),
     (dst, d): (&mut [f32], Strided),
@@ -27,7 +27,7 @@ pub fn copy_strided(
     Ok(())
 }
 
-/// See [`Backend::gather_rows`](crate::Backend::gather_rows).
+/// See [`DenseOps::gather_rows`](crate::DenseOps::gather_rows).
 pub fn gather_rows(
     src: &[f32],
     width: usize,
@@ -52,7 +52,7 @@ pub fn gather_rows(
     Ok(())
 }
 
-/// See [`Backend::scatter_add_rows`](crate::Backend::scatter_add_rows).
+/// See [`DenseOps::scatter_add_rows`](crate::DenseOps::scatter_add_rows).
 pub fn scatter_add_rows(
     src: &[f32],
     width: usize,
@@ -81,7 +81,7 @@ pub fn scatter_add_rows(
     Ok(())
 }
 
-/// See [`Backend::write_rows`](crate::Backend::write_rows): rows are converted to the
+/// See [`AttentionOps::write_rows`](crate::AttentionOps::write_rows): rows are converted to the
 /// cache's element type as they are stored.
 pub fn write_rows(
     mut cache: KvMut<'_>,

@@ -2,58 +2,9 @@
 
 use std::cmp::Ordering;
 
+use crate::backend::Rng;
 use crate::ops::log_softmax;
 pub use crate::sampling_params::SamplingParams;
-
-/// Small, fast, seedable PRNG (xoshiro256**, seeded through splitmix64).
-///
-/// Serializable: a request's sampler state travels with its plan when the request is
-/// (re)admitted, so its stream of draws continues on whichever rank samples it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Rng {
-    s: [u64; 4],
-}
-
-impl Rng {
-    /// Creates a generator; equal seeds give equal sequences.
-    pub fn new(seed: u64) -> Self {
-        let mut x = seed;
-        let mut next = || {
-            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
-        Rng {
-            s: [next(), next(), next(), next()],
-        }
-    }
-
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        let s = &mut self.s;
-        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
-        result
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn next_f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
-    }
-
-    /// Uniform in `[0, 1)` with 53 bits.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-}
 
 /// Index of the largest value (lowest index on ties; NaN never wins; 0 if empty).
 pub fn argmax(x: &[f32]) -> u32 {
@@ -166,7 +117,7 @@ pub(crate) fn support(logits: &[f32], params: &SamplingParams) -> Support {
         cand.truncate(top_k);
         // A canonical order (most likely first, ties by lower id) rather than whatever
         // order the selection left: the draw walks the candidates in this order, and a
-        // device sampler (`Backend::sample_rows`) reproduces it by sorting.
+        // device sampler (`SamplingOps::sample_rows`) reproduces it by sorting.
         cand.sort_unstable_by(desc);
     }
     if top_p < 1.0 {

@@ -4,8 +4,9 @@
 //! else draw from `max(0, p − q)` renormalized. Greedy requests accept a draft exactly
 //! when it is the argmax, which keeps greedy output identical.
 
+use crate::backend::Rng;
 use crate::sampling::{draw_weighted, support, Support};
-use crate::{Rng, SamplingParams};
+use crate::sampling_params::SamplingParams;
 
 /// What verification made of one draft token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 use crate::shape_checks::{check_block_tables, check_merge, check_paged_attention};
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig};
 
-use crate::backend::{LatentAttentionParams, PagedAttentionParams};
+use crate::backend::{LatentAttentionParams, PagedAttentionParams, PagedBatch};
 use crate::cuda::memory::{dtype_code, CudaKvRef, CudaRef};
 use crate::cuda::staging::bytes_of;
 use crate::cuda::{per_row, CudaBackend};
@@ -61,11 +61,8 @@ struct Job<'a> {
     heads_per_kv: usize,
     d: usize,
     dv: usize,
-    block_size: usize,
     scale: f32,
-    token_seq: &'a [u32],
-    token_kv_len: &'a [u32],
-    block_tables: &'a [&'a [u32]],
+    batch: PagedBatch<'a>,
 }
 
 impl CudaBackend {
@@ -78,7 +75,7 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
         lse: &mut CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
-        let n = p.token_seq.len();
+        let n = p.batch.token_seq.len();
         check_paged_attention(
             p,
             (q.len(), out.len(), lse.len()),
@@ -100,11 +97,8 @@ impl CudaBackend {
                 heads_per_kv: nq / nkv,
                 d: hd,
                 dv: hd,
-                block_size: p.block_size,
                 scale: p.scale,
-                token_seq: p.token_seq,
-                token_kv_len: p.token_kv_len,
-                block_tables: p.block_tables,
+                batch: p.batch,
             },
             out,
             lse,
@@ -119,15 +113,15 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
         lse: &mut CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
-        let n = p.token_seq.len();
+        let n = p.batch.token_seq.len();
         let bad = |what: String| Err(KernelError::Shape(format!("latent attention: {what}")));
-        if p.dim == 0 || p.v_dim > p.dim || p.block_size == 0 {
+        if p.dim == 0 || p.v_dim > p.dim || p.batch.block_size == 0 {
             return bad(format!(
                 "dim {} / v_dim {} / block_size {}",
-                p.dim, p.v_dim, p.block_size
+                p.dim, p.v_dim, p.batch.block_size
             ));
         }
-        if p.token_kv_len.len() != n
+        if p.batch.token_kv_len.len() != n
             || q.len() != n * p.n_heads * p.dim
             || out.len() != n * p.n_heads * p.v_dim
             || lse.len() != n * p.n_heads
@@ -137,12 +131,12 @@ impl CudaBackend {
                 p.n_heads
             ));
         }
-        let n_blocks = cache.len() / (p.dim * p.block_size);
+        let n_blocks = cache.len() / (p.dim * p.batch.block_size);
         check_block_tables(
-            p.token_seq,
-            p.token_kv_len,
-            p.block_tables,
-            p.block_size,
+            p.batch.token_seq,
+            p.batch.token_kv_len,
+            p.batch.block_tables,
+            p.batch.block_size,
             n_blocks,
         )
         .map_err(|e| KernelError::Shape(format!("latent attention: {e}")))?;
@@ -159,11 +153,8 @@ impl CudaBackend {
                 heads_per_kv: p.n_heads,
                 d: p.dim,
                 dv: p.v_dim,
-                block_size: p.block_size,
                 scale: p.scale,
-                token_seq: p.token_seq,
-                token_kv_len: p.token_kv_len,
-                block_tables: p.block_tables,
+                batch: p.batch,
             },
             out,
             lse,
@@ -183,16 +174,16 @@ impl CudaBackend {
                 job.d, job.dv
             )));
         }
-        let rows = job.token_seq.len() * job.n_heads;
-        let max_kv = job.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
+        let rows = job.batch.token_seq.len() * job.n_heads;
+        let max_kv = job.batch.token_kv_len.iter().copied().max().unwrap_or(0) as usize;
         let (splits, chunk) = split_plan(rows, max_kv);
         let chunk = u32::try_from(chunk)
             .map_err(|_| KernelError::Shape("attention: context too long".into()))?;
 
         // Step metadata: one flat block table with per-sequence offsets.
-        let mut offsets = Vec::with_capacity(job.block_tables.len());
+        let mut offsets = Vec::with_capacity(job.batch.block_tables.len());
         let mut flat = Vec::new();
-        for bt in job.block_tables {
+        for bt in job.batch.block_tables {
             offsets.push(flat.len() as u64);
             flat.extend_from_slice(bt);
         }
@@ -200,8 +191,8 @@ impl CudaBackend {
         // tables grow (the padding is never read).
         flat.resize(bucket(flat.len()), 0);
         let [seq, lens, flat, offsets] = self.stage_meta([
-            bytes_of(job.token_seq),
-            bytes_of(job.token_kv_len),
+            bytes_of(job.batch.token_seq),
+            bytes_of(job.batch.token_kv_len),
             bytes_of(&flat),
             bytes_of(&offsets),
         ])?;
@@ -210,7 +201,14 @@ impl CudaBackend {
         let dt = dtype_code(job.k.dtype());
         let kv_scale = job.k.scale();
         let qv = job.q.cuda();
-        let dims = [job.n_heads, job.heads_per_kv, job.d, job.dv, job.block_size].map(|v| v as u32);
+        let dims = [
+            job.n_heads,
+            job.heads_per_kv,
+            job.d,
+            job.dv,
+            job.batch.block_size,
+        ]
+        .map(|v| v as u32);
         let stride = job.kv_row_stride as u64;
         let cfg = LaunchConfig {
             grid_dim: (

@@ -1,11 +1,15 @@
-//! `impl Backend for CudaBackend`: argument plumbing from the trait to the ops of the
-//! sibling modules, and the host fallback (sampling).
+//! The [`Backend`](crate::Backend) parts for `CudaBackend`: argument plumbing from the
+//! traits to the ops of the sibling modules, and the host fallback (sampling).
 
 use std::ops::Range;
 
 use cudarc::driver::{CudaSlice, CudaViewMut};
 
-use crate::backend::{Backend, LatentAttentionParams, PagedAttentionParams, Strided};
+use crate::backend::{
+    AttentionOps, DenseOps, DeviceMemory, KvStorage, LatentAttentionParams, PagedAttentionParams,
+    Precision, Rng, RopeScalingKind, RouterParams, Routing, RowDraw, RowDrawn, SamplingOps,
+    StepQueues, Strided, WeightMatrix, WeightStorage,
+};
 use crate::cuda::device::driver_err;
 use crate::cuda::matmul::CudaMatrix;
 use crate::cuda::memory::{check_range, CudaKvBuffer, CudaKvMut, CudaKvRef, CudaRef};
@@ -14,13 +18,10 @@ use crate::cuda::{per_row, CudaBackend};
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::KvCacheDType;
-use crate::matmul::Precision;
-use crate::moe_routing::{RouterParams, Routing};
-use crate::ops::{RopeScalingKind, RopeTable};
-use crate::row_sampling::{RowDraw, RowDrawn};
-use crate::sampling::{sample, Rng, SamplingParams};
+use crate::ops::RopeTable;
+use crate::sampling::sample;
+use crate::sampling_params::SamplingParams;
 use crate::step_graph;
-use crate::weights::WeightMatrix;
 
 impl CudaBackend {
     /// Copies a view to a new host vector (waits for the stream).
@@ -31,37 +32,13 @@ impl CudaBackend {
     }
 }
 
-/// The CUDA backend. `sample` (one row with a generator) copies the logits to the host
-/// and runs the CPU function; the ranks use `sample_rows`, which draws on the device, and
-/// `route_experts` routes on the device.
-impl Backend for CudaBackend {
+impl DeviceMemory for CudaBackend {
     type Buffer = CudaSlice<f32>;
     type View<'a> = CudaRef<'a>;
     type ViewMut<'a> = CudaViewMut<'a, f32>;
-    type Matrix = CudaMatrix;
-    type Rope = CudaRope;
-    type KvBuffer = CudaKvBuffer;
-    type KvView<'a> = CudaKvRef<'a>;
-    type KvViewMut<'a> = CudaKvMut<'a>;
 
     fn name(&self) -> &'static str {
         "cuda"
-    }
-
-    fn bind_micro_batch(&self, mb: usize) -> Result<(), KernelError> {
-        self.bind_lane(mb)
-    }
-
-    fn micro_batch(&self) -> usize {
-        crate::cuda::lanes::bound(self.id)
-    }
-
-    fn begin_step(&self) -> Result<(), KernelError> {
-        self.begin_lane_step()
-    }
-
-    fn step_graphs(&self) -> Option<&dyn crate::step_graph::StepGraphs> {
-        (self.cuda_graphs() == crate::CudaGraphs::On).then_some(self as _)
     }
 
     fn zeros(&self, len: usize) -> Result<CudaSlice<f32>, KernelError> {
@@ -119,6 +96,12 @@ impl Backend for CudaBackend {
         check_range("view range", &range, buf.len())?;
         Ok(buf.slice_mut(range))
     }
+}
+
+impl KvStorage for CudaBackend {
+    type KvBuffer = CudaKvBuffer;
+    type KvView<'a> = CudaKvRef<'a>;
+    type KvViewMut<'a> = CudaKvMut<'a>;
 
     fn kv_zeros(&self, dtype: KvCacheDType, len: usize) -> Result<CudaKvBuffer, KernelError> {
         self.kv_zeros_op(dtype, len)
@@ -147,6 +130,11 @@ impl Backend for CudaBackend {
     fn kv_download(&self, src: CudaKvRef<'_>, host: &mut [f32]) -> Result<(), KernelError> {
         self.kv_download_op(src, host)
     }
+}
+
+impl WeightStorage for CudaBackend {
+    type Matrix = CudaMatrix;
+    type Rope = CudaRope;
 
     fn upload_matrix(&self, w: &WeightMatrix) -> Result<CudaMatrix, KernelError> {
         self.upload_matrix_op(w)
@@ -169,7 +157,27 @@ impl Backend for CudaBackend {
     ) -> Result<CudaRope, KernelError> {
         self.rope_upload(RopeTable::new(head_dim, theta, scaling, max_positions))
     }
+}
 
+impl StepQueues for CudaBackend {
+    fn bind_micro_batch(&self, mb: usize) -> Result<(), KernelError> {
+        self.bind_lane(mb)
+    }
+
+    fn micro_batch(&self) -> usize {
+        crate::cuda::lanes::bound(self.id)
+    }
+
+    fn begin_step(&self) -> Result<(), KernelError> {
+        self.begin_lane_step()
+    }
+
+    fn step_graphs(&self) -> Option<&dyn crate::step_graph::StepGraphs> {
+        (self.cuda_graphs() == crate::CudaGraphs::On).then_some(self as _)
+    }
+}
+
+impl DenseOps for CudaBackend {
     fn matmul(
         &self,
         x: CudaRef<'_>,
@@ -276,7 +284,9 @@ impl Backend for CudaBackend {
     ) -> Result<(), KernelError> {
         self.embedding_op(table, ids, &mut out)
     }
+}
 
+impl AttentionOps for CudaBackend {
     fn write_kv(
         &self,
         k_cache: CudaKvMut<'_>,
@@ -352,7 +362,12 @@ impl Backend for CudaBackend {
     ) -> Result<(), KernelError> {
         self.scale_by_lse_share_op(&mut out, lse, all_lse, parts, head_dim)
     }
+}
 
+/// Routing and sampling on CUDA. `sample` (one row with a generator) copies the logits to
+/// the host and runs the CPU function; the ranks use `sample_rows`, which draws on the
+/// device, and `route_experts` routes on the device.
+impl SamplingOps for CudaBackend {
     /// Routes on the device; only the chosen ids and weights come back (see
     /// `cuda::routing`).
     fn route_experts(

@@ -2,13 +2,13 @@
 //! the rank, and the thread-local choice of the lane a thread's ops go to.
 //!
 //! A rank with two micro-batches runs one compute thread per micro-batch on one
-//! backend. Each thread binds its micro-batch ([`Backend::bind_micro_batch`]), and from
+//! backend. Each thread binds its micro-batch ([`StepQueues::bind_micro_batch`]), and from
 //! then on every op it calls is enqueued on that micro-batch's stream: micro-batch 0's
 //! collectives (NCCL or device-local copies, built on the same stream) overlap
 //! micro-batch 1's kernels on the GPU with no host wait between them. A thread that
 //! bound nothing (loading, tests, a one-micro-batch rank) uses lane 0.
 //!
-//! [`Backend::bind_micro_batch`]: crate::Backend::bind_micro_batch
+//! [`StepQueues::bind_micro_batch`]: crate::StepQueues::bind_micro_batch
 
 use std::cell::Cell;
 use std::ffi::c_void;

@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig};
 
+use crate::backend::Precision;
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::CudaRef;
 use crate::cuda::staging::bytes_of;
@@ -14,19 +15,18 @@ use crate::device::GpuMatmul;
 use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::f32_to_bf16;
-use crate::matmul::Precision;
 use crate::step_graph;
 use crate::weights::WeightMatrix;
 
 /// A `[rows, cols]` weight matrix in device memory (the backend's
-/// [`Backend::Matrix`](crate::Backend::Matrix)).
+/// [`WeightStorage::Matrix`](crate::WeightStorage::Matrix)).
 ///
 /// f32 matrices stay f32; every other format is decoded on the host and stored as
 /// bf16 (GGUF quantized weights are *dequantized to bf16 at upload*: twice the bytes of
 /// Q8_0, four times Q4_0, in exchange for tensor-core GEMMs without dequantizing
-/// kernels). [`Backend::matrix_shape`](crate::Backend::matrix_shape) reports the
+/// kernels). [`WeightStorage::matrix_shape`](crate::WeightStorage::matrix_shape) reports the
 /// original [`DType`]; [`CudaMatrix::device_dtype`] (and
-/// [`Backend::matrix_storage`](crate::Backend::matrix_storage)) the stored one.
+/// [`WeightStorage::matrix_storage`](crate::WeightStorage::matrix_storage)) the stored one.
 #[derive(Debug)]
 pub struct CudaMatrix {
     rows: usize,

@@ -8,13 +8,13 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use crate::error::KernelError;
 use crate::kv_dtype::KvCacheDType;
 
-/// A read-only window of a device buffer: the backend's [`Backend::View`].
+/// A read-only window of a device buffer: the backend's [`DeviceMemory::View`].
 ///
 /// cudarc's [`CudaView`] is not `Copy`, which the trait asks of views, so this holds the
 /// buffer and the range and makes a [`CudaView`] on demand ([`CudaRef::cuda`]), e.g. for
 /// an NCCL collective.
 ///
-/// [`Backend::View`]: crate::Backend::View
+/// [`DeviceMemory::View`]: crate::DeviceMemory::View
 #[derive(Debug, Clone, Copy)]
 pub struct CudaRef<'a> {
     buf: &'a CudaSlice<f32>,
@@ -65,7 +65,7 @@ pub(crate) fn check_range(
 }
 
 /// An owned KV-cache buffer on the device (the backend's
-/// [`Backend::KvBuffer`](crate::Backend::KvBuffer)): `len` elements of a
+/// [`KvStorage::KvBuffer`](crate::KvStorage::KvBuffer)): `len` elements of a
 /// [`KvCacheDType`] as raw bytes, with FP8's per-tensor scale (the type's default,
 /// like the CPU's `KvStore`).
 #[derive(Debug)]

@@ -19,13 +19,13 @@
 //!   (ranks) may share a GPU, each ordering its own work, and a rank's two
 //!   micro-batches overlap (one's collectives while the other computes). Every op is
 //!   enqueued on the calling thread's stream ([`CudaBackend::stream`], chosen by
-//!   [`Backend::bind_micro_batch`](crate::Backend::bind_micro_batch)); a micro-batch's
+//!   [`StepQueues::bind_micro_batch`](crate::StepQueues::bind_micro_batch)); a micro-batch's
 //!   collectives belong on it too (cudarc's cross-stream event tracking is off for the
 //!   backend's context).
 //! * Step metadata (positions, slots, block tables) is staged per op in the stream's
 //!   pinned arena and copied asynchronously into its device arena (`staging`): no
 //!   host wait and no allocation per op;
-//!   [`Backend::begin_step`](crate::Backend::begin_step) recycles it. Op temporaries
+//!   [`StepQueues::begin_step`](crate::StepQueues::begin_step) recycles it. Op temporaries
 //!   (attention split partials, bf16 copies of GEMM inputs) live in the stream's
 //!   reused scratch (`scratch`).
 //! * CUDA graphs (`graphs`, [`CudaGraphs`], on by default): a decode step of a dense
@@ -109,7 +109,7 @@ const BLOCK: u32 = 256;
 /// use dcpserve_kernels::cuda::CudaBackend;
 /// use dcpserve_kernels::KernelError;
 /// match CudaBackend::new(0) {
-///     Ok(gpu) => println!("{} on {}", dcpserve_kernels::Backend::name(&gpu), gpu.device_name()),
+///     Ok(gpu) => println!("{} on {}", dcpserve_kernels::DeviceMemory::name(&gpu), gpu.device_name()),
 ///     // No driver or no GPU: a clear error, never a panic.
 ///     Err(KernelError::Unavailable(why)) => println!("no CUDA: {why}"),
 ///     Err(e) => panic!("{e}"),
@@ -156,7 +156,7 @@ impl CudaBackend {
 
     /// A backend on device `ordinal` with one stream per micro-batch (`micro_batches`,
     /// at least 1): a thread that calls
-    /// [`bind_micro_batch(mb)`](crate::Backend::bind_micro_batch) enqueues its ops on
+    /// [`bind_micro_batch(mb)`](crate::StepQueues::bind_micro_batch) enqueues its ops on
     /// stream `mb`, so the micro-batches of a rank overlap on the GPU. Errors as
     /// [`CudaBackend::new`].
     pub fn with_micro_batches(
@@ -236,7 +236,7 @@ impl CudaBackend {
     }
 
     /// The stream the calling thread's ops are enqueued on: its bound micro-batch's
-    /// ([`bind_micro_batch`](crate::Backend::bind_micro_batch)), stream 0 when it bound
+    /// ([`bind_micro_batch`](crate::StepQueues::bind_micro_batch)), stream 0 when it bound
     /// none. A micro-batch's collectives go on it too, so they order with its kernels.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.lane().stream
@@ -264,7 +264,7 @@ impl CudaBackend {
         lanes::bound(self.id).min(self.lanes.len() - 1)
     }
 
-    /// Binds the calling thread to lane `mb` (see `Backend::bind_micro_batch`).
+    /// Binds the calling thread to lane `mb` (see `StepQueues::bind_micro_batch`).
     fn bind_lane(&self, mb: usize) -> Result<(), KernelError> {
         if mb >= self.lanes.len() {
             return Err(KernelError::Unavailable(format!(
@@ -382,7 +382,7 @@ impl CudaBackend {
         lanes::lock(&self.lane().meta).reset_to(mark)
     }
 
-    /// Starts a step on the calling thread's lane (see `Backend::begin_step`).
+    /// Starts a step on the calling thread's lane (see `StepQueues::begin_step`).
     fn begin_lane_step(&self) -> Result<(), KernelError> {
         lanes::lock(&self.lane().meta).begin_step()
     }

@@ -12,12 +12,13 @@
 //! by `f32::total_cmp` on both, but a NaN the device computes may carry another sign or
 //! payload than the host's, so rows with NaN logits are not guaranteed to match.
 
-use crate::backend::Backend;
+use crate::backend::DeviceMemory;
+use crate::backend::{RouterParams, RouterScoring, Routing};
 use crate::cuda::device::driver_err;
 use crate::cuda::memory::CudaRef;
 use crate::cuda::{per_row, CudaBackend};
 use crate::error::KernelError;
-use crate::moe_routing::{check_routing, route_experts, RouterParams, RouterScoring, Routing};
+use crate::moe_routing::{check_routing, route_experts};
 use crate::step_graph;
 
 /// The widest rows (experts) the routing kernel takes: `ROUTE_MAX_EXPERTS` in

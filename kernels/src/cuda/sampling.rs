@@ -1,4 +1,4 @@
-//! [`Backend::sample_rows`](crate::Backend::sample_rows) on the GPU: the kernels of
+//! [`SamplingOps::sample_rows`](crate::SamplingOps::sample_rows) on the GPU: the kernels of
 //! `kernels/sampling.cu` (one block per draw) choose every token and compute the
 //! log-probabilities asked for; only those come back, never the logits.
 //!

@@ -104,7 +104,9 @@ impl<B: Backend> DcpAttention<B> {
     /// ```
     /// use std::sync::Arc;
     /// use dcpserve_kernels::dcp::{DcpAttention, DcpShape, MergeExchange};
-    /// use dcpserve_kernels::{Backend, Collectives, CpuBackend, HostCollectives, InProcessComm, KernelError};
+    /// use dcpserve_kernels::{
+    ///     Collectives, CpuBackend, DeviceMemory, HostCollectives, InProcessComm, KernelError,
+    /// };
     /// // Two ranks, one head each, one token; rank r's shard holds one key whose
     /// // value is r + 1 and whose score is 0 for every query: the merged output is
     /// // the mean, 1.5, on both ranks.

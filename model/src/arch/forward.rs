@@ -3,7 +3,9 @@
 
 use dcpserve_kernels::dcp::DcpShape;
 use dcpserve_kernels::step_graph::run_step;
-use dcpserve_kernels::{Backend, CpuBackend, PagedAttentionParams, Precision, RopeScalingKind};
+use dcpserve_kernels::{
+    Backend, CpuBackend, PagedAttentionParams, PagedBatch, Precision, RopeScalingKind,
+};
 
 use super::cache_access::{read_in_pieces, CacheAccess};
 use super::device_weights::{DeviceLayer, DeviceWeights};
@@ -314,11 +316,13 @@ impl<B: Backend> DecoderModel<B> {
                             n_q_heads: heads,
                             n_kv_heads: nkv,
                             head_dim: hd,
-                            block_size,
                             scale,
-                            token_seq: &input.token_seq[r.clone()],
-                            token_kv_len: &input.kv_lens[r.clone()],
-                            block_tables: input.block_tables,
+                            batch: PagedBatch {
+                                block_size,
+                                token_seq: &input.token_seq[r.clone()],
+                                token_kv_len: &input.kv_lens[r.clone()],
+                                block_tables: input.block_tables,
+                            },
                         };
                         let q = dev.view(q_all, r.start * row..r.end * row)?;
                         let o = dev.view_mut(out, r.start * row..r.end * row)?;

@@ -110,7 +110,7 @@ impl<B: Backend, T: TokenBuffers<B>> Workspace<B, T> {
 
 /// The workspaces of one model: one per forward that may run at the same time (the
 /// rank's micro-batches), taken for a step and given back after it. Each is tagged
-/// with the micro-batch ([`Backend::micro_batch`]) whose queue allocated and last used
+/// with the micro-batch ([`micro_batch`](dcpserve_kernels::StepQueues::micro_batch)) whose queue allocated and last used
 /// it and is only taken by that micro-batch again: on a GPU two micro-batches run on
 /// two streams that do not order with each other, so a workspace handed across could
 /// still be in use by the other stream's kernels.

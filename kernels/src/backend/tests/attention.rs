@@ -109,11 +109,13 @@ fn paged_attention_with_cache<B: Backend>(dev: &B, dt: KvCacheDType) {
         n_q_heads: nq,
         n_kv_heads: nkv,
         head_dim: hd,
-        block_size: bs,
         scale: 0.25,
-        token_seq: &token_seq,
-        token_kv_len: &token_kv_len,
-        block_tables: &bt,
+        batch: PagedBatch {
+            block_size: bs,
+            token_seq: &token_seq,
+            token_kv_len: &token_kv_len,
+            block_tables: &bt,
+        },
     };
     let mut out = dev.zeros(q.len()).unwrap();
     let mut lse = dev.zeros(token_seq.len() * nq).unwrap();
@@ -186,11 +188,13 @@ fn latent_attention_with_cache<B: Backend>(dev: &B, dt: KvCacheDType) {
         n_heads: h,
         dim: d,
         v_dim: vd,
-        block_size: bs,
         scale: 0.7,
-        token_seq: &token_seq,
-        token_kv_len: &token_kv_len,
-        block_tables: &bt,
+        batch: PagedBatch {
+            block_size: bs,
+            token_seq: &token_seq,
+            token_kv_len: &token_kv_len,
+            block_tables: &bt,
+        },
     };
     let mut out = dev.zeros(token_seq.len() * h * vd).unwrap();
     let mut lse = dev.zeros(token_seq.len() * h).unwrap();
@@ -246,11 +250,13 @@ fn merge_lse_of_shards<B: Backend>(dev: &B) {
             n_heads: h,
             dim: d,
             v_dim: d,
-            block_size: bs,
             scale: 0.5,
-            token_seq: &[0],
-            token_kv_len: &[len],
-            block_tables: &bt,
+            batch: PagedBatch {
+                block_size: bs,
+                token_seq: &[0],
+                token_kv_len: &[len],
+                block_tables: &bt,
+            },
         };
         let (mut out, mut lse) = (dev.zeros(h * d).unwrap(), dev.zeros(h).unwrap());
         let (ov, lv) = (all_mut(dev, &mut out), all_mut(dev, &mut lse));

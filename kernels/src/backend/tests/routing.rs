@@ -4,7 +4,8 @@
 //! ties, hand-checked tie orders, edge cases and the same shape errors.
 
 use super::*;
-use crate::moe_routing::{route_experts, Routing};
+use crate::backend::Routing;
+use crate::moe_routing::route_experts;
 
 fn route_on<B: Backend>(
     dev: &B,

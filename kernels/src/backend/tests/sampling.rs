@@ -1,4 +1,4 @@
-//! [`Backend::sample_rows`] on every backend against the host sampler: tokens as
+//! [`SamplingOps::sample_rows`] on every backend against the host sampler: tokens as
 //! [`sample`](crate::sample) draws them from the same stream, the stream moved exactly
 //! when `sample` moves it, log-probabilities as
 //! [`token_logprobs`](crate::sampling::token_logprobs) computes them.

@@ -1,5 +1,6 @@
 //! Unit tests.
 use super::*;
+use crate::backend::PagedBatch;
 use crate::cpu::kv_store::KvStore;
 use crate::kv_dtype::KvCacheDType;
 
@@ -158,14 +159,18 @@ fn check(
     let tables: Vec<&[u32]> = su.tables.iter().map(|t| t.as_slice()).collect();
     let b = AttentionBatch {
         q: &q,
-        n_q_heads: nq,
-        n_kv_heads: nkv,
-        head_dim: hd,
-        block_size: bs,
-        scale: 1.0 / (hd as f32).sqrt(),
-        token_seq: &tseq,
-        token_kv_len: &tlen,
-        block_tables: &tables,
+        params: PagedAttentionParams {
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            batch: PagedBatch {
+                block_size: bs,
+                token_seq: &tseq,
+                token_kv_len: &tlen,
+                block_tables: &tables,
+            },
+        },
     };
     let pool = ThreadPool::new(threads);
     for dt in KvCacheDType::ALL {
@@ -187,8 +192,13 @@ fn check_kernels(
     dense_k: &[Vec<f32>],
     dense_v: &[Vec<f32>],
 ) {
-    let (nq, nkv, hd, bs) = (b.n_q_heads, b.n_kv_heads, b.head_dim, b.block_size);
-    let (q, tseq, tlen) = (b.q, b.token_seq, b.token_kv_len);
+    let (nq, nkv, hd, bs) = (
+        b.params.n_q_heads,
+        b.params.n_kv_heads,
+        b.params.head_dim,
+        b.params.batch.block_size,
+    );
+    let (q, tseq, tlen) = (b.q, b.params.batch.token_seq, b.params.batch.token_kv_len);
     let n = tseq.len();
     let dt = kc.dtype();
     let mut results = Vec::new();
@@ -205,7 +215,7 @@ fn check_kernels(
                 nq,
                 nkv,
                 hd,
-                b.scale,
+                b.params.scale,
                 &dense_k[s],
                 &dense_v[s],
                 tlen[t] as usize,
@@ -334,14 +344,18 @@ fn sharded_kv_merge_equals_full() {
             let tables: [&[u32]; 1] = [&table];
             let b = AttentionBatch {
                 q: &q,
-                n_q_heads: nq,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                block_size: bs,
-                scale,
-                token_seq: &[0],
-                token_kv_len: &[pos.len() as u32],
-                block_tables: &tables,
+                params: PagedAttentionParams {
+                    n_q_heads: nq,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    scale,
+                    batch: PagedBatch {
+                        block_size: bs,
+                        token_seq: &[0],
+                        token_kv_len: &[pos.len() as u32],
+                        block_tables: &tables,
+                    },
+                },
             };
             paged_attention(&pool, &b, &kc, &vc, &mut outs[sh], &mut lses[sh]).unwrap();
         }
@@ -380,14 +394,18 @@ fn merge_all_empty_and_errors() {
     let bt: [&[u32]; 1] = [&[5]];
     let b = AttentionBatch {
         q: &[0.0; 2],
-        n_q_heads: 1,
-        n_kv_heads: 1,
-        head_dim: 2,
-        block_size: 1,
-        scale: 1.0,
-        token_seq: &[0],
-        token_kv_len: &[1],
-        block_tables: &bt,
+        params: PagedAttentionParams {
+            n_q_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 2,
+            scale: 1.0,
+            batch: PagedBatch {
+                block_size: 1,
+                token_seq: &[0],
+                token_kv_len: &[1],
+                block_tables: &bt,
+            },
+        },
     };
     let pool = ThreadPool::new(1);
     assert!(paged_attention(&pool, &b, &[0.0; 4], &[0.0; 4], &mut out, &mut lse).is_err());

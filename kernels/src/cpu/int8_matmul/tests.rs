@@ -15,7 +15,8 @@
 //! 3. **The f32 path** (`matmul_impl`): within the same bound of the int8 path.
 
 use super::*;
-use crate::matmul::{matmul_impl, Precision};
+use crate::backend::Precision;
+use crate::matmul::matmul_impl;
 
 struct Lcg(u64);
 impl Lcg {

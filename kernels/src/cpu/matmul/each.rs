@@ -58,10 +58,10 @@ pub(crate) fn matmul_each_small(
 
 #[cfg(test)]
 mod tests {
-    use crate::backend::Backend;
+    use crate::backend::DenseOps;
+    use crate::backend::Precision;
     use crate::cpu::CpuBackend;
     use crate::dtype::DType;
-    use crate::matmul::Precision;
     use crate::weights::WeightMatrix;
 
     /// `matmul_each` gives the bits of one `matmul` per product, for decode-sized `m`

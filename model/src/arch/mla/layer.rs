@@ -3,7 +3,7 @@
 //! ending in the tensor-parallel all-reduce of its partial output.
 
 use dcpserve_kernels::dcp::DcpShape;
-use dcpserve_kernels::{Backend, LatentAttentionParams, Precision, Strided};
+use dcpserve_kernels::{Backend, LatentAttentionParams, PagedBatch, Precision, Strided};
 
 use super::cache::LatentCache;
 use super::device_weights::{DeviceFeedForward, DeviceMlaLayer};
@@ -163,11 +163,13 @@ impl<B: Backend> MlaModel<B> {
                         n_heads: heads,
                         dim: d,
                         v_dim: r,
-                        block_size,
                         scale: self.scale,
-                        token_seq: &input.token_seq[rg.clone()],
-                        token_kv_len: &input.kv_lens[rg.clone()],
-                        block_tables: input.block_tables,
+                        batch: PagedBatch {
+                            block_size,
+                            token_seq: &input.token_seq[rg.clone()],
+                            token_kv_len: &input.kv_lens[rg.clone()],
+                            block_tables: input.block_tables,
+                        },
                     };
                     let q = dev.view(q_all, rg.start * row..rg.end * row)?;
                     let o = dev.view_mut(out, rg.start * out_row..rg.end * out_row)?;

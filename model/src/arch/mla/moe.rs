@@ -32,7 +32,7 @@ fn router_params(cfg: &MoeConfig) -> RouterParams {
 
 /// The router's logits for the `n` tokens of `x` (into `logits`), then transformers'
 /// `DeepseekV3TopkRouter` / `DeepseekV2TopkRouter` choice (the backend's
-/// [`route_experts`](Backend::route_experts)).
+/// [`route_experts`](dcpserve_kernels::SamplingOps::route_experts)).
 pub(crate) fn route<B: Backend>(
     dev: &B,
     cfg: &MoeConfig,
