@@ -65,7 +65,13 @@ pub fn common(f: &SamplingFields, d: &SamplingDefaults) -> Result<Common, ApiErr
         .temperature
         .or(d.temperature.map(f64::from))
         .unwrap_or(1.0);
-    range("temperature", t, t >= 0.0 && t.is_finite(), "non-negative")?;
+    // Checked as the f32 the sampler gets: a finite f64 above f32::MAX would become +inf.
+    range(
+        "temperature",
+        t,
+        t >= 0.0 && (t as f32).is_finite(),
+        "non-negative and at most 3.4e38",
+    )?;
     let top_p = f.top_p.or(d.top_p.map(f64::from)).unwrap_or(1.0);
     range("top_p", top_p, top_p > 0.0 && top_p <= 1.0, "in (0, 1]")?;
     let top_k = f.top_k.or(d.top_k).unwrap_or(0);
@@ -108,8 +114,8 @@ pub fn common(f: &SamplingFields, d: &SamplingDefaults) -> Result<Common, ApiErr
     range(
         "repetition_penalty",
         rep,
-        rep > 0.0 && rep.is_finite(),
-        "greater than zero",
+        (rep as f32) > 0.0 && (rep as f32).is_finite(),
+        "greater than zero (as a 32-bit float) and finite",
     )?;
     let min_tokens = f.min_tokens.unwrap_or(0);
     if min_tokens < 0 {
@@ -352,6 +358,10 @@ mod tests {
             json!({"min_p": 2}),
             json!({"presence_penalty": 3}),
             json!({"repetition_penalty": 0}),
+            // Finite as f64 but not as the f32 the sampler gets (+inf, 0).
+            json!({"temperature": 1e39}),
+            json!({"repetition_penalty": 1e39}),
+            json!({"repetition_penalty": 1e-50}),
             json!({"min_tokens": -1}),
             json!({"stop": 3}),
             json!({"stream_options": {"include_usage": true}}),

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
-    /// Softmax temperature; `< 1e-5` means greedy argmax.
+    /// Softmax temperature; `< 1e-5` means greedy argmax, `+∞` a uniform draw among the
+    /// tokens whose logit is finite (the HTTP API accepts only finite f32 values).
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens (0 = off).
     pub top_k: usize,

@@ -41,8 +41,14 @@ pub(crate) enum Support {
 }
 
 impl Support {
-    /// Unnormalized weight of a logit under this support's temperature.
+    /// Unnormalized weight of a logit under this support's temperature. A −∞ logit has
+    /// weight 0 at every temperature, also at +∞ (`inv_t` 0), where `−∞ · 0` would be NaN:
+    /// there the draw is uniform over the tokens of finite logit, the limit of the finite
+    /// temperatures (the device sampler computes the same).
     pub(crate) fn weight(max: f32, inv_t: f32, l: f32) -> f32 {
+        if l == f32::NEG_INFINITY {
+            return 0.0;
+        }
         ((l - max) * inv_t).exp()
     }
 }
@@ -394,6 +400,32 @@ mod tests {
         let (lp, top) = token_logprobs(&[f32::NEG_INFINITY; 40], 7, 2);
         assert_eq!(lp, Some(f32::NEG_INFINITY));
         assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    #[test]
+    fn infinite_temperature_is_uniform_over_finite_logits() {
+        // The limit of large temperatures: every token of finite logit equally likely,
+        // masked (−∞) tokens never. Uniform u picks the ⌊3u⌋-th finite token walked.
+        let logits = [0.5, f32::NEG_INFINITY, -3.0, f32::NEG_INFINITY, 7.0];
+        for filters in [
+            SamplingParams::default(),
+            SamplingParams {
+                top_k: 4,
+                ..Default::default()
+            },
+        ] {
+            let p = SamplingParams {
+                temperature: f32::INFINITY,
+                ..filters
+            };
+            let drawn: Vec<u32> = [0.1, 0.5, 0.9]
+                .iter()
+                .map(|&u| sample_with_uniform(&logits, &p, u).0)
+                .collect();
+            let mut sorted = drawn.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, [0, 2, 4], "{drawn:?} (top_k {})", p.top_k);
+        }
     }
 
     #[test]

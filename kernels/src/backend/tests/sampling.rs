@@ -122,6 +122,15 @@ fn cases() -> Vec<(SamplingParams, bool)> {
             false,
         ),
         (with(&|q| q.top_p = 0.0), false),
+        // +inf: uniform over the finite logits (row 5 has −inf ones), whichever filter.
+        (with(&|q| q.temperature = f32::INFINITY), false),
+        (
+            with(&|q| {
+                q.temperature = f32::INFINITY;
+                q.top_k = 40;
+            }),
+            false,
+        ),
         (with(&|q| q.logprobs = Some(5000)), true),
     ]
 }

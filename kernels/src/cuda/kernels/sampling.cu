@@ -32,7 +32,9 @@
 // `Support::weight`: exp((l - max) · inv_t) as an f32. The exponential is taken in
 // double and rounded once, which is the correctly rounded f32 but for a vanishing
 // fraction of inputs (the host's expf is within a hair of correct rounding too).
+// A −inf logit weighs 0 at every temperature (at +inf, inv_t 0, its product would be NaN).
 __device__ __forceinline__ float sample_weight(float l, float max, float inv_t) {
+    if (l == NEG_INF) return 0.0f;
     float x = (l - max) * inv_t;
     return (float)exp((double)x);
 }
