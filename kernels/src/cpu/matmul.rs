@@ -154,41 +154,8 @@ unsafe fn small_m_task(
         decoded_small_m_task(x, m, w, out, n0, n1, isa);
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if isa == CpuIsa::Avx2 {
-        avx2::small_m(
-            x.as_ptr(),
-            m,
-            w.format(),
-            w.base_ptr(),
-            w.row_stride(),
-            k,
-            out.0,
-            n,
-            n0,
-            n1,
-        );
-        return;
-    }
-    #[cfg(target_arch = "aarch64")]
-    if isa == CpuIsa::Neon {
-        neon::small_m(
-            x.as_ptr(),
-            m,
-            w.format(),
-            w.base_ptr(),
-            w.row_stride(),
-            k,
-            out.0,
-            n,
-            n0,
-            n1,
-        );
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa == CpuIsa::Avx512 {
-        avx512::small_m(
+    if let Some(kernel) = fused_small_m_kernel(isa) {
+        kernel(
             x.as_ptr(),
             m,
             w.format(),
@@ -215,6 +182,35 @@ unsafe fn small_m_task(
             }
         }
     });
+}
+
+/// The fused one-row / small-batch kernel of a SIMD level: `(x, m, format, weights,
+/// row stride, k, out, n, n0, n1)`, the same signature at every level.
+type FusedSmallM = unsafe fn(
+    *const f32,
+    usize,
+    WeightFormat,
+    *const u8,
+    usize,
+    usize,
+    *mut f32,
+    usize,
+    usize,
+    usize,
+);
+
+/// The fused small-m kernel of `isa`, chosen once here rather than at each call site;
+/// `None` for the scalar level.
+fn fused_small_m_kernel(isa: CpuIsa) -> Option<FusedSmallM> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        CpuIsa::Avx2 => Some(avx2::small_m),
+        #[cfg(target_arch = "x86_64")]
+        CpuIsa::Avx512 => Some(avx512::small_m),
+        #[cfg(target_arch = "aarch64")]
+        CpuIsa::Neon => Some(neon::small_m),
+        _ => None,
+    }
 }
 
 /// [`small_m_task`] for the formats without a fused SIMD decoder (Q2_K, Q3_K, Q8_K,
