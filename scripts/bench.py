@@ -7,12 +7,14 @@ Each engine is measured `--repeats` times, alternating, and medians are reported
 
 usage: python3 scripts/bench.py [--repeats 3] [--threads 2] [--decode-tokens 128] [--batch 32]
                                [--exe LABEL=PATH ...] [--isa avx2,avx512] [--quant Q4_K_M,...]
-                               [--model FILE.gguf]
+                               [--model FILE.gguf] [--matmul f32,int8]
 --exe measures other dcpserve binaries in the same run (e.g. a build from before a change:
 `--exe before=/tmp/before/dcpserve --exe after=target/release/dcpserve`); without it the
 repository's release build is measured (and built first).
 --isa measures each binary once per CPU kernel level (DCPSERVE_CPU_ISA), e.g. the AVX2
 path an AVX2-only CPU takes, on an AVX-512 machine, in the same run.
+--matmul measures each binary once per CPU matmul path (DCPSERVE_CPU_MATMUL: what
+`--cpu-matmul auto` means), e.g. `f32,int8` to compare the two on every file and level.
 --quant measures the same rows on requantized versions of the model too, made with the
 peer install's `llama-quantize --allow-requantize` (cached under models/requant/); the
 model given by --model (default: the shipped Q4_1 file) is always measured first.
@@ -71,10 +73,12 @@ def llama_cpp(bin_dir, model, threads, prompt, decode, batch):
     return {"prefill_tok_s": pp, "decode_1_tok_s": tg, "decode_batch_tok_s": s_tg}
 
 
-def dcpserve(exe, isa, model, threads, prompt, decode, batch):
+def dcpserve(exe, isa, matmul, model, threads, prompt, decode, batch):
     env = dict(os.environ, RUST_LOG="warn")
     if isa:
         env["DCPSERVE_CPU_ISA"] = isa
+    if matmul:
+        env["DCPSERVE_CPU_MATMUL"] = matmul
     out = run([str(exe), "bench-engine", "--model", str(model), "--threads", str(threads),
                "--prompt-tokens", str(prompt), "--decode-tokens", str(decode), "--batch", str(batch),
                "--repeats", "1"], env=env)
@@ -95,6 +99,8 @@ def main():
     ap.add_argument("--model", default=str(MODEL), help="the GGUF file (default: the shipped Q4_1)")
     ap.add_argument("--quant", default="", help="comma-separated llama-quantize types (Q4_K_M, "
                     "Q5_K_M, Q6_K, ...) to measure too, requantized from --model")
+    ap.add_argument("--matmul", default="", help="comma-separated CPU matmul paths (f32, int8) to "
+                    "measure each binary with (DCPSERVE_CPU_MATMUL); default: what auto picks")
     a = ap.parse_args()
     run(["bash", str(ROOT / "scripts" / "fetch-default-model.sh")])
     exes = []
@@ -108,8 +114,10 @@ def main():
         exes = [("dcpserve", ROOT / "target" / "release" / "dcpserve")]
     bin_dir = llama_bin_dir()
     isas = [i.strip() for i in a.isa.split(",") if i.strip()] or [""]
-    # (label, binary, kernel level cap) of every configuration of ours.
-    configs = [(f"{label}@{isa}" if isa else label, exe, isa) for label, exe in exes for isa in isas]
+    matmuls = [m.strip() for m in a.matmul.split(",") if m.strip()] or [""]
+    # (label, binary, kernel level cap, matmul path) of every configuration of ours.
+    configs = [(label + (f"@{isa}" if isa else "") + (f"/{mm}" if mm else ""), exe, isa, mm)
+               for label, exe in exes for isa in isas for mm in matmuls]
     models = [("", Path(a.model).resolve())]
     models += [(q, requantize(bin_dir, Path(a.model).resolve(), q))
                for q in a.quant.split(",") if q.strip()]
@@ -120,13 +128,13 @@ def main():
 
 def measure(a, bin_dir, configs, model):
     keys = ["prefill_tok_s", "decode_1_tok_s", "decode_batch_tok_s"]
-    ours = {label: {k: [] for k in keys} for label, _, _ in configs}
+    ours = {label: {k: [] for k in keys} for label, _, _, _ in configs}
     peer = {k: [] for k in keys}
     # Alternate the engines within each round so that slow drifts of a noisy machine hit all alike.
     for i in range(a.repeats):
         line = []
-        for label, exe, isa in configs:
-            o = dcpserve(exe, isa, model, a.threads, a.prompt_tokens, a.decode_tokens, a.batch)
+        for label, exe, isa, matmul in configs:
+            o = dcpserve(exe, isa, matmul, model, a.threads, a.prompt_tokens, a.decode_tokens, a.batch)
             for k in keys:
                 ours[label][k].append(o[k])
             line.append(f"{label} {o}")
@@ -137,12 +145,12 @@ def measure(a, bin_dir, configs, model):
     names = {"prefill_tok_s": f"prefill ({a.prompt_tokens}-token prompt)",
              "decode_1_tok_s": "decode, 1 sequence",
              "decode_batch_tok_s": f"decode, {a.batch} sequences (aggregate)"}
-    head = "".join(f" {label:>16} {'ratio':>7}" for label, _, _ in configs)
+    head = "".join(f" {label:>16} {'ratio':>7}" for label, _, _, _ in configs)
     print(f"{'measure':40}{head} {'llama.cpp':>10}   (tok/s, medians of {a.repeats}, {a.threads} threads; ratio = / llama.cpp)")
     for k in keys:
         p = statistics.median(peer[k])
         cols = ""
-        for label, _, _ in configs:
+        for label, _, _, _ in configs:
             o = statistics.median(ours[label][k])
             cols += f" {o:16.1f} {o / p:7.2f}"
         print(f"{names[k]:40}{cols} {p:10.1f}")
