@@ -220,3 +220,55 @@ fn masks_are_computed_at_decide_time_when_not_prepared() {
     }
     assert_eq!(out, vec![b'a' as u32, b'b' as u32, eos()]);
 }
+
+#[test]
+fn greedy_without_logprobs_checks_the_favourite_first_and_matches_the_mask() {
+    // Greedy, no log-probabilities: the sampler tries the unconstrained argmax against the
+    // grammar before computing a mask. Its choice must be the masked argmax at every step,
+    // whether the favourite is allowed (even steps) or not (odd steps: 'x' is favoured,
+    // the path's token comes second); the reference is a separate matcher's full mask.
+    let schema = r#"{"type":"object","properties":{"a":{"type":"boolean"}},"required":["a"],"additionalProperties":false}"#;
+    let c = OutputConstraint::JsonSchema(schema.into());
+    let path = [
+        id("{\""),
+        b'a' as u32,
+        id("\": "),
+        id("true"),
+        b'}' as u32,
+        eos(),
+    ];
+    let mut s = sampler(c.clone(), 0.0, 1, &[]);
+    s.params.logprobs = None;
+    let compiler = source()().unwrap();
+    let mut reference = compiler.matcher(&c).unwrap();
+    let mut rng = Rng::new(9);
+    let mut out = Vec::new();
+    for (step, &next) in path.iter().enumerate() {
+        let mut l = logits(
+            &mut rng,
+            Some(if step % 2 == 0 { next } else { b'x' as u32 }),
+        );
+        if step % 2 == 1 {
+            l[next as usize] = 40.0;
+        }
+        let mut masked = l.clone();
+        let mask = reference.mask();
+        mask.apply(&mut masked);
+        let want = dcpserve_kernels::argmax(&masked);
+        assert_eq!(want, next, "step {step}: the path is allowed");
+        s.prepare_masks(&[]);
+        let g = s.grammar.as_ref().unwrap();
+        assert!(
+            g.matcher.is_some() && g.masks.is_empty(),
+            "matcher only, no mask"
+        );
+        let (got, accepted) = s.decide(&[&l], &[], None);
+        assert_eq!((got.len(), accepted), (1, 0));
+        assert_eq!(got[0].token_id, want, "step {step}");
+        assert!(got[0].logprob.is_none());
+        out.push(want);
+        reference.consume(&[want]).unwrap();
+    }
+    let v: serde_json::Value = serde_json::from_str(&text(&out)).unwrap();
+    assert_eq!(v["a"], serde_json::Value::Bool(true));
+}

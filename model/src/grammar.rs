@@ -250,6 +250,17 @@ impl GrammarMatcher {
         TokenMask::from_tokens(n, &[self.eos])
     }
 
+    /// Whether `token` may come next: what `self.mask().allows(token)` answers, at the
+    /// cost of walking one token through the grammar instead of the whole vocabulary.
+    /// The end-of-sequence token and a finished or failed matcher are answered through
+    /// the mask (where end-of-sequence has its own rules).
+    pub fn allows_next(&mut self, token: u32) -> bool {
+        if token == self.eos || self.matcher.is_stopped() {
+            return self.mask().allows(token);
+        }
+        self.matcher.validate_tokens(&[token]).is_ok_and(|n| n == 1)
+    }
+
     /// Advances past `tokens` (each must be allowed in turn). An end-of-sequence token
     /// finishes the grammar. On error the matcher is left failed (its masks allow only
     /// end-of-sequence) and the engine's message is returned.
@@ -378,6 +389,60 @@ mod tests {
         assert_eq!(m.mask(), masks[0]);
         m.consume(&good).unwrap();
         assert_eq!(m.mask(), masks[3]);
+    }
+
+    #[test]
+    fn allows_next_answers_as_the_mask_does() {
+        // Every token of the vocabulary, at every position along a schema-valid output
+        // and along a choice up to after its end: the one-token check and the mask agree.
+        let (c, words) = compiler();
+        let eos = words.len() as u32 - 1;
+        let schema = r#"{"type":"object","properties":{"a":{"type":"boolean"}},"required":["a"],"additionalProperties":false}"#;
+        let cases = [
+            (
+                OutputConstraint::JsonSchema(schema.into()),
+                vec![
+                    id(&words, "{\""),
+                    b'a' as u32,
+                    id(&words, "\": "),
+                    id(&words, "true"),
+                    b'}' as u32,
+                    eos,
+                ],
+            ),
+            (
+                OutputConstraint::Choice(vec!["yes".into(), "no".into()]),
+                vec![b'y' as u32, b'e' as u32, b's' as u32, eos],
+            ),
+            (
+                OutputConstraint::Regex("[0-9]+".into()),
+                vec![b'4' as u32, b'2' as u32, eos],
+            ),
+        ];
+        for (constraint, path) in cases {
+            let mut m = c.matcher(&constraint).unwrap();
+            let mut allowed_seen = 0;
+            for step in 0..=path.len() {
+                let mask = m.mask();
+                for t in 0..words.len() as u32 {
+                    assert_eq!(
+                        m.allows_next(t),
+                        mask.allows(t),
+                        "{constraint:?}, step {step}, token {t} ({:?})",
+                        String::from_utf8_lossy(&words[t as usize])
+                    );
+                }
+                allowed_seen += mask.count();
+                if let Some(&t) = path.get(step) {
+                    m.consume(&[t]).unwrap();
+                }
+            }
+            assert!(m.is_finished(), "{constraint:?}");
+            assert!(
+                allowed_seen > path.len(),
+                "{constraint:?}: the masks allowed tokens"
+            );
+        }
     }
 
     #[test]
