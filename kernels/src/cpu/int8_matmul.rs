@@ -46,11 +46,11 @@ mod transcode;
 /// the engine config; the environment variable `DCPSERVE_CPU_MATMUL` (same names)
 /// decides what `auto` means.
 ///
-/// `auto` means `f32` today: on the default model (SmolLM2-135M Q4_1) int8
-/// activations moved prompt logprobs by up to ~1 against the f32 path (which equals
-/// the transformers reference) and changed the greedy chat answer, while the kernels
-/// were only 1.0–1.45× faster on this machine (see `tests/default_model.rs`,
-/// `int8_activations_on_the_default_model`).
+/// `auto` means `f32` on every weight type and CPU level, as measured (README, "The
+/// accuracy rule for int8 activations"): on K-quant weights the int8 path is slower at
+/// every level, on Q4_1 it is slower with AVX2 alone, and where it is faster (Q4_1 with
+/// AVX-512 VNNI, by 6–12%) it changes the default model's greedy chat answer (see
+/// `tests/default_model.rs`, `int8_activations_on_the_default_model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CpuMatmul {
