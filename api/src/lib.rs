@@ -36,6 +36,7 @@ pub mod http;
 pub mod limits;
 pub mod metrics;
 pub mod reasoning;
+pub mod request_fields;
 pub mod router;
 pub mod routes;
 pub mod sse;

@@ -2,7 +2,8 @@
 //!
 //! Requests keep fields that take several shapes (`prompt`, `stop`, `messages`) as raw JSON
 //! so that the `validation` module can answer precise messages instead of serde's "did not
-//! match any variant". Unknown fields are ignored, as OpenAI's own server and vLLM do.
+//! match any variant". A field no type here reads is refused by name
+//! ([`crate::request_fields`]), as OpenAI's own server does.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

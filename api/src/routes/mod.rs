@@ -11,6 +11,7 @@ use warp::reply::Response;
 
 use crate::backend::ModelBackend;
 use crate::errors::ApiError;
+use crate::request_fields::{reject_unknown, KnownFields};
 
 /// A 200 JSON response.
 pub fn json<T: Serialize>(value: &T) -> Response {
@@ -26,15 +27,21 @@ pub fn json<T: Serialize>(value: &T) -> Response {
 }
 
 /// Parses a JSON body into `T`, answering 400 with serde's explanation (wrong types,
-/// missing fields, malformed JSON).
-pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+/// missing fields, malformed JSON), or naming a field `T` does not read
+/// ([`reject_unknown`]).
+pub fn parse_body<T: serde::de::DeserializeOwned + KnownFields>(
+    body: &[u8],
+) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request(
             "The request body is empty: send a JSON object.",
         ));
     }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
+    let invalid =
+        |e: serde_json::Error| ApiError::bad_request(format!("Invalid request body: {e}"));
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(invalid)?;
+    reject_unknown::<T>(&value)?;
+    serde_json::from_value(value).map_err(invalid)
 }
 
 /// The text of one token as logprobs show it (`token_id:{id}` when the request asked for
