@@ -119,8 +119,9 @@ async fn mla_layouts_and_preemption_equal_single_rank_with_the_same_cache_type()
             let got = run(&model, c, &prompts, 8).await;
             assert_layout_same(&base, &got, &format!("MLA {dt} tp={tp} dcp={dcp} I={i}"));
         }
-        // 3 layers × (32 + 8) latent values per token; 20 blocks of 16 tokens per rank.
-        let tight = (3 * 40 * dt.bytes() * 16 * 20) as u64;
+        // 3 layers × (32 + 8) latent values per token (and FP8's scale byte per row);
+        // 20 blocks of 16 tokens per rank.
+        let tight = (3 * dt.row_bytes(40) * 16 * 20) as u64;
         let base = run(&model, typed(dt, cfg(layout(1, 1, 1), 256, big)), &pre, 40).await;
         let c = typed(dt, cfg(layout(4, 2, 2), 256, tight));
         let (got, stats) = run_stats(&model, c, &pre, 40).await;

@@ -308,7 +308,8 @@ mod tests {
             kv_bytes_per_token(&cfg, 8, KvCacheDType::BF16),
             61 * 576 * 2
         );
-        assert_eq!(kv_bytes_per_token(&cfg, 8, KvCacheDType::Fp8E4M3), 61 * 576);
+        // FP8: a value byte each and one scale byte per latent row.
+        assert_eq!(kv_bytes_per_token(&cfg, 8, KvCacheDType::Fp8E4M3), 61 * 577);
         let budget: u64 = 16 << 30;
         let block = 16;
         println!(
