@@ -100,7 +100,7 @@ pub(crate) fn check_fp8_store(
     width: usize,
 ) -> Result<(), KernelError> {
     match fp8_row_len {
-        Some(r) if r == 0 || width % r != 0 => Err(KernelError::Shape(format!(
+        Some(r) if r == 0 || !width.is_multiple_of(r) => Err(KernelError::Shape(format!(
             "{what}: rows of {width} values do not cover whole FP8 rows of {r} (one scale per row)"
         ))),
         _ => Ok(()),
@@ -109,7 +109,7 @@ pub(crate) fn check_fp8_store(
 
 /// An FP8 buffer of `len` values in rows of `row_len`.
 pub(crate) fn check_fp8_rows(len: usize, row_len: usize) -> Result<(), KernelError> {
-    if row_len == 0 || len % row_len != 0 {
+    if row_len == 0 || !len.is_multiple_of(row_len) {
         return Err(KernelError::Shape(format!(
             "an FP8 KV cache of {len} values cannot be split into rows of {row_len} (one scale per row)"
         )));
@@ -123,7 +123,7 @@ pub(crate) fn check_row_aligned(
     range: &Range<usize>,
     row_len: usize,
 ) -> Result<(), KernelError> {
-    if row_len == 0 || range.start % row_len != 0 || range.end % row_len != 0 {
+    if row_len == 0 || !range.start.is_multiple_of(row_len) || !range.end.is_multiple_of(row_len) {
         return Err(KernelError::Shape(format!(
             "{what} {range:?} does not cover whole FP8 rows of {row_len} values (one scale per row)"
         )));

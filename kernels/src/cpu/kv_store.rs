@@ -200,7 +200,7 @@ impl KvStore {
 /// splits a row would lose the row's scale).
 fn whole_rows(range: &Range<usize>, row_len: usize) -> Range<usize> {
     assert!(
-        range.start % row_len == 0 && range.end % row_len == 0,
+        range.start.is_multiple_of(row_len) && range.end.is_multiple_of(row_len),
         "FP8 KV view {range:?} splits rows of {row_len}"
     );
     range.start / row_len..range.end / row_len
