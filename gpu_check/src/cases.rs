@@ -174,8 +174,8 @@ impl HostOp for Paged {
         let tables = self.tables();
         let n_blocks = tables.iter().flatten().max().map_or(0, |&b| b as usize + 1);
         let row = NKV * HD;
-        let mut kc = dev.kv_zeros(self.dtype, n_blocks * BS * row)?;
-        let mut vc = dev.kv_zeros(self.dtype, n_blocks * BS * row)?;
+        let mut kc = dev.kv_zeros(self.dtype, n_blocks * BS * row, HD)?;
+        let mut vc = dev.kv_zeros(self.dtype, n_blocks * BS * row, HD)?;
         let mut slots = Vec::new();
         for (s, &l) in self.lens.iter().enumerate() {
             for j in 0..l {
@@ -280,7 +280,7 @@ impl HostOp for Latent {
     fn run<B: Backend>(&self, dev: &B) -> Result<Vec<Vec<f32>>, KernelError> {
         let n_blocks = self.len.div_ceil(BS);
         let table: Vec<u32> = (0..n_blocks as u32).rev().collect();
-        let mut cache = dev.kv_zeros(self.dtype, n_blocks * BS * LAT_DIM)?;
+        let mut cache = dev.kv_zeros(self.dtype, n_blocks * BS * LAT_DIM, LAT_DIM)?;
         let slots: Vec<usize> = (0..self.len)
             .map(|j| table[j / BS] as usize * BS + j % BS)
             .collect();

@@ -15,10 +15,20 @@
 //!   largest finite 57344, smallest normal 2⁻¹⁴, subnormals down to 2⁻¹⁶; relative
 //!   error at most 2⁻³.
 //!
-//! FP8 values are stored as `x / scale` and read back as `code · scale` with one
-//! per-tensor scale, as vLLM does; without calibrated scales vLLM uses 1.0, and so does
-//! dcpserve (see [`KvCacheDType::default_scale`]). Encoding saturates to the largest
-//! finite value (vLLM clamps before converting too) and rounds to nearest even.
+//! FP8 values carry a **scale per cached row** (one KV head of one token for GQA's K and
+//! V, one token's latent row for MLA), computed when the row is written: the power of two
+//! `2^e` that brings the row's largest magnitude just under the format's largest finite
+//! value (`max|x| / 2^e ∈ (max/2, max]`), stored as one byte beside the row (OCP's E8M0:
+//! `e + 127`, see [`KvCacheDType::fp8_row_exponent`]). A value is stored as the code of
+//! `x / 2^e` and read back as `code · 2^e`; both multiplications by a power of two are
+//! exact, so the only rounding is the FP8 one, and every value of the row down to
+//! `max|x|·2⁻¹³` (E5M2: `2⁻²⁸`) stays a normal number, within the type's relative
+//! error. With vLLM's one per-tensor scale of 1.0 instead, values under 2⁻⁶ became
+//! subnormals (or zero) and values over 448 saturated. Row scales need no calibration,
+//! follow their rows wherever a layout stores them, and cost one byte per row
+//! ([`KvCacheDType::row_bytes`]: 1/64 more for a 64-wide head). Encoding rounds to
+//! nearest even and saturates (only an infinite input reaches the saturation); NaN
+//! stays NaN.
 
 use std::fmt;
 
@@ -43,10 +53,10 @@ pub enum KvCacheDType {
     /// bfloat16.
     #[serde(rename = "bfloat16")]
     BF16,
-    /// OCP FP8 E4M3 (finite-only), with a per-tensor scale.
+    /// OCP FP8 E4M3 (finite-only), with a power-of-two scale per cached row.
     #[serde(rename = "fp8_e4m3", alias = "fp8")]
     Fp8E4M3,
-    /// OCP FP8 E5M2, with a per-tensor scale.
+    /// OCP FP8 E5M2, with a power-of-two scale per cached row.
     #[serde(rename = "fp8_e5m2")]
     Fp8E5M2,
 }
@@ -105,14 +115,93 @@ impl KvCacheDType {
         }
     }
 
-    /// The per-tensor scale a cache of this type starts with: 1.0, vLLM's default when
-    /// the checkpoint has no calibrated `k_scale` / `v_scale`. Trained models' K and V
-    /// are O(1)–O(10), well inside E4M3's normal range [2⁻⁶, 448], where the relative
-    /// error is 2⁻⁴ whatever the scale; a smaller scale would only matter for values
-    /// under 2⁻⁶ (flushed towards subnormals), which contribute little to attention
-    /// scores and outputs. dcpserve does not calibrate scales.
-    pub const fn default_scale(self) -> f32 {
-        1.0
+    /// Bytes of the scale stored with each cached row: 1 for the FP8 types (an E8M0
+    /// exponent), 0 for the others.
+    pub const fn scale_bytes(self) -> usize {
+        if self.is_fp8() {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// Bytes one cached row of `row_len` values occupies: the values and, for FP8, the
+    /// row's scale. Every capacity computation counts through this.
+    ///
+    /// ```
+    /// use dcpserve_kernels::KvCacheDType;
+    /// assert_eq!(KvCacheDType::BF16.row_bytes(64), 128);
+    /// assert_eq!(KvCacheDType::Fp8E4M3.row_bytes(64), 65);
+    /// ```
+    pub const fn row_bytes(self, row_len: usize) -> usize {
+        row_len * self.bytes() + self.scale_bytes()
+    }
+
+    /// The E8M0 byte `e + 127` of the scale `2^e` of an FP8 row whose largest magnitude
+    /// is `max_abs`: the smallest `e` in `[-126, 126]` with `max_abs / 2^e` ≤ the
+    /// format's largest finite value, so the row's largest value lands in the top binade
+    /// of the format and nothing saturates. Rows of zeros (or tiny values) get `e = -126`;
+    /// an infinite `max_abs` gets 126. Meaningful for the FP8 types only.
+    ///
+    /// ```
+    /// use dcpserve_kernels::{fp8_scale_value, KvCacheDType};
+    /// let b = KvCacheDType::Fp8E4M3.fp8_row_exponent(0.01);
+    /// // 0.01 / 2⁻¹⁵ = 327.68 ≤ 448, and 0.01 / 2⁻¹⁶ > 448.
+    /// assert_eq!(fp8_scale_value(b), 2f32.powi(-15));
+    /// ```
+    pub fn fp8_row_exponent(self, max_abs: f32) -> u8 {
+        const LO: i32 = -126;
+        const HI: i32 = 126;
+        let f = self.fp8_format();
+        let q = max_abs / f.max;
+        if q.is_infinite() {
+            // (Not settled below: the format's maximum · 2^e overflows to +inf there.)
+            return (HI + 127) as u8;
+        }
+        let mut e = if q.is_nan() || q < pow2(LO) {
+            LO
+        } else {
+            // ⌈log₂ q⌉ from the bits of q (a normal f32 here).
+            let bits = q.to_bits();
+            let exp = ((bits >> 23) & 0xFF) as i32 - 127;
+            (exp + i32::from(bits & 0x7F_FFFF != 0)).clamp(LO, HI)
+        };
+        // `q` was rounded: settle on the smallest fitting e by exact comparisons
+        // (max · 2^e is exact, or +inf).
+        while e < HI && max_abs > f.max * pow2(e) {
+            e += 1;
+        }
+        while e > LO && max_abs <= f.max * pow2(e - 1) {
+            e -= 1;
+        }
+        (e + 127) as u8
+    }
+
+    /// Encodes one row for the cache: the FP8 codes of `src / 2^e` into `codes` and
+    /// the row's scale byte (see [`KvCacheDType::fp8_row_exponent`]) as the result.
+    /// The CUDA kernels (`kv.cu`) do the same step by step. Panics when the lengths
+    /// differ.
+    ///
+    /// ```
+    /// use dcpserve_kernels::{fp8_scale_value, KvCacheDType};
+    /// let dt = KvCacheDType::Fp8E4M3;
+    /// let mut codes = [0u8; 2];
+    /// // Unscaled, 1000 would saturate at 448.
+    /// let s = fp8_scale_value(dt.encode_fp8_row(&[1000.0, -0.1], &mut codes));
+    /// assert_eq!((s, dt.decode_fp8(codes[0]) * s), (4.0, 1024.0));
+    /// // Unscaled, 0.001 would round to E4M3's smallest subnormal 2⁻⁹ ≈ 0.00195.
+    /// let s = fp8_scale_value(dt.encode_fp8_row(&[0.003, -0.001], &mut codes));
+    /// assert!((dt.decode_fp8(codes[1]) * s + 0.001).abs() <= 0.001 / 16.0);
+    /// ```
+    pub fn encode_fp8_row(self, src: &[f32], codes: &mut [u8]) -> u8 {
+        assert_eq!(src.len(), codes.len(), "FP8 row lengths");
+        let max_abs = src.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let b = self.fp8_row_exponent(max_abs);
+        let inv = pow2(127 - b as i32);
+        for (c, &x) in codes.iter_mut().zip(src) {
+            *c = self.encode_fp8(x * inv);
+        }
+        b
     }
 
     /// Largest relative rounding error of one stored normal value: 0 for f32, 2⁻⁸ for
@@ -186,6 +275,26 @@ impl KvCacheDType {
     pub fn fp8_table(self) -> [f32; 256] {
         std::array::from_fn(|c| self.decode_fp8(c as u8))
     }
+}
+
+/// `2^p` for `p` in f32's normal exponent range `[-126, 127]`.
+#[inline(always)]
+fn pow2(p: i32) -> f32 {
+    f32::from_bits(((p + 127) as u32) << 23)
+}
+
+/// The value of an FP8 row's scale byte (E8M0: `2^(b − 127)`). The byte 0, which a
+/// zeroed cache holds for rows never written, reads as 0 (their codes are 0 too).
+///
+/// ```
+/// use dcpserve_kernels::fp8_scale_value;
+/// assert_eq!(fp8_scale_value(127), 1.0);
+/// assert_eq!(fp8_scale_value(120), 2f32.powi(-7));
+/// assert_eq!(fp8_scale_value(0), 0.0);
+/// ```
+#[inline(always)]
+pub fn fp8_scale_value(b: u8) -> f32 {
+    f32::from_bits((b as u32) << 23)
 }
 
 /// bf16 bits of `x`, rounded to nearest even (NaN stays a quiet NaN).
@@ -325,6 +434,87 @@ mod tests {
             assert_eq!(dt.decode_fp8(dt.encode_fp8(f32::INFINITY)) as f64, max);
             assert_eq!(dt.decode_fp8(dt.encode_fp8(-1e30)) as f64, -max);
         }
+    }
+
+    /// Row scales against an f64 reference: the exponent is the smallest that fits the
+    /// row's largest magnitude under the format's maximum, every value is the nearest
+    /// code of `x / 2^e` (searched in f64) times `2^e`, and values down to
+    /// `max·2^-(normal range)` keep the format's relative precision.
+    #[test]
+    fn fp8_rows_are_scaled_by_the_smallest_fitting_power_of_two() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for dt in [KvCacheDType::Fp8E4M3, KvCacheDType::Fp8E5M2] {
+            let finite: Vec<f64> = (0..=255u8)
+                .filter_map(|c| ocp_value(dt, c).filter(|v| v.is_finite()))
+                .collect();
+            let fmax = finite.iter().fold(0.0, |m: f64, v| m.max(*v));
+            let nearest_value = |x: f64| {
+                let mut best = (f64::INFINITY, 0.0);
+                for &v in &finite {
+                    if (v - x).abs() < best.0 {
+                        best = ((v - x).abs(), v);
+                    }
+                }
+                best.1
+            };
+            // The scaled maximum is over half the format's; normals reach down to 2⁻⁶ (E4M3)
+            // and 2⁻¹⁴ (E5M2).
+            let normal_range = if dt == KvCacheDType::Fp8E4M3 { 13 } else { 28 };
+            for case in 0..400 {
+                // Magnitudes from 1e-30 to 1e30, including exact powers of two and the
+                // format's maximum times a power of two (the boundary of the exponent).
+                let top = 10f64.powf(rnd() * 60.0 - 30.0);
+                let row: Vec<f32> = (0..16)
+                    .map(|i| match (case % 4, i) {
+                        (1, 0) => (2f64.powi((rnd() * 80.0) as i32 - 40)) as f32,
+                        (2, 0) => (fmax * 2f64.powi((rnd() * 80.0) as i32 - 40)) as f32,
+                        _ => ((rnd() * 2.0 - 1.0) * top) as f32,
+                    })
+                    .collect();
+                let mut codes = [0u8; 16];
+                let b = dt.encode_fp8_row(&row, &mut codes);
+                let e = b as i32 - 127;
+                let max = row.iter().fold(0.0f64, |m, x| m.max(x.abs() as f64));
+                assert!(
+                    max / 2f64.powi(e) <= fmax,
+                    "{dt} row {case}: e={e} too small"
+                );
+                if e > -126 {
+                    assert!(
+                        max / 2f64.powi(e - 1) > fmax,
+                        "{dt} row {case}: e={e} too big"
+                    );
+                }
+                let s = fp8_scale_value(b) as f64;
+                assert_eq!(s, 2f64.powi(e));
+                for (&x, &c) in row.iter().zip(&codes) {
+                    let x = x as f64;
+                    let got = dt.decode_fp8(c) as f64 * s;
+                    let want = nearest_value(x / s).abs().copysign(x) * s;
+                    assert_eq!(got.abs(), want.abs(), "{dt} row {case}: x={x}");
+                    if x.abs() >= max * 2f64.powi(-normal_range) {
+                        let rel = ((got - x) / x).abs();
+                        assert!(rel <= dt.relative_precision() as f64, "{dt} x={x}: {rel}");
+                    }
+                }
+            }
+            // Zeros, infinities and NaN do not break the row.
+            let mut codes = [0u8; 3];
+            let b = dt.encode_fp8_row(&[0.0, -0.0, 0.0], &mut codes);
+            assert_eq!((b, codes.map(|c| dt.decode_fp8(c))), (1, [0.0; 3]));
+            let b = dt.encode_fp8_row(&[f32::INFINITY, 1.0, f32::NAN], &mut codes);
+            assert_eq!(b, 253);
+            assert_eq!(dt.decode_fp8(codes[0]) * fp8_scale_value(b), f32::INFINITY);
+            assert!(dt.decode_fp8(codes[2]).is_nan());
+        }
+        assert_eq!(KvCacheDType::Fp8E4M3.row_bytes(64), 65);
+        assert_eq!(KvCacheDType::F32.row_bytes(64), 256);
     }
 
     #[test]

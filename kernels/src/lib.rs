@@ -55,7 +55,7 @@ pub use dcp::{merge_partials, DcpAttention, Layout, MergeExchange, Placement};
 pub use device::{CudaGraphs, Device, GpuMatmul};
 pub use dtype::{DType, QK_K};
 pub use error::KernelError;
-pub use kv_dtype::KvCacheDType;
+pub use kv_dtype::{fp8_scale_value, KvCacheDType};
 pub use latent_attention::{latent_attention, latent_attention_typed, LatentBatch};
 pub use link_model::{LinkModel, ModeledLink};
 pub use matmul::{matmul, matmul_fast, matmul_with_precision};

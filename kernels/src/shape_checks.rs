@@ -4,6 +4,7 @@
 use crate::backend::{PagedAttentionParams, Strided};
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::KvCacheDType;
+use std::ops::Range;
 
 /// Checks that `rows` rows of `width` values, `stride` apart and starting `offset`
 /// into each row, fit in `len` values.
@@ -75,14 +76,69 @@ pub(crate) fn check_write_kv(
     Ok(row)
 }
 
+/// An FP8 cache keeps one scale per row of its `row_len` values (`fp8_row_len`; `None`
+/// for the other types): an op that reads or writes one head's (or one latent) row of
+/// `width` values at a time needs the cache's rows to be exactly those rows.
+pub(crate) fn check_fp8_row(
+    what: &str,
+    fp8_row_len: Option<usize>,
+    width: usize,
+) -> Result<(), KernelError> {
+    match fp8_row_len {
+        Some(r) if r != width => Err(KernelError::Shape(format!(
+            "{what}: the FP8 cache is scaled per row of {r} values, but the op's rows have {width}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A store of rows of `width` values into an FP8 cache scaled per `fp8_row_len` values
+/// (`None`: not FP8) must write whole scaled rows: `width` a multiple of them.
+pub(crate) fn check_fp8_store(
+    what: &str,
+    fp8_row_len: Option<usize>,
+    width: usize,
+) -> Result<(), KernelError> {
+    match fp8_row_len {
+        Some(r) if r == 0 || !width.is_multiple_of(r) => Err(KernelError::Shape(format!(
+            "{what}: rows of {width} values do not cover whole FP8 rows of {r} (one scale per row)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// An FP8 buffer of `len` values in rows of `row_len`.
+pub(crate) fn check_fp8_rows(len: usize, row_len: usize) -> Result<(), KernelError> {
+    if row_len == 0 || !len.is_multiple_of(row_len) {
+        return Err(KernelError::Shape(format!(
+            "an FP8 KV cache of {len} values cannot be split into rows of {row_len} (one scale per row)"
+        )));
+    }
+    Ok(())
+}
+
+/// `range` starts and ends on row boundaries of `row_len` (FP8 views and stores).
+pub(crate) fn check_row_aligned(
+    what: &str,
+    range: &Range<usize>,
+    row_len: usize,
+) -> Result<(), KernelError> {
+    if row_len == 0 || !range.start.is_multiple_of(row_len) || !range.end.is_multiple_of(row_len) {
+        return Err(KernelError::Shape(format!(
+            "{what} {range:?} does not cover whole FP8 rows of {row_len} values (one scale per row)"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a paged GQA attention call: head counts, the lengths of `q`, `out` and `lse`
-/// (`q_out_lse`), the K and V caches (`(elements, dtype)` each) and every token's block
-/// table.
+/// (`q_out_lse`), the K and V caches (`(elements, dtype, FP8 row length)` each: FP8
+/// caches must be scaled per `head_dim` row) and every token's block table.
 pub(crate) fn check_paged_attention(
     p: &PagedAttentionParams<'_>,
     (q_len, out_len, lse_len): (usize, usize, usize),
-    (k_len, k_dtype): (usize, KvCacheDType),
-    (v_len, v_dtype): (usize, KvCacheDType),
+    (k_len, k_dtype, k_rows): (usize, KvCacheDType, Option<usize>),
+    (v_len, v_dtype, v_rows): (usize, KvCacheDType, Option<usize>),
 ) -> Result<(), KernelError> {
     let (nq, nkv, hd) = (p.n_q_heads, p.n_kv_heads, p.head_dim);
     if nkv == 0 || nq % nkv != 0 || p.batch.block_size == 0 {
@@ -101,6 +157,8 @@ pub(crate) fn check_paged_attention(
             "K cache is {k_dtype}, V cache {v_dtype}: both must have one element type"
         )));
     }
+    check_fp8_row("attention K cache", k_rows, hd)?;
+    check_fp8_row("attention V cache", v_rows, hd)?;
     let row = nkv * hd;
     let n_blocks = if row == 0 {
         0
@@ -238,6 +296,16 @@ mod tests {
             .to_string()
         );
         assert_eq!(check_write_kv((24, 24), 0, 4, &[7], (0, 0)).unwrap(), 0);
+    }
+
+    #[test]
+    fn fp8_rows_must_match_the_ops_rows() {
+        assert!(check_fp8_row("a", None, 8).is_ok());
+        assert!(check_fp8_row("a", Some(8), 8).is_ok());
+        assert!(check_fp8_row("a", Some(4), 8).is_err());
+        assert!(check_fp8_store("s", Some(4), 8).is_ok());
+        assert!(check_fp8_store("s", Some(8), 12).is_err());
+        assert!(check_fp8_store("s", None, 12).is_ok());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use futures::StreamExt;
 
-use dcpserve_kernels::dcp::{DcpAttention, DcpShape};
+use dcpserve_kernels::dcp::{kv_bytes_per_token, DcpAttention, DcpShape};
 use dcpserve_kernels::{
     Communicator, CpuBackend, HostCollectives, InProcessComm, KernelError, KvCacheDType, LinkModel,
     ModeledLink,
@@ -195,7 +195,7 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
     let mspec = model_spec(spec.context.max(spec.capacity_context), spec.query_heads);
     write_synthetic_llama(&dir, &mspec)?;
     // One KV head per rank, K and V.
-    let per_token = 2 * mspec.layers * mspec.head_dim * spec.kv_cache_dtype.bytes();
+    let per_token = kv_bytes_per_token(mspec.layers, 2, mspec.head_dim, spec.kv_cache_dtype);
     let mut report = String::new();
     let tp = spec.tp;
 

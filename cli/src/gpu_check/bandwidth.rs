@@ -60,9 +60,9 @@ pub fn decode_attention_gb_s<B: Backend>(
     let elems = seqs * blocks_per * BS * row;
     // The cache's contents do not change the work; zeros avoid a multi-GB upload.
     let kc = dev
-        .kv_zeros(dtype, elems)
+        .kv_zeros(dtype, elems, HD)
         .with_context(|| format!("a {context}-token bf16 cache"))?;
-    let vc = dev.kv_zeros(dtype, elems)?;
+    let vc = dev.kv_zeros(dtype, elems, HD)?;
     let tables: Vec<Vec<u32>> = (0..seqs)
         .map(|s| ((s * blocks_per) as u32..((s + 1) * blocks_per) as u32).collect())
         .collect();

@@ -65,7 +65,7 @@ pub trait DeviceMemory: Send + Sync {
 }
 
 /// KV-cache buffers: elements stored in a chosen [`KvCacheDType`] (f32, bf16 or FP8 with
-/// a per-tensor scale), converted by the attention ops on store and on read.
+/// a scale per row), converted by the attention ops on store and on read.
 pub trait KvStorage: DeviceMemory {
     /// An owned KV-cache buffer.
     type KvBuffer: Send + Sync;
@@ -78,8 +78,16 @@ pub trait KvStorage: DeviceMemory {
     where
         Self: 'a;
 
-    /// A KV-cache buffer of `len` zero elements of `dtype`.
-    fn kv_zeros(&self, dtype: KvCacheDType, len: usize) -> Result<Self::KvBuffer, KernelError>;
+    /// A KV-cache buffer of `len` zero elements of `dtype`, in rows of `row_len` values
+    /// (one KV head's `head_dim`, or MLA's latent width): FP8 keeps one scale per row
+    /// beside the codes, so for FP8 `row_len` must divide `len`, views must cover whole
+    /// rows, and attention must read rows of exactly `row_len`.
+    fn kv_zeros(
+        &self,
+        dtype: KvCacheDType,
+        len: usize,
+        row_len: usize,
+    ) -> Result<Self::KvBuffer, KernelError>;
     /// Elements in a KV-cache buffer.
     fn kv_len(&self, buf: &Self::KvBuffer) -> usize;
     /// Elements `range` of a KV-cache buffer, read-only.

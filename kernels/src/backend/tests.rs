@@ -56,7 +56,7 @@ fn kv_host<B: Backend>(dev: &B, buf: &B::KvBuffer) -> Vec<f32> {
 
 /// A KV buffer of `dt` holding `rows` (`width`-wide), stored through `write_rows`.
 fn kv_upload<B: Backend>(dev: &B, dt: KvCacheDType, rows: &[f32], width: usize) -> B::KvBuffer {
-    let mut buf = dev.kv_zeros(dt, rows.len()).unwrap();
+    let mut buf = dev.kv_zeros(dt, rows.len(), width).unwrap();
     let slots: Vec<usize> = (0..rows.len() / width).collect();
     let src = dev.upload(rows).unwrap();
     dev.write_rows(kv_all_mut(dev, &mut buf), width, &slots, all(dev, &src))
@@ -534,7 +534,7 @@ fn row_movement<B: Backend>(dev: &B) {
             KvCacheDType::Fp8E5M2 => (16.0, 20.0),
             _ => (18.0, 19.0),
         };
-        let mut cache = dev.kv_zeros(dt, 4 * width).unwrap();
+        let mut cache = dev.kv_zeros(dt, 4 * width, width).unwrap();
         let slots = [3, usize::MAX, 0];
         let stored = dev
             .write_rows(
@@ -551,7 +551,7 @@ fn row_movement<B: Backend>(dev: &B) {
             "{dt}"
         );
     }
-    let mut cache = dev.kv_zeros(KvCacheDType::F32, 4 * width).unwrap();
+    let mut cache = dev.kv_zeros(KvCacheDType::F32, 4 * width, width).unwrap();
     let bad = dev.write_rows(
         kv_all_mut(dev, &mut cache),
         width,

@@ -17,7 +17,7 @@ use crate::backend::PagedAttentionParams;
 use crate::cpu::kv_store::{KvMut, KvRef};
 use crate::cpu::CpuIsa;
 use crate::dcp::merge::merge_rows;
-use crate::shape_checks::{check_paged_attention, check_write_kv};
+use crate::shape_checks::{check_fp8_row, check_paged_attention, check_write_kv};
 // The attention tests check the merge of split partials through it.
 #[cfg(test)]
 use crate::dcp::merge::merge_partials;
@@ -77,6 +77,8 @@ pub fn write_kv_typed(
 ) -> Result<(), KernelError> {
     let caches = (k_cache.len(), v_cache.len());
     let row = check_write_kv(caches, n_kv_heads, head_dim, slots, (k.len(), v.len()))?;
+    check_fp8_row("write_kv K cache", k_cache.fp8_row_len(), head_dim)?;
+    check_fp8_row("write_kv V cache", v_cache.fp8_row_len(), head_dim)?;
     if row == 0 {
         return Ok(());
     }
@@ -314,8 +316,8 @@ fn validate(
     check_paged_attention(
         &b.params,
         (b.q.len(), out.len(), lse.len()),
-        (k_cache.len(), k_cache.dtype()),
-        (v_cache.len(), v_cache.dtype()),
+        (k_cache.len(), k_cache.dtype(), k_cache.fp8_row_len()),
+        (v_cache.len(), v_cache.dtype(), v_cache.fp8_row_len()),
     )
 }
 

@@ -150,8 +150,13 @@ impl KvStorage for CpuBackend {
     type KvView<'a> = KvRef<'a>;
     type KvViewMut<'a> = KvMut<'a>;
 
-    fn kv_zeros(&self, dtype: KvCacheDType, len: usize) -> Result<KvStore, KernelError> {
-        Ok(KvStore::zeros(dtype, len))
+    fn kv_zeros(
+        &self,
+        dtype: KvCacheDType,
+        len: usize,
+        row_len: usize,
+    ) -> Result<KvStore, KernelError> {
+        KvStore::zeros(dtype, len, row_len)
     }
 
     fn kv_len(&self, buf: &KvStore) -> usize {

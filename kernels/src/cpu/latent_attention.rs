@@ -8,6 +8,7 @@ use crate::cpu::kv_store::KvRef;
 use crate::dcp::merge_partials;
 use crate::error::KernelError;
 use crate::pool::ThreadPool;
+use crate::shape_checks::check_fp8_row;
 
 /// Keys scored per online-softmax step.
 const CH: usize = 32;
@@ -150,6 +151,7 @@ fn validate(
             b.params.n_heads
         ));
     }
+    check_fp8_row("latent attention", cache.fp8_row_len(), b.params.dim)?;
     let n_blocks = cache.len() / (b.params.dim * b.params.batch.block_size);
     for (&s, &l) in b
         .params

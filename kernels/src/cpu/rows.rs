@@ -7,7 +7,7 @@
 use crate::backend::Strided;
 use crate::cpu::kv_store::KvMut;
 use crate::error::{check_len, KernelError};
-use crate::shape_checks::check_strided_copy;
+use crate::shape_checks::{check_fp8_store, check_strided_copy};
 
 /// See [`DenseOps::copy_strided`](crate::DenseOps::copy_strided).
 pub fn copy_strided(
@@ -90,6 +90,7 @@ pub fn write_rows(
     rows: &[f32],
 ) -> Result<usize, KernelError> {
     check_len("rows to store", slots.len() * width, rows.len())?;
+    check_fp8_store("write_rows", cache.fp8_row_len(), width)?;
     if width == 0 {
         return Ok(0);
     }

@@ -2,7 +2,7 @@
 //! with output and log-sum-exp, split along the keys for long contexts and merged by
 //! LSE, and the LSE merge and share ops of decode context parallelism.
 
-use crate::shape_checks::{check_block_tables, check_merge, check_paged_attention};
+use crate::shape_checks::{check_block_tables, check_fp8_row, check_merge, check_paged_attention};
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use crate::backend::{LatentAttentionParams, PagedAttentionParams, PagedBatch};
@@ -79,8 +79,8 @@ impl CudaBackend {
         check_paged_attention(
             p,
             (q.len(), out.len(), lse.len()),
-            (k_cache.len(), k_cache.dtype()),
-            (v_cache.len(), v_cache.dtype()),
+            (k_cache.len(), k_cache.dtype(), k_cache.fp8_row_len()),
+            (v_cache.len(), v_cache.dtype(), v_cache.fp8_row_len()),
         )?;
         let (nq, nkv, hd) = (p.n_q_heads, p.n_kv_heads, p.head_dim);
         let row = nkv * hd;
@@ -131,6 +131,7 @@ impl CudaBackend {
                 p.n_heads
             ));
         }
+        check_fp8_row("latent attention", cache.fp8_row_len(), p.dim)?;
         let n_blocks = cache.len() / (p.dim * p.batch.block_size);
         check_block_tables(
             p.batch.token_seq,
@@ -198,8 +199,8 @@ impl CudaBackend {
         ])?;
 
         let (kb, vb) = (job.k.bytes(), job.v.bytes());
+        let (ks, vs) = (job.k.scales(), job.v.scales());
         let dt = dtype_code(job.k.dtype());
-        let kv_scale = job.k.scale();
         let qv = job.q.cuda();
         let dims = [
             job.n_heads,
@@ -222,12 +223,8 @@ impl CudaBackend {
         };
         let launch = |op: u64, lp: u64, split_rows: u64| {
             let mut b = self.launch_of("attention_partial")?;
-            b.ptr(&qv)
-                .ptr(&kb)
-                .ptr(&vb)
-                .i32(dt)
-                .f32(kv_scale)
-                .u64(stride);
+            b.ptr(&qv).ptr(&kb).ptr(&vb).ptr(&ks).ptr(&vs);
+            b.i32(dt).u64(stride);
             b.u64(seq).u64(lens).u64(flat).u64(offsets);
             for &d in &dims {
                 b.u32(d);

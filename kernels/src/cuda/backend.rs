@@ -103,8 +103,13 @@ impl KvStorage for CudaBackend {
     type KvView<'a> = CudaKvRef<'a>;
     type KvViewMut<'a> = CudaKvMut<'a>;
 
-    fn kv_zeros(&self, dtype: KvCacheDType, len: usize) -> Result<CudaKvBuffer, KernelError> {
-        self.kv_zeros_op(dtype, len)
+    fn kv_zeros(
+        &self,
+        dtype: KvCacheDType,
+        len: usize,
+        row_len: usize,
+    ) -> Result<CudaKvBuffer, KernelError> {
+        self.kv_zeros_op(dtype, len, row_len)
     }
 
     fn kv_len(&self, buf: &CudaKvBuffer) -> usize {

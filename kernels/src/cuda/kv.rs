@@ -6,7 +6,7 @@ use crate::cuda::staging::bytes_of;
 use crate::cuda::{grid, CudaBackend};
 use crate::error::{check_len, KernelError};
 use crate::kv_dtype::KvCacheDType;
-use crate::shape_checks::check_write_kv;
+use crate::shape_checks::{check_fp8_row, check_fp8_rows, check_fp8_store, check_write_kv};
 use crate::step_graph;
 
 use crate::cuda::device::driver_err;
@@ -16,17 +16,24 @@ impl CudaBackend {
         &self,
         dtype: KvCacheDType,
         len: usize,
+        row_len: usize,
     ) -> Result<CudaKvBuffer, KernelError> {
+        if dtype.is_fp8() {
+            check_fp8_rows(len, row_len)?;
+        }
         step_graph::refuse("allocates a KV cache")?;
-        let bytes = self
-            .stream()
-            .alloc_zeros::<u8>((len * dtype.bytes()).max(1))
-            .map_err(|e| driver_err("allocating a KV cache", e))?;
+        let alloc = |n: usize| {
+            self.stream()
+                .alloc_zeros::<u8>(n.max(1))
+                .map_err(|e| driver_err("allocating a KV cache", e))
+        };
+        let n_scales = if dtype.is_fp8() { len / row_len } else { 0 };
         Ok(CudaKvBuffer {
-            bytes,
+            bytes: alloc(len * dtype.bytes())?,
+            scales: alloc(n_scales)?,
             len,
+            row_len,
             dtype,
-            scale: dtype.default_scale(),
         })
     }
 
@@ -40,6 +47,7 @@ impl CudaBackend {
         rows: CudaRef<'_>,
     ) -> Result<usize, KernelError> {
         check_len("rows to store", slots.len() * width, rows.len())?;
+        check_fp8_store("write_rows", cache.fp8_row_len(), width)?;
         if width == 0 {
             return Ok(0);
         }
@@ -66,11 +74,23 @@ impl CudaBackend {
         }
         let [dev_slots] = self.stage_meta([bytes_of(&dev_slots)])?;
         let rv = rows.cuda();
-        let (dt, inv) = (dtype_code(cache.dtype), 1.0 / cache.scale);
+        let dt = dtype_code(cache.dtype);
+        let (n, w) = (slots.len() as u64, width as u64);
+        if cache.dtype.is_fp8() {
+            // One warp per scaled row: its largest magnitude, then its codes.
+            let r = cache.row_len;
+            let mut b = self.launch_of("kv_write_rows_fp8")?;
+            b.ptr(&rv).u64(dev_slots).ptr_mut(&mut cache.bytes);
+            b.ptr_mut(&mut cache.scales);
+            b.u64(n).u64(w).u64(r as u64).i32(dt);
+            // SAFETY: every stored slot was checked against the cache, whose rows the
+            // stored width covers whole (`check_fp8_store`).
+            unsafe { b.launch(grid(slots.len() * (width / r) * 32)) }?;
+            return Ok(stored);
+        }
         let mut b = self.launch_of("kv_write_rows")?;
         b.ptr(&rv).u64(dev_slots).ptr_mut(&mut cache.bytes);
-        let (n, w) = (slots.len() as u64, width as u64);
-        b.u64(n).u64(w).i32(dt).f32(inv);
+        b.u64(n).u64(w).i32(dt);
         // SAFETY: every stored slot was checked against the cache.
         unsafe { b.launch(grid(slots.len() * width)) }?;
         Ok(stored)
@@ -91,6 +111,8 @@ impl CudaBackend {
         // Every slot is checked before anything is stored, as on the CPU.
         let caches = (k_cache.len(), v_cache.len());
         let row = check_write_kv(caches, n_kv_heads, head_dim, slots, (k.len(), v.len()))?;
+        check_fp8_row("write_kv K cache", k_cache.fp8_row_len(), head_dim)?;
+        check_fp8_row("write_kv V cache", v_cache.fp8_row_len(), head_dim)?;
         if row == 0 {
             return Ok(());
         }
@@ -111,10 +133,12 @@ impl CudaBackend {
         step_graph::refuse("downloads a KV cache")?;
         let mut tmp = unsafe { self.stream().alloc::<f32>(src.len()) }
             .map_err(|e| driver_err("allocating a download buffer", e))?;
-        let bytes = src.bytes();
-        let (dt, scale, n) = (dtype_code(src.dtype()), src.scale(), src.len() as u64);
+        let (bytes, scales) = (src.bytes(), src.scales());
+        let (dt, n) = (dtype_code(src.dtype()), src.len() as u64);
+        let row_len = src.fp8_row_len().unwrap_or(1) as u64;
         let mut b = self.launch_of("kv_to_f32")?;
-        b.ptr(&bytes).ptr_mut(&mut tmp).u64(n).i32(dt).f32(scale);
+        b.ptr(&bytes).ptr(&scales).ptr_mut(&mut tmp);
+        b.u64(n).i32(dt).u64(row_len);
         // SAFETY: `tmp` holds n elements, the view n of the cache's type.
         unsafe { b.launch(grid(src.len())) }?;
         self.stream()

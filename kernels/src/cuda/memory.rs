@@ -66,14 +66,16 @@ pub(crate) fn check_range(
 
 /// An owned KV-cache buffer on the device (the backend's
 /// [`KvStorage::KvBuffer`](crate::KvStorage::KvBuffer)): `len` elements of a
-/// [`KvCacheDType`] as raw bytes, with FP8's per-tensor scale (the type's default,
-/// like the CPU's `KvStore`).
+/// [`KvCacheDType`] as raw bytes in rows of `row_len`, and for FP8 the E8M0 scale byte
+/// of each row beside them (like the CPU's `KvStore`).
 #[derive(Debug)]
 pub struct CudaKvBuffer {
     pub(crate) bytes: CudaSlice<u8>,
+    /// FP8: one byte per row (one byte, unused, for the other types).
+    pub(crate) scales: CudaSlice<u8>,
     pub(crate) len: usize,
+    pub(crate) row_len: usize,
     pub(crate) dtype: KvCacheDType,
-    pub(crate) scale: f32,
 }
 
 impl CudaKvBuffer {
@@ -108,7 +110,7 @@ pub struct CudaKvRef<'a> {
 
 impl<'a> CudaKvRef<'a> {
     pub(crate) fn new(buf: &'a CudaKvBuffer, range: Range<usize>) -> Result<Self, KernelError> {
-        check_range("KV-cache view", &range, buf.len)?;
+        check_kv_range(buf, &range)?;
         Ok(CudaKvRef {
             buf,
             start: range.start,
@@ -131,9 +133,21 @@ impl<'a> CudaKvRef<'a> {
         self.buf.dtype
     }
 
-    /// The FP8 scale (1 for the other types).
-    pub fn scale(&self) -> f32 {
-        self.buf.scale
+    /// Values per scaled row for FP8 (`None` for the other types).
+    pub fn fp8_row_len(&self) -> Option<usize> {
+        self.buf.dtype.is_fp8().then_some(self.buf.row_len)
+    }
+
+    /// The FP8 scale bytes of the window's rows (a placeholder byte for the other
+    /// types, which kernels do not read).
+    pub fn scales(&self) -> CudaView<'a, u8> {
+        if !self.buf.dtype.is_fp8() {
+            return self.buf.scales.slice(0..1);
+        }
+        let r = self.buf.row_len;
+        self.buf
+            .scales
+            .slice(self.start / r..(self.start + self.len) / r)
     }
 
     /// The window's bytes.
@@ -149,21 +163,35 @@ impl<'a> CudaKvRef<'a> {
 #[derive(Debug)]
 pub struct CudaKvMut<'a> {
     pub(crate) bytes: CudaViewMut<'a, u8>,
+    /// FP8: the window's row scales (a placeholder byte for the other types).
+    pub(crate) scales: CudaViewMut<'a, u8>,
     pub(crate) len: usize,
+    pub(crate) row_len: usize,
     pub(crate) dtype: KvCacheDType,
-    pub(crate) scale: f32,
 }
 
 impl<'a> CudaKvMut<'a> {
     pub(crate) fn new(buf: &'a mut CudaKvBuffer, range: Range<usize>) -> Result<Self, KernelError> {
-        check_range("KV-cache view", &range, buf.len)?;
+        check_kv_range(buf, &range)?;
         let b = buf.dtype.bytes();
+        let r = buf.row_len;
+        let scales = if buf.dtype.is_fp8() {
+            buf.scales.slice_mut(range.start / r..range.end / r)
+        } else {
+            buf.scales.slice_mut(0..1)
+        };
         Ok(CudaKvMut {
             len: range.end - range.start,
+            row_len: r,
             dtype: buf.dtype,
-            scale: buf.scale,
+            scales,
             bytes: buf.bytes.slice_mut(range.start * b..range.end * b),
         })
+    }
+
+    /// Values per scaled row for FP8 (`None` for the other types).
+    pub fn fp8_row_len(&self) -> Option<usize> {
+        self.dtype.is_fp8().then_some(self.row_len)
     }
 
     /// Elements in the view.
@@ -180,6 +208,15 @@ impl<'a> CudaKvMut<'a> {
     pub fn dtype(&self) -> KvCacheDType {
         self.dtype
     }
+}
+
+/// A KV view's range: inside the buffer and, for FP8, whole rows (as the CPU's).
+fn check_kv_range(buf: &CudaKvBuffer, range: &Range<usize>) -> Result<(), KernelError> {
+    check_range("KV-cache view", range, buf.len)?;
+    if buf.dtype.is_fp8() {
+        crate::shape_checks::check_row_aligned("KV-cache view", range, buf.row_len)?;
+    }
+    Ok(())
 }
 
 /// The kernels' number for a KV element type (`KV_*` in `kernels/common.cu`).

@@ -62,7 +62,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "kv",
         text: include_str!("kernels/kv.cu"),
-        functions: &["kv_write_rows", "kv_to_f32"],
+        functions: &["kv_write_rows", "kv_write_rows_fp8", "kv_to_f32"],
     },
     KernelSource {
         name: "attention",

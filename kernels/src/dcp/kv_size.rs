@@ -7,12 +7,15 @@ use crate::kv_dtype::KvCacheDType;
 
 /// KV-cache bytes one token costs on one rank: `rows_per_layer` rows (K and V of each
 /// of the rank's KV heads, or MLA's one latent row) of `row_len` values per cached
-/// layer, each value stored as `dtype`.
+/// layer, each row stored as `dtype` stores it ([`KvCacheDType::row_bytes`]: the
+/// values, and FP8's one-byte scale per row).
 ///
 /// ```
 /// use dcpserve_kernels::{dcp::kv_bytes_per_token, KvCacheDType};
 /// // 2 layers, K and V of one head of 64 values, in bf16.
 /// assert_eq!(kv_bytes_per_token(2, 2, 64, KvCacheDType::BF16), 512);
+/// // In FP8: 64 one-byte values and a scale byte per row.
+/// assert_eq!(kv_bytes_per_token(2, 2, 64, KvCacheDType::Fp8E4M3), 4 * 65);
 /// ```
 pub fn kv_bytes_per_token(
     layers: usize,
@@ -20,7 +23,7 @@ pub fn kv_bytes_per_token(
     row_len: usize,
     dtype: KvCacheDType,
 ) -> usize {
-    layers * rows_per_layer * row_len * dtype.bytes()
+    layers * rows_per_layer * dtype.row_bytes(row_len)
 }
 
 /// The shape of a model's KV cache, as its sizing needs it.

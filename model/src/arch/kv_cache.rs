@@ -35,8 +35,8 @@ impl<B: Backend> KvCache<B> {
         let mut k = Vec::with_capacity(n_layers);
         let mut v = Vec::with_capacity(n_layers);
         for _ in 0..n_layers {
-            k.push(dev.kv_zeros(dtype, per_layer)?);
-            v.push(dev.kv_zeros(dtype, per_layer)?);
+            k.push(dev.kv_zeros(dtype, per_layer, head_dim)?);
+            v.push(dev.kv_zeros(dtype, per_layer, head_dim)?);
         }
         Ok(Self {
             num_blocks,
@@ -49,7 +49,8 @@ impl<B: Backend> KvCache<B> {
         })
     }
 
-    /// Bytes one token occupies across all layers (K and V of each head).
+    /// Bytes one token occupies across all layers (K and V of each head, and FP8's
+    /// scale byte per head row).
     pub fn bytes_per_token(&self) -> usize {
         kv_bytes_per_token(
             self.num_layers(),

@@ -308,7 +308,8 @@ mod tests {
             kv_bytes_per_token(&cfg, 8, KvCacheDType::BF16),
             61 * 576 * 2
         );
-        assert_eq!(kv_bytes_per_token(&cfg, 8, KvCacheDType::Fp8E4M3), 61 * 576);
+        // FP8: a value byte each and one scale byte per latent row.
+        assert_eq!(kv_bytes_per_token(&cfg, 8, KvCacheDType::Fp8E4M3), 61 * 577);
         let budget: u64 = 16 << 30;
         let block = 16;
         println!(
@@ -327,13 +328,15 @@ mod tests {
         let without = kv_capacity(&cfg, 8, 1, block, budget, KvCacheDType::F32);
         let with = kv_capacity(&cfg, 8, 8, block, budget, KvCacheDType::F32);
         assert_eq!(with.tokens_total, 8 * without.tokens_total);
-        // A narrower cache holds proportionally more (whole blocks: within one block).
-        for (dt, times) in [(KvCacheDType::BF16, 2), (KvCacheDType::Fp8E5M2, 4)] {
+        // A narrower cache holds proportionally more (whole blocks: within one block):
+        // bf16 2×, FP8 4 · 576/577× (a value byte each and a scale byte per row).
+        for (dt, times) in [
+            (KvCacheDType::BF16, 2.0),
+            (KvCacheDType::Fp8E5M2, 4.0 * 576.0 / 577.0),
+        ] {
             let c = kv_capacity(&cfg, 8, 1, block, budget, dt);
-            assert!(
-                c.num_blocks.abs_diff(times * without.num_blocks) <= times,
-                "{dt}"
-            );
+            let want = times * without.num_blocks as f64;
+            assert!((c.num_blocks as f64 - want).abs() <= times, "{dt}");
         }
     }
 }

@@ -76,7 +76,7 @@ impl WeightDtype {
 
 /// How the KV cache stores one value: the command line's names for the engine's
 /// [`KvCacheDType`] (`--kv-cache-dtype`), which sizes the cache; `fp8` is E4M3 (E5M2
-/// costs the same byte). `auto` is resolved as the engine resolves it
+/// costs the same byte, and both one scale byte per cached row). `auto` is resolved as the engine resolves it
 /// ([`KvDtype::resolve`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KvDtype {

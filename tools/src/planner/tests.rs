@@ -177,14 +177,14 @@ fn kv_bytes_per_token_scale_from_the_engines_f32() {
             .bytes_per_token_per_rank(1, dcpserve_kernels::KvCacheDType::F32)
     );
     assert_eq!(kv_bytes_per_token_per_rank(&cfg, 1, KvDtype::Bf16), 128);
-    // tp=4 > 2 KV heads: one replicated head per rank.
+    // tp=4 > 2 KV heads: one replicated head per rank; FP8 adds a scale byte per row.
     assert_eq!(
         kv_bytes_per_token_per_rank(&cfg, 4, KvDtype::Fp8),
-        2 * 2 * 8
+        2 * 2 * (8 + 1)
     );
     // MLA: one latent row of 512 + 64 per layer, whatever tp.
     let k = kimi();
-    assert_eq!(kv_bytes_per_token_per_rank(&k, 8, KvDtype::Fp8), 61 * 576);
+    assert_eq!(kv_bytes_per_token_per_rank(&k, 8, KvDtype::Fp8), 61 * 577);
     assert_eq!(
         kv_bytes_per_token_per_rank(&k, 8, KvDtype::Bf16),
         61 * 576 * 2
@@ -229,16 +229,17 @@ fn kimi_tp8_holds_a_full_latent_copy_per_gpu_and_dcp8_eight_times_the_tokens() {
     let (tp8, dcp8) = (get(1), get(8));
     // Every GPU stores the whole 576-value latent row of every layer for each token at
     // dcp=1: its tokens are all the tokens there are.
-    assert_eq!(tp8.capacity.bytes_per_token_per_rank, 61 * 576);
+    // (576 FP8 values and the row's scale byte.)
+    assert_eq!(tp8.capacity.bytes_per_token_per_rank, 61 * 577);
     assert_eq!(tp8.capacity.tokens_total, tp8.capacity.tokens_per_rank);
     // Same memory per GPU, each GPU a different eighth of every sequence.
     assert_eq!(dcp8.capacity.tokens_per_rank, tp8.capacity.tokens_per_rank);
     assert_eq!(dcp8.capacity.tokens_total, 8 * tp8.capacity.tokens_total);
-    // The budget by hand: 180 GB × 0.9 − weights − 4 GiB, in blocks of 16 × 35,136 bytes.
+    // The budget by hand: 180 GB × 0.9 − weights − 4 GiB, in blocks of 16 × 35,197 bytes.
     let budget = 180e9 * 0.9 - tp8.weight_bytes_per_rank - 4.0 * (1u64 << 30) as f64;
     assert_eq!(
         tp8.capacity.num_blocks,
-        (budget as u64 / (16 * 61 * 576)) as usize
+        (budget as u64 / (16 * 61 * 577)) as usize
     );
     // 68,000-token requests: 4,250 blocks each at dcp=1, 532 (of 128 tokens) at dcp=8.
     assert_eq!(tp8.max_concurrency, tp8.capacity.num_blocks / 4250);

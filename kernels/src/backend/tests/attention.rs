@@ -43,7 +43,9 @@ fn block_tables(lens: &[usize], bs: usize, seed: u64) -> (Vec<Vec<u32>>, usize) 
 /// enough to split the keys across threads, and a token without keys; with caches of
 /// every [`KvCacheDType`], against the reference on the values the cache holds (as
 /// tight as f32: the kernels convert elements exactly), and the stored values within
-/// the type's rounding of what was written.
+/// the type's rounding of what was written. K/V head rows span magnitudes 1 to 2⁻²⁰
+/// (FP8 at a fixed scale of 1 would flush the small ones to zero; scaled per row, each
+/// keeps the type's relative precision).
 fn paged_attention_matches_reference<B: Backend>(dev: &B) {
     for dt in KvCacheDType::ALL {
         paged_attention_with_cache::<B>(dev, dt);
@@ -56,11 +58,12 @@ fn paged_attention_with_cache<B: Backend>(dev: &B, dt: KvCacheDType) {
     let (tables, n_blocks) = block_tables(&lens, bs, 7);
     let row = nkv * hd;
     let mut rng = Lcg(8);
-    let mut kc = dev.kv_zeros(dt, n_blocks * bs * row).unwrap();
-    let mut vc = dev.kv_zeros(dt, n_blocks * bs * row).unwrap();
+    let mut kc = dev.kv_zeros(dt, n_blocks * bs * row, hd).unwrap();
+    let mut vc = dev.kv_zeros(dt, n_blocks * bs * row, hd).unwrap();
     let mut keys = Vec::new(); // per sequence, host copies of the K/V rows
     for (s, &len) in lens.iter().enumerate() {
         let (k, v) = (rng.vec((len + 1) * row), rng.vec((len + 1) * row));
+        let (k, v) = (spread_rows(k, hd), spread_rows(v, hd));
         let mut slots: Vec<usize> = (0..len)
             .map(|j| tables[s][j / bs] as usize * bs + j % bs)
             .collect();
@@ -72,11 +75,12 @@ fn paged_attention_with_cache<B: Backend>(dev: &B, dt: KvCacheDType) {
         keys.push((k, v, slots));
     }
     // What the caches hold, per sequence in token order; within rounding of the input
-    // (half a unit in the last place, or half the smallest subnormal step of FP8).
+    // (half a unit in the last place, or half the smallest subnormal step of FP8 at the
+    // row's scale, which is at most max|row| / 224 (E4M3) or / 28672 (E5M2)).
     let (kh, vh) = (kv_host(dev, &kc), kv_host(dev, &vc));
     let floor = match dt {
-        KvCacheDType::Fp8E4M3 => 2f32.powi(-10),
-        KvCacheDType::Fp8E5M2 => 2f32.powi(-17),
+        KvCacheDType::Fp8E4M3 => 2f32.powi(-10) / 224.0,
+        KvCacheDType::Fp8E5M2 => 2f32.powi(-17) / 28672.0,
         _ => 0.0,
     };
     let keys: Vec<(Vec<f32>, Vec<f32>)> = keys
@@ -87,9 +91,13 @@ fn paged_attention_with_cache<B: Backend>(dev: &B, dt: KvCacheDType) {
                 for (t, &slot) in slots.iter().enumerate().filter(|(_, &s)| s != usize::MAX) {
                     for i in 0..row {
                         let (x, y) = (written[t * row + i], cache[slot * row + i]);
+                        let head = t * row + i / hd * hd;
+                        let max = written[head..head + hd]
+                            .iter()
+                            .fold(0.0f32, |m, x| m.max(x.abs()));
                         let err = (x - y).abs();
                         assert!(
-                            err <= dt.relative_precision() * x.abs() + floor,
+                            err <= dt.relative_precision() * x.abs() + floor * max,
                             "{dt}: stored {y} for {x}"
                         );
                         out.push(y);
@@ -164,8 +172,19 @@ fn paged_attention_with_cache<B: Backend>(dev: &B, dt: KvCacheDType) {
     );
 }
 
+/// Rows of `width` values of `x` scaled by 2⁻ᵏ, k cycling through 0..=20 (row
+/// magnitudes FP8 holds only with a scale per row).
+fn spread_rows(mut x: Vec<f32>, width: usize) -> Vec<f32> {
+    for (i, row) in x.chunks_exact_mut(width).enumerate() {
+        let f = 2f32.powi(-((i * 5 % 21) as i32));
+        row.iter_mut().for_each(|v| *v *= f);
+    }
+    x
+}
+
 /// MLA latent attention (values are the key rows' prefix), with split keys, on latent
-/// caches of every [`KvCacheDType`] against the reference on the values they hold.
+/// caches of every [`KvCacheDType`] against the reference on the values they hold
+/// (latent rows of magnitudes 1 to 2⁻²⁰, each within the type's rounding).
 fn latent_attention_matches_reference<B: Backend>(dev: &B) {
     for dt in KvCacheDType::ALL {
         latent_attention_with_cache::<B>(dev, dt);
@@ -177,8 +196,20 @@ fn latent_attention_with_cache<B: Backend>(dev: &B, dt: KvCacheDType) {
     let lens = [600usize, 30];
     let (tables, n_blocks) = block_tables(&lens, bs, 9);
     let mut rng = Lcg(10);
-    let cache = kv_upload(dev, dt, &rng.vec(n_blocks * bs * d), d);
+    let written = spread_rows(rng.vec(n_blocks * bs * d), d);
+    let cache = kv_upload(dev, dt, &written, d);
     let cache_host = kv_host(dev, &cache);
+    for (w, c) in written.chunks_exact(d).zip(cache_host.chunks_exact(d)) {
+        let max = w.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        for (&x, &y) in w.iter().zip(c) {
+            // Relative rounding, and half the smallest subnormal step at the row's scale.
+            let floor = max * 2f32.powi(-17);
+            assert!(
+                (x - y).abs() <= dt.relative_precision() * x.abs() + floor,
+                "{dt}: stored {y} for {x}"
+            );
+        }
+    }
     let token_seq = [0u32, 1, 1];
     let token_kv_len = [600u32, 30, 0];
     let q = rng.vec(token_seq.len() * h * d);

@@ -14,7 +14,7 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::kv_store::KvRef;
-use crate::kv_dtype::KvCacheDType;
+use crate::kv_dtype::{fp8_scale_value, KvCacheDType};
 
 /// Keys per chunk (one zmm of scores per query row).
 const KC: usize = 16;
@@ -69,7 +69,8 @@ fn mask(n: usize) -> __mmask16 {
 
 /// Decodes elements `start..start + n` of a narrow cache to f32 at `dst`, 16 per step:
 /// bf16 by widening and shifting, E5M2 as the top byte of an f16, E4M3 by rebasing its
-/// exponent (all exact; the tests compare with the scalar decoder).
+/// exponent, FP8 times its row's power-of-two scale (all exact; the tests compare with
+/// the scalar decoder).
 ///
 /// # Safety
 /// AVX-512F/BW/VL must be available, the elements in bounds, `dst` valid for `n` floats.
@@ -91,45 +92,55 @@ unsafe fn decode_row(src: &KvRef<'_>, start: usize, dst: *mut f32, n: usize) {
         }
         KvRef::Fp8 {
             codes,
+            scales,
+            row_len,
             dtype,
-            scale,
         } => {
             debug_assert!(start + n <= codes.len());
             let p = codes.as_ptr().add(start) as *const i8;
-            let sc = _mm512_set1_ps(*scale);
             let e5m2 = *dtype == KvCacheDType::Fp8E5M2;
+            // Row by row (one KV head's row, usually), each with its own scale.
             let mut i = 0;
             while i < n {
-                let m = mask(n - i);
-                let c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p.add(i)));
-                let x = if e5m2 {
-                    // E5M2 is the top byte of an IEEE half: exact via vcvtph2ps.
-                    let h = _mm512_cvtepi32_epi16(_mm512_slli_epi32::<8>(c));
-                    _mm512_mul_ps(_mm512_cvtph_ps(h), sc)
-                } else {
-                    // Normal codes: exponent rebased from bias 7 to 127, mantissa on top
-                    // (an exact f32); subnormal codes (exponent 0): m · 2⁻⁹. No
-                    // arithmetic on f32 subnormals, which can be slow.
-                    let mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
-                    let normal = _mm512_add_epi32(
-                        _mm512_slli_epi32::<20>(mag),
-                        _mm512_set1_epi32(120 << 23),
-                    );
-                    let sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(2f32.powi(-9)));
-                    let is_sub = _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8));
-                    let v = _mm512_mask_mov_ps(_mm512_castsi512_ps(normal), is_sub, sub);
-                    let sign =
-                        _mm512_slli_epi32::<24>(_mm512_and_si512(c, _mm512_set1_epi32(0x80)));
-                    let v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
-                    let nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
-                    _mm512_mul_ps(_mm512_mask_mov_ps(v, nan, _mm512_set1_ps(f32::NAN)), sc)
-                };
-                _mm512_mask_storeu_ps(dst.add(i), m, x);
-                i += 16;
+                let row = (start + i) / row_len;
+                let stop = ((row + 1) * row_len - start).min(n);
+                let sc = _mm512_set1_ps(fp8_scale_value(*scales.get_unchecked(row)));
+                while i < stop {
+                    let m = mask(stop - i);
+                    let c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p.add(i)));
+                    let x = if e5m2 {
+                        // E5M2 is the top byte of an IEEE half: exact via vcvtph2ps.
+                        let h = _mm512_cvtepi32_epi16(_mm512_slli_epi32::<8>(c));
+                        _mm512_mul_ps(_mm512_cvtph_ps(h), sc)
+                    } else {
+                        _mm512_mul_ps(e4m3_to_f32(c), sc)
+                    };
+                    _mm512_mask_storeu_ps(dst.add(i), m, x);
+                    i += 16;
+                }
+                i = stop;
             }
         }
         KvRef::F32(_) => src.decode(start, std::slice::from_raw_parts_mut(dst, n)),
     }
+}
+
+/// The values of 16 E4M3 codes (zero-extended to i32 lanes), unscaled: normal codes
+/// by rebasing the exponent from bias 7 to 127 with the mantissa on top (an exact f32),
+/// subnormal codes (exponent 0) as m · 2⁻⁹, `S.1111.111` as NaN. No arithmetic on f32
+/// subnormals, which can be slow.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn e4m3_to_f32(c: __m512i) -> __m512 {
+    let mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
+    let normal = _mm512_add_epi32(_mm512_slli_epi32::<20>(mag), _mm512_set1_epi32(120 << 23));
+    let sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(2f32.powi(-9)));
+    let is_sub = _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8));
+    let v = _mm512_mask_mov_ps(_mm512_castsi512_ps(normal), is_sub, sub);
+    let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(c, _mm512_set1_epi32(0x80)));
+    let v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+    let nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
+    _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(f32::NAN))
 }
 
 /// Cephes-style `exp` (≈1 ulp) with `vscalefps` for the 2^n step.

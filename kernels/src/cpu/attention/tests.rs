@@ -4,17 +4,17 @@ use crate::backend::PagedBatch;
 use crate::cpu::kv_store::KvStore;
 use crate::kv_dtype::KvCacheDType;
 
-/// `x` stored in a cache of type `dt`.
-fn store(dt: KvCacheDType, x: &[f32]) -> KvStore {
-    let mut s = KvStore::zeros(dt, x.len());
+/// `x` stored in a cache of type `dt` in rows of `hd` (one scale each for FP8).
+fn store(dt: KvCacheDType, x: &[f32], hd: usize) -> KvStore {
+    let mut s = KvStore::zeros(dt, x.len(), hd).unwrap();
     s.view_mut(0..x.len()).encode(0, x);
     s
 }
 
 /// `x` as a cache of type `dt` holds it (stored, then read back as f32).
-fn dequantized(dt: KvCacheDType, x: &[f32]) -> Vec<f32> {
+fn dequantized(dt: KvCacheDType, x: &[f32], hd: usize) -> Vec<f32> {
     let mut o = vec![0.0; x.len()];
-    store(dt, x).view(0..x.len()).decode(0, &mut o);
+    store(dt, x, hd).view(0..x.len()).decode(0, &mut o);
     o
 }
 
@@ -41,7 +41,9 @@ struct Setup {
     dense_v: Vec<Vec<f32>>,
 }
 
-fn setup(g: &mut Lcg, lens: &[usize], nkv: usize, hd: usize, bs: usize) -> Setup {
+/// With `spread`, the K/V head rows are scaled by 2⁻ᵏ, k cycling through 0..=20 (what
+/// FP8 holds only with its per-row scales).
+fn setup(g: &mut Lcg, lens: &[usize], nkv: usize, hd: usize, bs: usize, spread: bool) -> Setup {
     let row = nkv * hd;
     let total_blocks: usize = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 3;
     let mut ids: Vec<u32> = (0..total_blocks as u32).collect();
@@ -58,8 +60,15 @@ fn setup(g: &mut Lcg, lens: &[usize], nkv: usize, hd: usize, bs: usize) -> Setup
         let nb = len.div_ceil(bs);
         let t: Vec<u32> = ids[next..next + nb].to_vec();
         next += nb;
-        let kk: Vec<f32> = (0..len * row).map(|_| g.f()).collect();
-        let vv: Vec<f32> = (0..len * row).map(|_| g.f()).collect();
+        let magnitude = |i: usize| {
+            if spread {
+                2f32.powi(-((i / hd * 5 % 21) as i32))
+            } else {
+                1.0
+            }
+        };
+        let kk: Vec<f32> = (0..len * row).map(|i| g.f() * magnitude(i)).collect();
+        let vv: Vec<f32> = (0..len * row).map(|i| g.f() * magnitude(i)).collect();
         let slots: Vec<usize> = (0..len).map(|j| t[j / bs] as usize * bs + j % bs).collect();
         write_kv(&mut k, &mut v, nkv, hd, &slots, &kk, &vv).unwrap();
         tables.push(t);
@@ -131,7 +140,7 @@ fn run_case(
             tokens.push((s as u32, len.saturating_sub(back) as u32));
         }
     }
-    check(nq, nkv, hd, bs, lens, &tokens, threads, seed, 2.0);
+    check(nq, nkv, hd, bs, lens, &tokens, threads, seed, 2.0, false);
 }
 
 /// Runs `tokens` (`(seq, kv_len)`) through the kernel of every level this CPU runs
@@ -149,9 +158,10 @@ fn check(
     threads: usize,
     seed: u64,
     qscale: f32,
+    spread: bool,
 ) {
     let mut g = Lcg(seed);
-    let su = setup(&mut g, lens, nkv, hd, bs);
+    let su = setup(&mut g, lens, nkv, hd, bs, spread);
     let tseq: Vec<u32> = tokens.iter().map(|t| t.0).collect();
     let tlen: Vec<u32> = tokens.iter().map(|t| t.1).collect();
     let n = tseq.len();
@@ -174,9 +184,10 @@ fn check(
     };
     let pool = ThreadPool::new(threads);
     for dt in KvCacheDType::ALL {
-        let (kc, vc) = (store(dt, &su.k), store(dt, &su.v));
-        let dense_k: Vec<Vec<f32>> = su.dense_k.iter().map(|x| dequantized(dt, x)).collect();
-        let dense_v: Vec<Vec<f32>> = su.dense_v.iter().map(|x| dequantized(dt, x)).collect();
+        let (kc, vc) = (store(dt, &su.k, hd), store(dt, &su.v, hd));
+        let dense = |x: &Vec<f32>| dequantized(dt, x, hd);
+        let dense_k: Vec<Vec<f32>> = su.dense_k.iter().map(dense).collect();
+        let dense_v: Vec<Vec<f32>> = su.dense_v.iter().map(dense).collect();
         let (kv, vv) = (kc.view(0..su.k.len()), vc.view(0..su.v.len()));
         check_kernels(&pool, &b, kv, vv, &dense_k, &dense_v);
     }
@@ -276,7 +287,18 @@ fn prefill_tiles_and_odd_head_dims() {
             tokens.push((1, 1 + i * 10)); // sparse, non-monotone within a tile
         }
         for threads in [1, 2] {
-            check(nq, nkv, hd, bs, &lens, &tokens, threads, 5 + hd as u64, 2.0);
+            check(
+                nq,
+                nkv,
+                hd,
+                bs,
+                &lens,
+                &tokens,
+                threads,
+                5 + hd as u64,
+                2.0,
+                false,
+            );
         }
     }
 }
@@ -288,9 +310,40 @@ fn large_scores_and_splits() {
         let lens = [2500usize];
         let tokens = [(0u32, 2500u32), (0, 2499), (0, 1)];
         for threads in [1, 2, 3] {
-            check(nq, nkv, hd, 16, &lens, &tokens, threads, 77, 30.0);
+            check(nq, nkv, hd, 16, &lens, &tokens, threads, 77, 30.0, false);
         }
-        check(nq, nkv, hd, 16, &lens, &[(0, 2500)], 2, 78, 30.0);
+        check(nq, nkv, hd, 16, &lens, &[(0, 2500)], 2, 78, 30.0, false);
+    }
+}
+
+/// K/V head rows of magnitudes 1 to 2⁻²⁰ (each FP8 row with its own scale; the cache
+/// holds the same rows as the dense reference, so every level must match it as
+/// tightly as for f32), with tiles and odd head dims that cut decoded rows mid-vector.
+#[test]
+fn rows_of_every_magnitude() {
+    for &(nq, nkv, hd, bs) in &[
+        (4, 1, 64, 16),
+        (8, 2, 20, 5),
+        (6, 3, 13, 4),
+        (4, 4, 128, 16),
+    ] {
+        let lens = [300usize, 45];
+        let mut tokens: Vec<(u32, u32)> = (0..20).map(|i| (0, 281 + i)).collect();
+        tokens.extend([(1, 45), (1, 0), (1, 7)]);
+        for threads in [1, 2] {
+            check(
+                nq,
+                nkv,
+                hd,
+                bs,
+                &lens,
+                &tokens,
+                threads,
+                31 + hd as u64,
+                20.0,
+                true,
+            );
+        }
     }
 }
 
@@ -316,7 +369,7 @@ fn sharded_kv_merge_equals_full() {
     let (nq, nkv, hd, bs, len) = (6, 2, 32, 4, 45usize);
     for n_shards in [1usize, 2, 3, 8] {
         let mut g = Lcg(99 + n_shards as u64);
-        let full = setup(&mut g, &[len], nkv, hd, bs);
+        let full = setup(&mut g, &[len], nkv, hd, bs, false);
         let q: Vec<f32> = (0..nq * hd).map(|_| g.f()).collect();
         let scale = 0.2;
         let pool = ThreadPool::new(2);

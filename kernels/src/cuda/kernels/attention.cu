@@ -8,13 +8,18 @@
 // online softmax, lanes splitting the head dimension, and the warps merge by LSE in
 // shared memory. With one split the block writes the final row; otherwise the splits'
 // partials are merged by `merge_lse_f32` (second pass).
+//
+// FP8 caches are scaled per row of `d` values (one KV head of one slot, or one latent
+// row): key j's row scale multiplies its dot product, and its value row's scale the
+// softmax weight, instead of every element.
 
 #define ATT_WARPS 4
 // Head dims up to 32 · ATT_PER_LANE = 640 (MLA's 576-wide latent rows included).
 #define ATT_PER_LANE 20
 
 extern "C" __global__ void attention_partial(
-    const float* q, const void* kc, const void* vc, int dt, float kv_scale, u64 kv_row_stride,
+    const float* q, const void* kc, const void* vc, const u8* k_scales, const u8* v_scales, int dt,
+    u64 kv_row_stride,
     const u32* token_seq, const u32* token_kv_len, const u32* bt_flat, const u64* bt_offsets,
     u32 n_heads, u32 heads_per_kv, u32 d, u32 dv, u32 block_size, float scale, u32 chunk,
     float* out, float* lse, u64 split_rows) {
@@ -44,24 +49,28 @@ extern "C" __global__ void attention_partial(
     for (u32 j = start + warp; j < end; j += ATT_WARPS) {
         u64 slot = (u64)bt[j / block_size] * block_size + j % block_size;
         u64 base = slot * kv_row_stride + head_off;
+        int fp8 = dt >= KV_E4M3;
+        float ks = fp8 ? fp8_scale_value(k_scales[base / d]) : 1.0f;
+        float vs = fp8 ? fp8_scale_value(v_scales[base / d]) : 1.0f;
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < ATT_PER_LANE; ++i) {
             u32 e = lane + 32 * i;
             if (e < d) {
-                s += qr[i] * kv_load(kc, base + e, dt, kv_scale);
+                s += qr[i] * kv_load(kc, base + e, dt);
             }
         }
-        s = warp_sum(s) * scale;
+        s = warp_sum(s) * ks * scale;
         float m_new = fmaxf(m, s);
         float alpha = is_neg_inf(m) ? 0.0f : expf(m - m_new);
         float p = expf(s - m_new);
         l = l * alpha + p;
+        float pv = p * vs;
 #pragma unroll
         for (int i = 0; i < ATT_PER_LANE; ++i) {
             u32 e = lane + 32 * i;
             if (e < dv) {
-                acc[i] = acc[i] * alpha + p * kv_load(vc, base + e, dt, kv_scale);
+                acc[i] = acc[i] * alpha + pv * kv_load(vc, base + e, dt);
             }
         }
         m = m_new;

@@ -75,35 +75,59 @@ __device__ __forceinline__ float decode_fp8(u8 code, int e5m2) {
     return sign * v;
 }
 
-// Element i of a KV cache of type `dt` (FP8: code · scale).
-__device__ __forceinline__ float kv_load(const void* base, u64 i, int dt, float scale) {
+// The E8M0 byte e + 127 of an FP8 row's scale 2^e: the smallest e in [-126, 126] with
+// max_abs ≤ the format's largest finite value · 2^e (`KvCacheDType::fp8_row_exponent`,
+// the same exact comparisons).
+__device__ __forceinline__ u8 fp8_row_exponent(float max_abs, int e5m2) {
+    float maxv = e5m2 ? 57344.0f : 448.0f;
+    float q = max_abs / maxv;
+    if (__float_as_uint(q) == 0x7F800000u) {
+        return (u8)(126 + 127); // +inf: not settled below (maxv · 2^e overflows there)
+    }
+    int e;
+    if (q != q || q < pow2i(-126)) {
+        e = -126;
+    } else {
+        u32 bits = __float_as_uint(q);
+        e = (int)((bits >> 23) & 0xFFu) - 127 + ((bits & 0x7FFFFFu) != 0u ? 1 : 0);
+        e = max(-126, min(e, 126));
+    }
+    while (e < 126 && max_abs > maxv * pow2i(e)) {
+        ++e;
+    }
+    while (e > -126 && max_abs <= maxv * pow2i(e - 1)) {
+        --e;
+    }
+    return (u8)(e + 127);
+}
+
+// The value of an FP8 row's scale byte (0, never written, reads as 0).
+__device__ __forceinline__ float fp8_scale_value(u8 b) {
+    return __uint_as_float(((u32)b) << 23);
+}
+
+// Element i of a KV cache of type `dt`; FP8 unscaled (the caller multiplies by the
+// row's scale).
+__device__ __forceinline__ float kv_load(const void* base, u64 i, int dt) {
     switch (dt) {
     case KV_F32:
         return ((const float*)base)[i];
     case KV_BF16:
         return bf16_to_f32(((const u16*)base)[i]);
     case KV_E4M3:
-        return decode_fp8(((const u8*)base)[i], 0) * scale;
+        return decode_fp8(((const u8*)base)[i], 0);
     default:
-        return decode_fp8(((const u8*)base)[i], 1) * scale;
+        return decode_fp8(((const u8*)base)[i], 1);
     }
 }
 
-// Stores x at element i of a KV cache of type `dt` (FP8: x / scale, as the host).
-__device__ __forceinline__ void kv_store(void* base, u64 i, float x, int dt, float inv_scale) {
-    switch (dt) {
-    case KV_F32:
+// Stores x at element i of an f32 or bf16 KV cache (FP8 rows are stored whole, with
+// their scale: `kv_write_rows_fp8`).
+__device__ __forceinline__ void kv_store(void* base, u64 i, float x, int dt) {
+    if (dt == KV_F32) {
         ((float*)base)[i] = x;
-        break;
-    case KV_BF16:
+    } else {
         ((u16*)base)[i] = f32_to_bf16(x);
-        break;
-    case KV_E4M3:
-        ((u8*)base)[i] = encode_fp8(x * inv_scale, 0);
-        break;
-    default:
-        ((u8*)base)[i] = encode_fp8(x * inv_scale, 1);
-        break;
     }
 }
 

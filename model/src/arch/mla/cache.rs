@@ -40,7 +40,7 @@ impl<B: Backend> LatentCache<B> {
             latent_dim,
             dtype,
             layers: (0..n_layers)
-                .map(|_| dev.kv_zeros(dtype, per_layer))
+                .map(|_| dev.kv_zeros(dtype, per_layer, latent_dim))
                 .collect::<Result<_, _>>()?,
             written: vec![0; n_layers],
         })
@@ -52,7 +52,8 @@ impl<B: Backend> LatentCache<B> {
         &self.written
     }
 
-    /// Bytes one token occupies on one rank across all layers (one latent row each).
+    /// Bytes one token occupies on one rank across all layers (one latent row each, with
+    /// FP8's scale byte).
     pub fn bytes_per_token(&self) -> usize {
         kv_bytes_per_token(self.num_layers(), 1, self.latent_dim, self.dtype)
     }
