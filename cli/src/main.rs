@@ -54,9 +54,14 @@ enum Command {
 
 #[derive(Args)]
 struct KlDivergenceArgs {
-    /// A GGUF file or a Hugging Face model folder (default: SmolLM2-135M-Instruct Q4_1).
+    /// A GGUF file, a Hugging Face model folder, or a Hugging Face repo id (ORG/NAME, or
+    /// ORG/NAME-GGUF:Q4_K_M), looked up in the Hugging Face cache and downloaded into it
+    /// when missing (default: SmolLM2-135M-Instruct Q4_1).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// `--revision`, `--gguf-file`, `--download-dir` of a Hugging Face repo id.
+    #[command(flatten)]
+    model_source: dcpserve::ModelSourceFlags,
     /// The text to score (plain UTF-8).
     #[arg(long)]
     text: PathBuf,
@@ -152,9 +157,14 @@ struct BenchArgs {
 /// Engine flags shared by the subcommands, named as vLLM names them.
 #[derive(Args)]
 struct EngineArgs {
-    /// A GGUF file or a Hugging Face model folder (default: SmolLM2-135M-Instruct Q4_1).
+    /// A GGUF file, a Hugging Face model folder, or a Hugging Face repo id (ORG/NAME, or
+    /// ORG/NAME-GGUF:Q4_K_M), looked up in the Hugging Face cache and downloaded into it
+    /// when missing (default: SmolLM2-135M-Instruct Q4_1).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// `--revision`, `--gguf-file`, `--download-dir` of a Hugging Face repo id.
+    #[command(flatten)]
+    model_source: dcpserve::ModelSourceFlags,
     /// Weight precision: auto (bf16, or quantized weights kept quantized), float32, bfloat16.
     #[arg(long, default_value = "auto")]
     dtype: String,
@@ -224,20 +234,10 @@ struct GenerateArgs {
 }
 
 impl EngineArgs {
+    /// The model's local path (a Hugging Face repo id resolved, downloading it when
+    /// needed) and the engine settings.
     fn config(&self) -> Result<(PathBuf, EngineConfig)> {
-        let path = self
-            .model
-            .clone()
-            .unwrap_or_else(dcpserve::default_model_path);
-        if !path.exists() {
-            if self.model.is_none() {
-                bail!(
-                    "The default model is not at {}: run scripts/fetch-default-model.sh first.",
-                    path.display()
-                );
-            }
-            bail!("Model path {} does not exist.", path.display());
-        }
+        let path = model_path(self.model.as_ref(), &self.model_source)?;
         let cfg = EngineConfig {
             dtype: self.dtype.parse::<DType>()?,
             rank_settings: self.rank_settings.rank_settings()?,
@@ -258,6 +258,22 @@ impl EngineArgs {
         };
         Ok((path, cfg))
     }
+}
+
+/// The local path of `model` (the default model when `None`), a Hugging Face repo id
+/// resolved through [`dcpserve::hub`].
+fn model_path(model: Option<&PathBuf>, source: &dcpserve::ModelSourceFlags) -> Result<PathBuf> {
+    let Some(spec) = model else {
+        let path = dcpserve::default_model_path();
+        if !path.exists() {
+            bail!(
+                "The default model is not at {}: run scripts/fetch-default-model.sh first.",
+                path.display()
+            );
+        }
+        return Ok(path);
+    };
+    Ok(dcpserve::hub::resolve_model(spec, source)?)
 }
 
 async fn generate(args: GenerateArgs) -> Result<()> {
@@ -366,7 +382,7 @@ fn main() -> Result<()> {
                 Ok(())
             }
             Command::KlDivergence(a) => {
-                let model = a.model.unwrap_or_else(dcpserve::default_model_path);
+                let model = model_path(a.model.as_ref(), &a.model_source)?;
                 let spec = bench::kl_divergence::KlSpec {
                     ctx: a.ctx,
                     chunks: a.chunks,
