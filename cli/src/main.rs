@@ -2,6 +2,7 @@
 
 mod bench;
 mod gpu_check;
+mod logging;
 mod quantize_cmd;
 
 use std::io::Write;
@@ -21,6 +22,10 @@ use futures::StreamExt;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines on stderr: text (coloured only on a terminal) or json (one object per
+    /// line, for log shippers).
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -311,14 +316,11 @@ async fn generate(args: GenerateArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = dcpserve_cli::serve::normalize_args(std::env::args());
+    // Parsed before anything logs, so that the first line already has its format.
+    let cli = Cli::parse_from(&args);
+    let log_format = cli.log_format;
+    logging::init(log_format);
     // Under an MPI launcher every process runs this program: process 0 goes on as the
     // engine, the others serve their ranks inside `init` and exit there.
     #[cfg(feature = "mpi")]
@@ -327,7 +329,6 @@ fn main() -> Result<()> {
     if mpi {
         dcpserve::distributed::init()?;
     }
-    let cli = Cli::parse_from(args);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -410,6 +411,11 @@ fn main() -> Result<()> {
     #[cfg(feature = "mpi")]
     if mpi {
         dcpserve::distributed::shutdown();
+    }
+    if let (Err(e), logging::LogFormat::Json) = (&result, log_format) {
+        // A log shipper reads the failure as one more JSON line.
+        tracing::error!("{e:#}");
+        std::process::exit(1);
     }
     result
 }
