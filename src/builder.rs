@@ -3,15 +3,20 @@
 
 use std::path::{Path, PathBuf};
 
-use dcpserve_config::{DType, EngineConfig, ParallelConfig, ServeConfig, SpeculativeConfig};
+use dcpserve_config::{
+    DType, EngineConfig, ModelSourceFlags, ParallelConfig, ServeConfig, SpeculativeConfig,
+};
 
+use crate::blocking::blocking;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::hub;
 
 // Defined here rather than in engine.rs so that the engine does not depend on its builder.
 impl Engine {
-    /// A builder for the engine of the model at `path` (a GGUF file or a Hugging Face
-    /// folder); see [`EngineBuilder`].
+    /// A builder for the engine of the model at `path`: a GGUF file, a Hugging Face
+    /// folder, or a Hugging Face repo id (`Qwen/Qwen3-0.6B`, `org/name-GGUF:Q4_K_M`)
+    /// resolved by [`crate::hub`] when it is built; see [`EngineBuilder`].
     pub fn builder(path: impl Into<PathBuf>) -> EngineBuilder {
         EngineBuilder::new(path.into())
     }
@@ -19,7 +24,8 @@ impl Engine {
 
 /// Settings of an [`Engine`] to start: the model, the name it is served under, and its
 /// [`EngineConfig`] (whole, or field by field). Made by [`Engine::builder`]; nothing is
-/// checked or read until [`EngineBuilder::build`].
+/// checked or read until [`EngineBuilder::build`], which also resolves a Hugging Face
+/// repo id (see [`crate::hub`]; a local path that exists wins).
 ///
 /// ```no_run
 /// # async fn demo() -> dcpserve::Result<()> {
@@ -44,6 +50,7 @@ pub struct EngineBuilder {
     path: PathBuf,
     name: Option<String>,
     config: EngineConfig,
+    source: ModelSourceFlags,
 }
 
 impl EngineBuilder {
@@ -52,6 +59,7 @@ impl EngineBuilder {
             path,
             name: None,
             config: EngineConfig::default(),
+            source: ModelSourceFlags::default(),
         }
     }
 
@@ -84,6 +92,7 @@ impl EngineBuilder {
             path: model_path,
             name: entry.name.clone(),
             config: entry.engine_config()?,
+            source: entry.model_source.clone(),
         })
     }
 
@@ -91,6 +100,44 @@ impl EngineBuilder {
     /// extension).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Where a model named by a Hugging Face repo id comes from (`revision`, `gguf_file`,
+    /// `download_dir`), all at once; a local path ignores them.
+    pub fn model_source(mut self, flags: ModelSourceFlags) -> Self {
+        self.source = flags;
+        self
+    }
+
+    /// The branch, tag or commit of a Hugging Face repo id (default: `main`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dcpserve::Result<()> {
+    /// let engine = dcpserve::Engine::builder("Qwen/Qwen3-0.6B")
+    ///     .revision("main")
+    ///     .download_dir("/data/hf-cache")
+    ///     .build()
+    ///     .await?;
+    /// assert_eq!(engine.name(), "Qwen/Qwen3-0.6B");
+    /// # Ok(()) }
+    /// ```
+    pub fn revision(mut self, revision: impl Into<String>) -> Self {
+        self.source.revision = Some(revision.into());
+        self
+    }
+
+    /// Which `.gguf` file of a GGUF repo to load: a quantization (`Q4_K_M`) or a file
+    /// name; the same as writing `ID:Q4_K_M`.
+    pub fn gguf_file(mut self, file: impl Into<String>) -> Self {
+        self.source.gguf_file = Some(file.into());
+        self
+    }
+
+    /// The Hugging Face cache to look in and download into (default: `HF_HUB_CACHE`,
+    /// else `HF_HOME/hub`, else `~/.cache/huggingface/hub`).
+    pub fn download_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.source.download_dir = Some(dir.into());
         self
     }
 
@@ -179,15 +226,50 @@ impl EngineBuilder {
         &self.config
     }
 
-    /// Checks the settings against the model (before any weight is read), loads it, and
-    /// brings the actors up.
+    /// Resolves a Hugging Face repo id (the model's, and a draft model's) to its files in
+    /// the cache, downloading them when needed; checks the settings against the model
+    /// (before any weight is read), loads it, and brings the actors up. A local path is
+    /// taken as it is.
     pub async fn build(self) -> Result<Engine> {
-        let name = self.name.unwrap_or_else(|| {
-            self.path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "model".into())
-        });
-        Engine::start(name, self.path, self.config).await
+        let name = self.name.unwrap_or_else(|| hub::served_name(&self.path));
+        let mut config = self.config;
+        let draft = config.speculative.as_ref().and_then(|s| s.model.clone());
+        let ids = [Some(&self.path), draft.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|p| matches!(hub::ModelSpec::parse(p), hub::ModelSpec::Hub(_)));
+        if ids {
+            // A machine without the device learns it before a download.
+            crate::device_check::check_device(config.rank_settings.device)?;
+        }
+        let (spec, source) = (self.path, self.source);
+        let (path, draft) = blocking(move || -> Result<_> {
+            let path = resolve_id(&spec, &source)?;
+            // A draft model's id takes its file selector after a colon; the revision and
+            // the GGUF file of the flags are the target's.
+            let draft_source = ModelSourceFlags {
+                download_dir: source.download_dir.clone(),
+                ..Default::default()
+            };
+            let draft = draft
+                .map(|d| resolve_id(&d, &draft_source))
+                .transpose()
+                .map_err(|e| Error::ModelLoading(format!("draft model: {e}")))?;
+            Ok((path, draft))
+        })
+        .await??;
+        if let (Some(s), Some(d)) = (config.speculative.as_mut(), draft) {
+            s.model = Some(d);
+        }
+        Engine::start(name, path, config).await
+    }
+}
+
+/// The local path of a hub id (see [`hub::resolve_model`]); a local path as it is, so that
+/// the engine's start reports a missing one after its device check, as before.
+fn resolve_id(spec: &Path, source: &ModelSourceFlags) -> Result<PathBuf> {
+    match hub::ModelSpec::parse(spec) {
+        hub::ModelSpec::Local(path) => Ok(path),
+        hub::ModelSpec::Hub(_) => hub::resolve_model(spec, source),
     }
 }

@@ -22,6 +22,7 @@ mod device_check;
 pub mod distributed;
 mod engine;
 mod error;
+pub mod hub;
 mod speculation;
 
 pub use builder::EngineBuilder;
@@ -30,8 +31,8 @@ pub use dcpserve_actors::{
 };
 pub use dcpserve_config::{
     default_model_path, parse_kv_cache_dtype, DType, DistributedBackend, EngineConfig,
-    ModeledLinkConfig, ParallelConfig, RankSettings, RankSettingsFlags, SpeculativeConfig,
-    SpeculativeMethod, DEFAULT_MODEL_FILE,
+    ModelSourceFlags, ModeledLinkConfig, ParallelConfig, RankSettings, RankSettingsFlags,
+    SpeculativeConfig, SpeculativeMethod, DEFAULT_MODEL_FILE,
 };
 pub use dcpserve_kernels::{CpuMatmul, CudaGraphs, Device, GpuMatmul, KvCacheDType};
 pub use dcpserve_model::ChatMessage;

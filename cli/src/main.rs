@@ -2,6 +2,7 @@
 
 mod bench;
 mod gpu_check;
+mod logging;
 mod quantize_cmd;
 
 use std::io::Write;
@@ -21,6 +22,10 @@ use futures::StreamExt;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines on stderr: text (coloured only on a terminal) or json (one object per
+    /// line, for log shippers).
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -54,9 +59,14 @@ enum Command {
 
 #[derive(Args)]
 struct KlDivergenceArgs {
-    /// A GGUF file or a Hugging Face model folder (default: SmolLM2-135M-Instruct Q4_1).
+    /// A GGUF file, a Hugging Face model folder, or a Hugging Face repo id (ORG/NAME, or
+    /// ORG/NAME-GGUF:Q4_K_M), looked up in the Hugging Face cache and downloaded into it
+    /// when missing (default: SmolLM2-135M-Instruct Q4_1).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// `--revision`, `--gguf-file`, `--download-dir` of a Hugging Face repo id.
+    #[command(flatten)]
+    model_source: dcpserve::ModelSourceFlags,
     /// The text to score (plain UTF-8).
     #[arg(long)]
     text: PathBuf,
@@ -152,9 +162,14 @@ struct BenchArgs {
 /// Engine flags shared by the subcommands, named as vLLM names them.
 #[derive(Args)]
 struct EngineArgs {
-    /// A GGUF file or a Hugging Face model folder (default: SmolLM2-135M-Instruct Q4_1).
+    /// A GGUF file, a Hugging Face model folder, or a Hugging Face repo id (ORG/NAME, or
+    /// ORG/NAME-GGUF:Q4_K_M), looked up in the Hugging Face cache and downloaded into it
+    /// when missing (default: SmolLM2-135M-Instruct Q4_1).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// `--revision`, `--gguf-file`, `--download-dir` of a Hugging Face repo id.
+    #[command(flatten)]
+    model_source: dcpserve::ModelSourceFlags,
     /// Weight precision: auto (bf16, or quantized weights kept quantized), float32, bfloat16.
     #[arg(long, default_value = "auto")]
     dtype: String,
@@ -224,20 +239,10 @@ struct GenerateArgs {
 }
 
 impl EngineArgs {
+    /// The model's local path (a Hugging Face repo id resolved, downloading it when
+    /// needed) and the engine settings.
     fn config(&self) -> Result<(PathBuf, EngineConfig)> {
-        let path = self
-            .model
-            .clone()
-            .unwrap_or_else(dcpserve::default_model_path);
-        if !path.exists() {
-            if self.model.is_none() {
-                bail!(
-                    "The default model is not at {}: run scripts/fetch-default-model.sh first.",
-                    path.display()
-                );
-            }
-            bail!("Model path {} does not exist.", path.display());
-        }
+        let path = model_path(self.model.as_ref(), &self.model_source)?;
         let cfg = EngineConfig {
             dtype: self.dtype.parse::<DType>()?,
             rank_settings: self.rank_settings.rank_settings()?,
@@ -258,6 +263,22 @@ impl EngineArgs {
         };
         Ok((path, cfg))
     }
+}
+
+/// The local path of `model` (the default model when `None`), a Hugging Face repo id
+/// resolved through [`dcpserve::hub`].
+fn model_path(model: Option<&PathBuf>, source: &dcpserve::ModelSourceFlags) -> Result<PathBuf> {
+    let Some(spec) = model else {
+        let path = dcpserve::default_model_path();
+        if !path.exists() {
+            bail!(
+                "The default model is not at {}: run scripts/fetch-default-model.sh first.",
+                path.display()
+            );
+        }
+        return Ok(path);
+    };
+    Ok(dcpserve::hub::resolve_model(spec, source)?)
 }
 
 async fn generate(args: GenerateArgs) -> Result<()> {
@@ -295,14 +316,11 @@ async fn generate(args: GenerateArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = dcpserve_cli::serve::normalize_args(std::env::args());
+    // Parsed before anything logs, so that the first line already has its format.
+    let cli = Cli::parse_from(&args);
+    let log_format = cli.log_format;
+    logging::init(log_format);
     // Under an MPI launcher every process runs this program: process 0 goes on as the
     // engine, the others serve their ranks inside `init` and exit there.
     #[cfg(feature = "mpi")]
@@ -311,7 +329,6 @@ fn main() -> Result<()> {
     if mpi {
         dcpserve::distributed::init()?;
     }
-    let cli = Cli::parse_from(args);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -366,7 +383,7 @@ fn main() -> Result<()> {
                 Ok(())
             }
             Command::KlDivergence(a) => {
-                let model = a.model.unwrap_or_else(dcpserve::default_model_path);
+                let model = model_path(a.model.as_ref(), &a.model_source)?;
                 let spec = bench::kl_divergence::KlSpec {
                     ctx: a.ctx,
                     chunks: a.chunks,
@@ -394,6 +411,11 @@ fn main() -> Result<()> {
     #[cfg(feature = "mpi")]
     if mpi {
         dcpserve::distributed::shutdown();
+    }
+    if let (Err(e), logging::LogFormat::Json) = (&result, log_format) {
+        // A log shipper reads the failure as one more JSON line.
+        tracing::error!("{e:#}");
+        std::process::exit(1);
     }
     result
 }

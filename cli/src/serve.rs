@@ -4,7 +4,7 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,9 @@ use dcpserve::{Engine, EngineConfig, GenerationEvent, SpeculativeConfig};
 /// Flags of `dcpserve serve`, named as vLLM names them.
 #[derive(Args, Debug, Clone, Default)]
 pub struct ServeArgs {
-    /// A GGUF file or a Hugging Face folder (default: the default model).
+    /// A GGUF file, a Hugging Face folder, or a Hugging Face repo id (Qwen/Qwen3-0.6B;
+    /// ORG/NAME-GGUF:Q4_K_M for one file of a GGUF repo), looked up in the Hugging Face
+    /// cache and downloaded into it when missing (default: the default model).
     pub model: Option<PathBuf>,
     /// A TOML file listing several models (see examples/multi-model.toml).
     #[arg(long)]
@@ -80,6 +82,10 @@ pub struct ServeArgs {
     /// `--device`, `--gpu-matmul`, `--cuda-graphs`, `--cpu-matmul`.
     #[command(flatten)]
     pub rank_settings: dcpserve_config::RankSettingsFlags,
+    /// `--revision`, `--gguf-file`, `--download-dir`: where a model named by a Hugging
+    /// Face repo id comes from.
+    #[command(flatten)]
+    pub model_source: dcpserve_config::ModelSourceFlags,
     /// With --device cuda: the share of each GPU's memory to use (weights, activations
     /// and the KV cache sized from what remains), as vLLM's flag [default: 0.9].
     #[arg(long)]
@@ -153,6 +159,7 @@ impl ServeArgs {
         ModelEntry {
             name: self.served_model_name.clone(),
             path: self.model.clone(),
+            model_source: self.model_source.clone(),
             tensor_parallel_size: self.tensor_parallel_size,
             decode_context_parallel_size: self.decode_context_parallel_size,
             cp_kv_cache_interleave_size: self.cp_kv_cache_interleave_size,
@@ -341,24 +348,31 @@ impl ModelBackend for EngineBackend {
     }
 }
 
-/// Loads one config entry, showing a spinner on a terminal and log lines otherwise.
+/// Loads one config entry, showing a spinner on a terminal and log lines otherwise. A
+/// Hugging Face repo id is resolved first (downloads show their own progress); the path
+/// returned is the model as the entry names it (the id, or the path).
 pub async fn load_model(entry: &ModelEntry) -> Result<(String, Engine, EngineConfig, PathBuf)> {
-    let path = entry
+    let spec = entry
         .path
         .clone()
         .unwrap_or_else(dcpserve::default_model_path);
-    if !path.exists() {
-        if entry.path.is_none() {
-            bail!(
-                "The default model is not at {}: run scripts/fetch-default-model.sh first.",
-                path.display()
-            );
-        }
-        bail!("Model path {} does not exist.", path.display());
+    if entry.path.is_none() && !spec.exists() {
+        bail!(
+            "The default model is not at {}: run scripts/fetch-default-model.sh first.",
+            spec.display()
+        );
     }
     let cfg = entry.engine_config()?;
-    let name = entry.name.clone().unwrap_or_else(|| default_name(&path));
+    let name = entry
+        .name
+        .clone()
+        .unwrap_or_else(|| dcpserve::hub::served_name(&spec));
     let started = Instant::now();
+    let (s, source) = (spec.clone(), entry.model_source.clone());
+    let path = tokio::task::spawn_blocking(move || dcpserve::hub::resolve_model(&s, &source))
+        .await
+        .context("resolving the model")?
+        .with_context(|| format!("loading model `{name}`"))?;
     tracing::info!(model = %name, path = %path.display(), "loading");
     let spinner = std::io::stderr().is_terminal().then(|| {
         let pb = indicatif::ProgressBar::new_spinner();
@@ -366,9 +380,10 @@ pub async fn load_model(entry: &ModelEntry) -> Result<(String, Engine, EngineCon
         pb.enable_steady_tick(Duration::from_millis(120));
         pb
     });
-    let result = Engine::builder(path.clone())
+    let result = Engine::builder(path)
         .name(name.clone())
         .config(cfg.clone())
+        .model_source(entry.model_source.clone())
         .build()
         .await;
     if let Some(pb) = spinner {
@@ -384,17 +399,7 @@ pub async fn load_model(entry: &ModelEntry) -> Result<(String, Engine, EngineCon
         kv_tokens_total = total,
         "loaded"
     );
-    Ok((name, engine, cfg, path))
-}
-
-fn default_name(path: &Path) -> String {
-    let file = path
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
-    file.strip_suffix(".gguf")
-        .map(str::to_string)
-        .unwrap_or(file)
+    Ok((name, engine, cfg, spec))
 }
 
 /// Loads every model of `cfg` and builds the router (bounded queue per model).

@@ -84,4 +84,47 @@ async fn speculating_server_answers_the_same_and_counts_drafts() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(by_accepted, drafts, "{m}");
+
+    // The Grafana dashboard reads only what this server exports (a speculating server
+    // after finished requests exports every series the dashboard uses), among them the
+    // per-rank KV usage and time in collectives.
+    let queried = dashboard::assert_dashboard_is_exported(&m);
+    for name in [
+        "dcpserve:kv_cache_usage_perc",
+        "dcpserve:time_in_collectives_seconds",
+        "dcpserve:time_to_first_token_seconds_bucket",
+        "dcpserve:spec_decode_num_accepted_tokens_total",
+    ] {
+        assert!(queried.contains(name), "the dashboard lacks {name}");
+    }
+}
+
+/// The dashboard check itself: names are read from PromQL as Prometheus spells them, and
+/// a metric the exposition lacks is reported.
+#[test]
+fn the_dashboard_check_reads_promql_and_finds_missing_metrics() {
+    let names = dashboard::metric_names(
+        "histogram_quantile(0.99, sum by (le) (rate(dcpserve:time_to_first_token_seconds_bucket{model_name=~\"$m\"}[5m]))) / dcpserve:num_requests_running",
+    );
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        [
+            "dcpserve:num_requests_running",
+            "dcpserve:time_to_first_token_seconds_bucket"
+        ]
+    );
+    let exposition = "# TYPE dcpserve:num_requests_running gauge\ndcpserve:num_requests_running{model_name=\"a\"} 1\n";
+    assert_eq!(
+        dashboard::exported_names(exposition)
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["dcpserve:num_requests_running"]
+    );
+    let caught = std::panic::catch_unwind(|| dashboard::assert_dashboard_is_exported(exposition));
+    let message = caught.unwrap_err();
+    let text = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(text.contains("dcpserve:kv_cache_usage_perc"), "{text}");
 }

@@ -14,6 +14,7 @@
 
 mod engine;
 mod kv_budget;
+mod model_source;
 mod parallel;
 mod rank_settings;
 mod resolve;
@@ -26,6 +27,7 @@ pub use engine::{
     parse_kv_cache_dtype, DType, DistributedBackend, EngineConfig, ModeledLinkConfig,
 };
 pub use kv_budget::{meminfo_bytes, KvBudgetRule, SharedMemory, ACTIVATION_RESERVE_BYTES};
+pub use model_source::ModelSourceFlags;
 pub use parallel::{AttentionKind, ConfigError, ParallelConfig};
 pub use rank_settings::{RankSettings, RankSettingsFlags};
 pub use resolve::{resolve, KvSizing, ResolvedLayout};

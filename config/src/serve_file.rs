@@ -9,7 +9,7 @@
 //!
 //! [[models]]
 //! name = "smollm2"              # what clients put in `model`
-//! path = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+//! path = "models/SmolLM2-135M-Instruct.Q4_1.gguf"   # or model = "Qwen/Qwen3-0.6B" (a hub id)
 //! tensor_parallel_size = 1
 //! decode_context_parallel_size = 1
 //! kv_cache_memory_bytes = 268435456
@@ -26,12 +26,17 @@
 //! max_tokens = 256
 //! ```
 //!
-//! Relative model paths are resolved against the config file's folder.
+//! Relative model paths are resolved against the config file's folder. `model` is another
+//! name of `path`; it may be a Hugging Face repo id (`Qwen/Qwen3-0.6B`, or
+//! `org/name-GGUF:Q4_K_M` for one file of a GGUF repo), with `revision`, `gguf_file` and
+//! `download_dir` as their flags (see [`ModelSourceFlags`]): a path that exists wins over
+//! an id.
 
 use std::path::{Path, PathBuf};
 
 use crate::{
-    ConfigError, DType, EngineConfig, ParallelConfig, RankSettingsFlags, SpeculativeConfig,
+    ConfigError, DType, EngineConfig, ModelSourceFlags, ParallelConfig, RankSettingsFlags,
+    SpeculativeConfig,
 };
 use serde::Deserialize;
 
@@ -68,8 +73,14 @@ pub struct ServerSection {
 pub struct ModelEntry {
     /// Served name (default: the file or folder name without extension).
     pub name: Option<String>,
-    /// GGUF file or Hugging Face folder (default: the default model).
+    /// GGUF file, Hugging Face folder or Hugging Face repo id (default: the default
+    /// model); `model` in the file is the same key.
+    #[serde(alias = "model")]
     pub path: Option<PathBuf>,
+    /// `revision`, `gguf_file` and `download_dir`, as their flags: where a model named by a
+    /// Hugging Face repo id comes from.
+    #[serde(flatten)]
+    pub model_source: ModelSourceFlags,
     pub tensor_parallel_size: Option<usize>,
     pub decode_context_parallel_size: Option<usize>,
     pub cp_kv_cache_interleave_size: Option<usize>,
@@ -185,7 +196,9 @@ impl ServeConfig {
         Ok(cfg)
     }
 
-    /// Reads a config file; relative model paths become relative to its folder.
+    /// Reads a config file; relative model paths become relative to its folder (unless
+    /// nothing is there and the path reads as a Hugging Face repo id), and so does a
+    /// relative `download_dir`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(format!("Cannot read {}: {e}", path.display())))?;
@@ -194,13 +207,20 @@ impl ServeConfig {
         let base = path.parent().unwrap_or(Path::new("."));
         for m in &mut cfg.models {
             if let Some(p) = &m.path {
-                if p.is_relative() {
-                    m.path = Some(base.join(p));
+                let local = base.join(p);
+                if p.is_relative() && (local.exists() || !looks_like_hub_id(p)) {
+                    m.path = Some(local);
+                }
+            }
+            if let Some(dir) = m.model_source.download_dir.as_mut() {
+                if dir.is_relative() {
+                    *dir = base.join(&*dir);
                 }
             }
             if let Some(draft) = m.speculative_config.as_mut().and_then(|s| s.model.as_mut()) {
-                if draft.is_relative() {
-                    *draft = base.join(&*draft);
+                let local = base.join(&*draft);
+                if draft.is_relative() && (local.exists() || !looks_like_hub_id(draft)) {
+                    *draft = local;
                 }
             }
         }
@@ -227,6 +247,45 @@ impl ServeConfig {
         }
         Ok(())
     }
+}
+
+/// Whether `path` has the form of a Hugging Face repo id: `org/name`, optionally followed
+/// by `:FILE` (a GGUF selector), with no path syntax (`./`, `../`, a root, `~`) and no
+/// model-file extension. `dcpserve::hub` resolves such ids; a path that exists wins.
+///
+/// ```
+/// use dcpserve_config::serve_file::looks_like_hub_id;
+/// use std::path::Path;
+/// assert!(looks_like_hub_id(Path::new("Qwen/Qwen3-0.6B")));
+/// assert!(looks_like_hub_id(Path::new("unsloth/Qwen3-0.6B-GGUF:Q4_K_M")));
+/// assert!(!looks_like_hub_id(Path::new("models/tiny.gguf")));
+/// assert!(!looks_like_hub_id(Path::new("./org/name")));
+/// assert!(!looks_like_hub_id(Path::new("fixtures")));
+/// ```
+pub fn looks_like_hub_id(path: &Path) -> bool {
+    let Some(s) = path.to_str() else {
+        return false;
+    };
+    let repo = match s.split_once(':') {
+        Some((repo, file)) if !file.is_empty() && !file.contains('/') => repo,
+        Some(_) => return false,
+        None => s,
+    };
+    let Some((org, name)) = repo.split_once('/') else {
+        return false;
+    };
+    let part_ok = |p: &str| {
+        !p.is_empty()
+            && !p.starts_with(['.', '-'])
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    let lower = name.to_ascii_lowercase();
+    part_ok(org)
+        && part_ok(name)
+        && !lower.ends_with(".gguf")
+        && !lower.ends_with(".safetensors")
+        && !lower.ends_with(".json")
 }
 
 #[cfg(test)]
@@ -326,6 +385,53 @@ mod tests {
             "cpu when left out"
         );
         assert_eq!(cfg.models[0].sampling.max_tokens, Some(12));
+    }
+
+    #[test]
+    fn a_model_key_may_name_a_hub_id_with_its_source_flags() {
+        let dir = std::env::temp_dir().join(format!("dcpserve-serve-file-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("local/tiny")).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(
+            &file,
+            r#"
+            [[models]]
+            name = "hub"
+            model = "Qwen/Qwen3-0.6B"
+            revision = "v2"
+            download_dir = "hf-cache"
+
+            [[models]]
+            name = "gguf"
+            model = "unsloth/Qwen3-0.6B-GGUF:Q4_K_M"
+
+            [[models]]
+            name = "local"
+            model = "local/tiny"
+
+            [[models]]
+            name = "missing"
+            path = "missing.gguf"
+            "#,
+        )
+        .unwrap();
+        let cfg = ServeConfig::load(&file).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let m = &cfg.models;
+        // An id stays an id; its flags are read; a relative download_dir follows the file.
+        assert_eq!(m[0].path.as_deref(), Some(Path::new("Qwen/Qwen3-0.6B")));
+        assert_eq!(m[0].model_source.revision.as_deref(), Some("v2"));
+        assert_eq!(m[0].model_source.download_dir, Some(dir.join("hf-cache")));
+        assert_eq!(
+            m[1].path.as_deref(),
+            Some(Path::new("unsloth/Qwen3-0.6B-GGUF:Q4_K_M"))
+        );
+        // A folder that exists next to the file wins over the id it could also be.
+        assert_eq!(m[2].path, Some(dir.join("local/tiny")));
+        // A path that is no id is relative to the file, as before.
+        assert_eq!(m[3].path, Some(dir.join("missing.gguf")));
+        let e = ServeConfig::from_toml("[[models]]\nmodel='a/b'\npath='c/d'").unwrap_err();
+        assert!(e.0.contains("path") || e.0.contains("model"), "{e}");
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! whose generations never end (for queue and disconnect tests).
 #![allow(dead_code)]
 
+pub mod dashboard;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
