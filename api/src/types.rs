@@ -2,8 +2,8 @@
 //!
 //! Requests keep fields that take several shapes (`prompt`, `stop`, `messages`) as raw JSON
 //! so that the `validation` module can answer precise messages instead of serde's "did not
-//! match any variant". A field no type here reads is refused by name
-//! ([`crate::request_fields`]), as OpenAI's own server does.
+//! match any variant". A field no type here reads is refused by name (the
+//! `request_fields` module, which lists each type's fields), as OpenAI's own server does.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
