@@ -87,6 +87,13 @@ pub fn template_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
         None | Some(Value::Null) => return Err(bad("`messages` is required.".into())),
         Some(_) => return Err(bad("`messages` must be a list of messages.".into())),
     };
+    if list.len() > crate::limits::MAX_MESSAGES {
+        return Err(bad(format!(
+            "`messages` has {} messages; at most {} are accepted.",
+            list.len(),
+            crate::limits::MAX_MESSAGES
+        )));
+    }
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let role = m
@@ -134,6 +141,22 @@ pub fn template_context(messages: Vec<Value>, tools: Option<&Value>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn too_many_messages_is_a_400() {
+        let m = json!({"role": "user", "content": "hi"});
+        let max = crate::limits::MAX_MESSAGES;
+        let e = template_messages(Some(&json!(vec![m.clone(); max + 1]))).unwrap_err();
+        assert_eq!(
+            (e.status.as_u16(), e.param.as_deref()),
+            (400, Some("messages"))
+        );
+        assert!(e.message.contains(&max.to_string()), "{}", e.message);
+        assert_eq!(
+            template_messages(Some(&json!(vec![m; max]))).unwrap().len(),
+            max
+        );
+    }
 
     #[test]
     fn a_tool_round_trip() {

@@ -100,7 +100,7 @@ fn authorized(state: &AppState, headers: &HeaderMap) -> bool {
         .is_some_and(|given| given.trim() == key)
 }
 
-async fn dispatch<S, B>(
+pub(crate) async fn dispatch<S, B>(
     state: &AppState,
     method: Method,
     path: &str,

@@ -31,6 +31,8 @@ pub mod backend;
 pub mod chat_messages;
 pub mod chat_output;
 pub mod errors;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod generation;
 pub mod http;
 pub mod limits;

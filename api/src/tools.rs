@@ -97,6 +97,13 @@ fn parse_tools(v: &Value) -> Result<Vec<Function>, ApiError> {
         Value::Array(a) => a,
         _ => return Err(bad_tools("`tools` must be a list of tools.")),
     };
+    if list.len() > crate::limits::MAX_TOOLS {
+        return Err(bad_tools(format!(
+            "`tools` has {} tools; at most {} are accepted.",
+            list.len(),
+            crate::limits::MAX_TOOLS
+        )));
+    }
     let mut out = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
         if !t.is_object() {
@@ -276,6 +283,23 @@ mod tests {
 
     fn auto() -> ChatSettings {
         ChatSettings::from_names(Some("hermes"), true, None).unwrap()
+    }
+
+    #[test]
+    fn too_many_tools_is_a_400() {
+        let max = crate::limits::MAX_TOOLS;
+        let tool = |i: usize| json!({"type": "function", "function": {"name": format!("f{i}")}});
+        let many: Vec<Value> = (0..=max).map(tool).collect();
+        let Err(e) = parse_tools(&Value::Array(many)) else {
+            panic!("{} tools accepted", max + 1)
+        };
+        assert_eq!(
+            (e.status.as_u16(), e.param.as_deref()),
+            (400, Some("tools"))
+        );
+        assert!(e.message.contains(&max.to_string()), "{}", e.message);
+        let ok: Vec<Value> = (0..max).map(tool).collect();
+        assert_eq!(parse_tools(&Value::Array(ok)).unwrap().len(), max);
     }
 
     #[test]

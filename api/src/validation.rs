@@ -175,6 +175,16 @@ pub fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(bad()),
     };
+    if out.len() > crate::limits::MAX_STOP_STRINGS {
+        return Err(ApiError::invalid_param(
+            "stop",
+            format!(
+                "`stop` has {} strings; at most {} are accepted.",
+                out.len(),
+                crate::limits::MAX_STOP_STRINGS
+            ),
+        ));
+    }
     Ok(out.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
@@ -228,6 +238,16 @@ pub fn parse_prompt(v: Option<&Value>) -> Result<Vec<PromptInput>, ApiError> {
         Some(Value::String(s)) => vec![PromptInput::Text(s.clone())],
         Some(Value::Array(a)) if a.is_empty() => {
             return Err(ApiError::invalid_param("prompt", "The prompt is empty."))
+        }
+        Some(Value::Array(a)) if a.len() > crate::limits::MAX_PROMPTS && !a[0].is_number() => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                format!(
+                    "`prompt` lists {} prompts; at most {} are accepted.",
+                    a.len(),
+                    crate::limits::MAX_PROMPTS
+                ),
+            ))
         }
         Some(Value::Array(a)) => match &a[0] {
             Value::String(_) => a
@@ -318,6 +338,45 @@ pub fn resolve_max_tokens(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn counts_past_the_stated_limits_are_400s() {
+        use crate::limits::{MAX_PROMPTS, MAX_STOP_STRINGS};
+        let stops = json!(vec!["x"; MAX_STOP_STRINGS + 1]);
+        let e = parse_stop(Some(&stops)).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("stop")));
+        assert!(
+            e.message.contains(&MAX_STOP_STRINGS.to_string()),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            parse_stop(Some(&json!(vec!["x"; MAX_STOP_STRINGS])))
+                .unwrap()
+                .len(),
+            MAX_STOP_STRINGS
+        );
+
+        let e = parse_prompt(Some(&json!(vec!["p"; MAX_PROMPTS + 1]))).unwrap_err();
+        assert!(
+            e.message.contains(&MAX_PROMPTS.to_string()),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            parse_prompt(Some(&json!(vec!["p"; MAX_PROMPTS])))
+                .unwrap()
+                .len(),
+            MAX_PROMPTS
+        );
+        // One prompt of many token ids is one prompt, not many.
+        assert_eq!(
+            parse_prompt(Some(&json!(vec![1; MAX_PROMPTS + 1])))
+                .unwrap()
+                .len(),
+            1
+        );
+    }
 
     #[test]
     fn prompts_of_every_shape() {

@@ -14,6 +14,33 @@ use crate::json_file::read_json_opt;
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// Most template instructions one render may execute (minijinja's fuel): a template from a
+/// downloaded model that loops without end fails with an error instead of holding a
+/// request forever. Real chat templates use a few hundred instructions per message.
+pub const MAX_RENDER_FUEL: u64 = 20_000_000;
+/// Longest rendered prompt, in bytes (twice the largest request body the API accepts).
+pub const MAX_RENDER_BYTES: usize = 64 << 20;
+/// Largest `indent` the `tojson` filter accepts (Python accepts any; nothing real needs more).
+pub const MAX_TOJSON_INDENT: usize = 64;
+
+/// Bounds of one render: time (as minijinja fuel) and output size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenderLimits {
+    /// Most template instructions executed per render.
+    pub fuel: u64,
+    /// Longest output, in bytes.
+    pub max_output_bytes: usize,
+}
+
+impl Default for RenderLimits {
+    fn default() -> Self {
+        RenderLimits {
+            fuel: MAX_RENDER_FUEL,
+            max_output_bytes: MAX_RENDER_BYTES,
+        }
+    }
+}
+
 /// One conversation turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ChatMessage {
@@ -40,6 +67,7 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    max_output_bytes: usize,
 }
 
 fn template_err(e: Error) -> ModelError {
@@ -49,10 +77,33 @@ fn template_err(e: Error) -> ModelError {
 
 impl ChatTemplate {
     /// Compiles `source`. `bos` / `eos` are exposed to the template as `bos_token` /
-    /// `eos_token` (empty strings when the tokenizer has none).
+    /// `eos_token` (empty strings when the tokenizer has none). Renders are bounded by
+    /// [`RenderLimits::default`].
     pub fn new(source: &str, bos: Option<&str>, eos: Option<&str>) -> Result<Self, ModelError> {
+        Self::with_limits(source, bos, eos, RenderLimits::default())
+    }
+
+    /// Like [`ChatTemplate::new`] with other bounds: a render that runs out of fuel or
+    /// writes more than `max_output_bytes` fails with [`ModelError::ChatTemplate`].
+    ///
+    /// ```
+    /// use dcpserve_model::chat_template::{ChatTemplate, RenderLimits};
+    /// let limits = RenderLimits { fuel: 10_000, max_output_bytes: 100 };
+    /// let t = ChatTemplate::with_limits("{% for i in range(100) %}x{% endfor %}", None, None, limits);
+    /// assert!(t.unwrap().render(&[], false).unwrap_err().to_string().contains("100 bytes"));
+    /// let spin = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    /// let t = ChatTemplate::with_limits(spin, None, None, limits).unwrap();
+    /// assert!(t.render(&[], false).is_err());
+    /// ```
+    pub fn with_limits(
+        source: &str,
+        bos: Option<&str>,
+        eos: Option<&str>,
+        limits: RenderLimits,
+    ) -> Result<Self, ModelError> {
         let source = strip_generation_tags(source);
         let mut env = Environment::new();
+        env.set_fuel(Some(limits.fuel));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -66,6 +117,7 @@ impl ChatTemplate {
             source,
             bos_token: bos.unwrap_or_default().to_string(),
             eos_token: eos.unwrap_or_default().to_string(),
+            max_output_bytes: limits.max_output_bytes,
         })
     }
 
@@ -105,10 +157,24 @@ impl ChatTemplate {
         };
         // Later contexts only fill what earlier ones lack, so the caller's values win.
         let ctx = minijinja::context! { ..ctx, ..defaults };
-        self.env
+        let mut out = CappedWriter {
+            buf: Vec::new(),
+            limit: self.max_output_bytes,
+            overflowed: false,
+        };
+        let rendered = self
+            .env
             .get_template(TEMPLATE_NAME)
-            .and_then(|t| t.render(ctx))
-            .map_err(template_err)
+            .and_then(|t| t.render_captured_to(ctx, &mut out).map(drop));
+        if out.overflowed {
+            return Err(ModelError::ChatTemplate(format!(
+                "the rendered prompt exceeds {} bytes",
+                self.max_output_bytes
+            )));
+        }
+        rendered.map_err(template_err)?;
+        String::from_utf8(out.buf)
+            .map_err(|e| ModelError::ChatTemplate(format!("rendered invalid UTF-8: {e}")))
     }
 
     /// The template of a Hugging Face folder: `chat_template.jinja`, else `chat_template` in
@@ -171,13 +237,36 @@ impl ChatTemplate {
     }
 }
 
+/// An output buffer that refuses to grow past `limit` bytes.
+struct CappedWriter {
+    buf: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.limit {
+            self.overflowed = true;
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Removes transformers' `{% generation %}` / `{% endgeneration %}` markers (its
 /// AssistantTracker extension, used only to build training masks), which minijinja would reject.
 fn strip_generation_tags(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
-        let Some(len) = rest[start..].find("%}") else {
+        // The closing `%}` comes after the opening `{%` (in `{%}` they overlap).
+        let Some(len) = rest[start + 2..].find("%}").map(|n| n + 2) else {
             break;
         };
         let tag = &rest[start + 2..start + len];
@@ -381,6 +470,32 @@ fn doy_from_jan(year: i64, month: i64, day: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlapping_tag_delimiters_are_an_error_not_a_panic() {
+        // Found by the chat_template fuzzer: `{%}` made the tag scanner slice backwards.
+        assert_eq!(strip_generation_tags("{%}x"), "{%}x");
+        assert!(ChatTemplate::new("{%}{ messages[1|unique }}", None, None).is_err());
+    }
+
+    #[test]
+    fn renders_are_bounded_in_time_and_size_by_default() {
+        let spin =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let e = ChatTemplate::new(spin, None, None)
+            .unwrap()
+            .render(&[], true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fuel"), "{e}");
+        let huge = "{% for i in range(100) %}{{ 'x' * 1000000 }}{% endfor %}";
+        let e = ChatTemplate::new(huge, None, None)
+            .unwrap()
+            .render(&[], true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&MAX_RENDER_BYTES.to_string()), "{e}");
+    }
 
     #[test]
     fn python_features() {

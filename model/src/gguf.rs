@@ -21,6 +21,16 @@ const MAX_DIMS: u32 = 4;
 /// Arrays of arrays are legal but never deep in practice; the cap stops a crafted file from
 /// overflowing the stack through recursion.
 const MAX_ARRAY_NESTING: usize = 8;
+/// Most tensors a GGUF file may declare (the largest published models have a few thousand).
+pub const MAX_TENSORS: u64 = 1 << 20;
+/// Most metadata entries a GGUF file may declare.
+pub const MAX_METADATA_ENTRIES: u64 = 1 << 16;
+/// Longest metadata string or tensor name, in bytes (chat templates are the longest real
+/// strings, at tens of kilobytes).
+pub const MAX_STRING_BYTES: u64 = 16 << 20;
+/// Most elements of one metadata array (vocabularies and merge lists have a few hundred
+/// thousand).
+pub const MAX_ARRAY_LEN: u64 = 1 << 24;
 
 /// One metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -519,6 +529,15 @@ impl<'a> Reader<'a> {
 
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String, ModelError> {
         let len = self.u64(what)?;
+        if len > MAX_STRING_BYTES {
+            return Err(ModelError::corrupt(
+                self.path,
+                format!(
+                    "{} is a string of {len} bytes, more than the {MAX_STRING_BYTES} allowed",
+                    what()
+                ),
+            ));
+        }
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         let bytes = self.take(len, what)?;
         String::from_utf8(bytes.to_vec()).map_err(|e| {
@@ -560,6 +579,15 @@ impl<'a> Reader<'a> {
                 }
                 let elem_ty = self.u32(what)?;
                 let count = self.u64(what)?;
+                if count > MAX_ARRAY_LEN {
+                    return Err(ModelError::corrupt(
+                        self.path,
+                        format!(
+                            "{} is an array of {count} elements, more than the {MAX_ARRAY_LEN} allowed",
+                            what()
+                        ),
+                    ));
+                }
                 // Every element takes at least this many bytes, so a count the rest of the file
                 // cannot hold is rejected before anything is allocated for it.
                 let min_size: u64 = match elem_ty {
@@ -632,6 +660,15 @@ fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, ModelError> {
     }
     let n_tensors = r.u64(&|| "the tensor count".into())?;
     let n_kv = r.u64(&|| "the metadata count".into())?;
+    if n_tensors > MAX_TENSORS || n_kv > MAX_METADATA_ENTRIES {
+        return Err(ModelError::corrupt(
+            path,
+            format!(
+                "header declares {n_kv} metadata entries and {n_tensors} tensors (at most \
+                 {MAX_METADATA_ENTRIES} and {MAX_TENSORS} are allowed)"
+            ),
+        ));
+    }
     // A metadata entry takes at least 12 bytes and a tensor info at least 24.
     if n_kv
         .saturating_mul(12)

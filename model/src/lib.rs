@@ -7,6 +7,8 @@ pub mod config;
 mod config_check;
 mod config_keys;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gguf;
 pub mod gguf_config;
 pub mod gguf_tokenizer;

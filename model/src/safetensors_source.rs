@@ -87,6 +87,33 @@ impl SafetensorsSource {
     /// its `weight_map` lists is in the shard it names.
     pub fn open_index(index: &Path) -> Result<Self, ModelError> {
         let json = read_json(index)?;
+        Self::from_index_json(index, &json, map_file)
+    }
+
+    /// Like [`SafetensorsSource::open_index`] with the index already parsed and each shard
+    /// obtained from `load` (given the shard's path next to `index`): for images already
+    /// in memory, and for tests and fuzzing. `index` only names the files in errors.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use std::sync::Arc;
+    /// use dcpserve_model::{tensors::TensorBytes, SafetensorsSource, TensorSource};
+    /// let header = br#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    /// let mut shard = (header.len() as u64).to_le_bytes().to_vec();
+    /// shard.extend_from_slice(header);
+    /// shard.extend_from_slice(&1.5f32.to_le_bytes());
+    /// let index = serde_json::json!({"weight_map": {"w": "a.safetensors"}});
+    /// let src = SafetensorsSource::from_index_json(Path::new("m/index.json"), &index, |_| {
+    ///     Ok(Arc::new(shard.clone()) as TensorBytes)
+    /// })
+    /// .unwrap();
+    /// assert_eq!(src.get("w").unwrap().to_f32_vec().unwrap(), [1.5]);
+    /// ```
+    pub fn from_index_json(
+        index: &Path,
+        json: &serde_json::Value,
+        mut load: impl FnMut(&Path) -> Result<TensorBytes, ModelError>,
+    ) -> Result<Self, ModelError> {
         let map = json
             .get("weight_map")
             .and_then(|m| m.as_object())
@@ -109,8 +136,13 @@ impl SafetensorsSource {
             }
             files.insert(file.to_string());
         }
-        let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
-        let mut source = Self::map_files(&paths)?;
+        let mut buffers = Vec::with_capacity(files.len());
+        for f in &files {
+            let path = dir.join(f);
+            let data = load(&path)?;
+            buffers.push((path, data));
+        }
+        let mut source = Self::index_buffers(buffers)?;
         for (name, file) in map {
             let found = source
                 .entries
@@ -129,17 +161,34 @@ impl SafetensorsSource {
 
     /// Opens the given safetensors files as one set of tensors.
     pub fn open_files(paths: &[PathBuf]) -> Result<Self, ModelError> {
-        let mut source = Self::map_files(paths)?;
+        let mut buffers = Vec::with_capacity(paths.len());
+        for path in paths {
+            buffers.push((path.clone(), map_file(path)?));
+        }
+        Self::from_buffers(buffers)
+    }
+
+    /// Safetensors images already in memory, as one set of tensors; each path only names
+    /// its image in errors.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use dcpserve_model::{tensors::TensorBytes, SafetensorsSource};
+    /// let garbage: TensorBytes = Arc::new(vec![0xffu8; 16]);
+    /// assert!(SafetensorsSource::from_buffers(vec![("x.safetensors".into(), garbage)]).is_err());
+    /// ```
+    pub fn from_buffers(files: Vec<(PathBuf, TensorBytes)>) -> Result<Self, ModelError> {
+        let mut source = Self::index_buffers(files)?;
         fused_experts::split_fused_experts(&source.shards, &mut source.entries)?;
         Ok(source)
     }
 
-    /// Maps the files and indexes their tensors under their stored names.
-    fn map_files(paths: &[PathBuf]) -> Result<Self, ModelError> {
+    /// Indexes the tensors of the images under their stored names.
+    fn index_buffers(files: Vec<(PathBuf, TensorBytes)>) -> Result<Self, ModelError> {
         let mut shards = Vec::new();
         let mut entries: HashMap<String, Entry> = HashMap::new();
-        for path in paths {
-            let data = map_file(path)?;
+        for (path, data) in files {
+            let path = &path;
             let buf = (*data).as_ref();
             let (header_len, metadata) = SafeTensors::read_metadata(buf)
                 .map_err(|e| ModelError::corrupt(path, format!("invalid safetensors file: {e}")))?;

@@ -302,7 +302,9 @@ pub(crate) mod simd {
         dst: *mut f32,
     ) {
         match format {
-            WeightFormat::F32 => std::ptr::copy_nonoverlapping(src as *const f32, dst, n),
+            // Byte copy: the weight bytes need not be 4-byte aligned (a `*const f32` would have
+            // to be; found by the quant_blocks fuzzer).
+            WeightFormat::F32 => std::ptr::copy_nonoverlapping(src, dst as *mut u8, n * 4),
             WeightFormat::F16 | WeightFormat::BF16 => {
                 let mut i = 0;
                 while i + 16 <= n {

@@ -48,8 +48,10 @@ pub(super) fn composite_entries(info: &GgufTensorInfo) -> Option<Vec<(String, En
         _ => return None,
     };
     // A 2-D "stack" would be a single expert's matrix: not what llama.cpp writes.
+    // An empty stack holds no expert (its count could be anything, e.g. 2^62: found by the
+    // gguf fuzzer, which made the loader allocate an entry per claimed expert).
     let n_expert = match info.shape.as_slice() {
-        [e, _, _] => *e,
+        [e, r, c] if *r > 0 && *c > 0 => *e,
         _ => return None,
     };
     Some(

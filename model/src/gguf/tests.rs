@@ -129,7 +129,8 @@ fn huge_counts_fail_without_allocating() {
     b.extend(8u32.to_le_bytes());
     b.extend(u64::MAX.to_le_bytes());
     let e = GgufFile::from_bytes("big.gguf", Arc::new(b)).unwrap_err();
-    assert!(matches!(e, ModelError::Truncated { .. }), "{e}");
+    // Refused by the array length limit (MAX_ARRAY_LEN) before any allocation.
+    assert!(matches!(e, ModelError::Corrupt { .. }), "{e}");
 }
 
 #[test]
@@ -173,4 +174,49 @@ fn k_quant_and_5_bit_types_load() {
         .iter()
         .enumerate()
         .all(|(i, &x)| x == ((i % 32) % 16) as f32));
+}
+
+/// A header (magic, version 3, counts) followed by `rest`.
+fn header(n_tensors: u64, n_kv: u64, rest: &[u8]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(n_tensors.to_le_bytes());
+    b.extend(n_kv.to_le_bytes());
+    b.extend(rest);
+    b
+}
+
+#[test]
+fn counts_and_lengths_past_the_stated_limits_are_refused() {
+    let open = |b: Vec<u8>| {
+        GgufFile::from_bytes("x.gguf", Arc::new(b))
+            .unwrap_err()
+            .to_string()
+    };
+    // Past the limits even when the file were large enough (here it is padded to be).
+    let pad = vec![0u8; 64];
+    let e = open(header(MAX_TENSORS + 1, 0, &pad));
+    assert!(
+        e.contains("at most") && e.contains(&MAX_TENSORS.to_string()),
+        "{e}"
+    );
+    let e = open(header(0, MAX_METADATA_ENTRIES + 1, &pad));
+    assert!(e.contains(&MAX_METADATA_ENTRIES.to_string()), "{e}");
+
+    // One metadata entry: key "k", then a string value longer than allowed.
+    let mut kv = Vec::new();
+    encode_value(&mut kv, &GgufValue::String("k".into()));
+    kv.extend(8u32.to_le_bytes());
+    kv.extend((MAX_STRING_BYTES + 1).to_le_bytes());
+    let e = open(header(0, 1, &kv));
+    assert!(e.contains("string of") && e.contains("allowed"), "{e}");
+
+    // ... or an array with more elements than allowed.
+    let mut kv = Vec::new();
+    encode_value(&mut kv, &GgufValue::String("k".into()));
+    kv.extend(9u32.to_le_bytes());
+    kv.extend(0u32.to_le_bytes());
+    kv.extend((MAX_ARRAY_LEN + 1).to_le_bytes());
+    let e = open(header(0, 1, &kv));
+    assert!(e.contains("array of") && e.contains("allowed"), "{e}");
 }

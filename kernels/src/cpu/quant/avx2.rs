@@ -134,7 +134,9 @@ pub(crate) unsafe fn q5_block<const Q5_1: bool>(b: *const u8) -> Block8 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dequant_row(format: WeightFormat, src: *const u8, n: usize, dst: *mut f32) {
     match format {
-        WeightFormat::F32 => std::ptr::copy_nonoverlapping(src as *const f32, dst, n),
+        // Byte copy: the weight bytes need not be 4-byte aligned (a `*const f32` would have
+        // to be; found by the quant_blocks fuzzer).
+        WeightFormat::F32 => std::ptr::copy_nonoverlapping(src, dst as *mut u8, n * 4),
         WeightFormat::F16 | WeightFormat::BF16 => {
             let mut i = 0;
             while i + 8 <= n {
