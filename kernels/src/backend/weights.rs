@@ -89,8 +89,18 @@ impl WeightMatrix {
         len: usize,
     ) -> Result<Self, KernelError> {
         format.check_elems(cols)?;
-        let row_stride = format.bytes_for(cols);
-        check_len("weight bytes", rows * row_stride, len)?;
+        // A lying header may claim a shape whose size overflows: never let it wrap into
+        // a length that happens to match.
+        let size = cols
+            .div_ceil(format.block_elems())
+            .checked_mul(format.block_bytes())
+            .and_then(|row| Some((row, rows.checked_mul(row)?)));
+        let Some((row_stride, total)) = size else {
+            return Err(KernelError::Shape(format!(
+                "weight matrix of {rows} × {cols} {format:?} values: its size overflows"
+            )));
+        };
+        check_len("weight bytes", total, len)?;
         let avail = (*data).as_ref().len();
         if offset.checked_add(len).is_none_or(|end| end > avail) {
             return Err(KernelError::OutOfRange {

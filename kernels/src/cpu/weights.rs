@@ -162,5 +162,13 @@ mod tests {
         assert!(WeightMatrix::from_bytes(WeightFormat::Q8_0, 2, 30, bytes.clone(), 0, 68).is_err());
         assert!(WeightMatrix::from_bytes(WeightFormat::F16, 2, 3, bytes, 1, 12).is_ok());
         assert!(WeightMatrix::from_f32(2, 2, vec![0.0; 3]).is_err());
+        // Shapes whose byte size overflows: (2⁶²+1)·4 wraps to 4, which the 4 bytes
+        // given would otherwise match.
+        let four: SharedBytes = Arc::new(vec![0u8; 4]);
+        let rows = (1usize << 62) + 1;
+        assert!(WeightMatrix::from_bytes(WeightFormat::F32, rows, 1, four.clone(), 0, 4).is_err());
+        assert!(
+            WeightMatrix::from_bytes(WeightFormat::F32, 1, usize::MAX / 2, four, 0, 4).is_err()
+        );
     }
 }
