@@ -99,6 +99,17 @@ pub(super) fn kv_b_from_split(
             ),
         ));
     };
+    // With every dimension non-zero the sizes below are those of the tensors' real data;
+    // a zero one would let a lying header claim any number of heads over no data.
+    if [heads, rank, nope, v_dim].contains(&0) {
+        return Err(ModelError::corrupt(
+            path,
+            format!(
+                "attn_k_b {:?} and attn_v_b {:?} have an empty dimension",
+                k_b.shape, v_b.shape
+            ),
+        ));
+    }
     if (v_heads, v_rank) != (heads, rank) {
         return Err(ModelError::corrupt(
             path,

@@ -301,3 +301,18 @@ fn rejects_deepseek2_settings_it_cannot_run() {
     assert!(yarn("rope.scaling.attn_factor", 1.0).is_ok());
     assert!(yarn("rope.scaling.attn_factor", 2.0).is_err());
 }
+
+/// A split with an empty dimension holds no data whatever its head count claims: refused
+/// (it once looped over 2⁴⁰ claimed heads).
+#[test]
+fn a_split_with_an_empty_dimension_is_refused() {
+    let heads = 1usize << 40;
+    let src = source(&[
+        spec("blk.0.attn_k_b.weight", 0, vec![heads, 0, 2], Vec::new()),
+        spec("blk.0.attn_v_b.weight", 0, vec![heads, 1, 0], Vec::new()),
+    ]);
+    let e = src
+        .get("model.layers.0.self_attn.kv_b_proj.weight")
+        .unwrap_err();
+    assert!(e.to_string().contains("empty dimension"), "{e}");
+}
