@@ -26,7 +26,7 @@ use crate::chat_output::{OutputMode, OutputParser};
 use crate::reasoning::{ReasoningParser, Split};
 use crate::router::{ModelRouter, ModelSlot};
 use crate::state::AppState;
-use crate::tool_parsers::{Parsed, ToolParserKind};
+use crate::tool_parsers::{assert_extends, Parsed, ToolParserKind};
 use crate::tools::ChatSettings;
 
 /// The tiny models' fixture folder (byte-level BPE of 384 tokens, ChatML template).
@@ -198,29 +198,6 @@ pub fn request(data: &[u8]) {
             }
         }
     });
-}
-
-/// `b` extends `a` as the tool-call parsers promise: content, calls, names and arguments
-/// only grow.
-fn assert_extends(a: &Parsed, b: &Parsed, at: &str) {
-    assert!(
-        b.content.starts_with(&a.content),
-        "content {:?} -> {:?} at {at:?}",
-        a.content,
-        b.content
-    );
-    assert!(b.calls.len() >= a.calls.len(), "calls shrank at {at:?}");
-    for (x, y) in a.calls.iter().zip(&b.calls) {
-        if x.name.is_some() {
-            assert_eq!(x.name, y.name, "name changed at {at:?}");
-        }
-        assert!(
-            y.arguments.starts_with(&x.arguments),
-            "arguments {:?} -> {:?} at {at:?}",
-            x.arguments,
-            y.arguments
-        );
-    }
 }
 
 fn assert_split_extends(a: &Split, b: &Split, at: &str) {

@@ -129,6 +129,30 @@ pub(crate) fn finish_content(content: String, calls: &[PartialCall], done: bool)
     }
 }
 
+/// Panics unless `b` extends `a` as a parser's streaming snapshots must: longer content,
+/// more calls, names fixed once known, longer arguments (the unit tests and the
+/// `tool_output` fuzz target check it).
+pub fn assert_extends(a: &Parsed, b: &Parsed, at: &str) {
+    assert!(
+        b.content.starts_with(&a.content),
+        "content {:?} -> {:?} at {at:?}",
+        a.content,
+        b.content
+    );
+    assert!(b.calls.len() >= a.calls.len(), "calls shrank at {at:?}");
+    for (x, y) in a.calls.iter().zip(&b.calls) {
+        if x.name.is_some() {
+            assert_eq!(x.name, y.name, "name changed at {at:?}");
+        }
+        assert!(
+            y.arguments.starts_with(&x.arguments),
+            "arguments {:?} -> {:?} at {at:?}",
+            x.arguments,
+            y.arguments
+        );
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod test_util {
     use super::*;
@@ -156,28 +180,6 @@ pub(crate) mod test_util {
                 last = snap;
             }
             assert_extends(&last, &whole, text);
-        }
-    }
-
-    /// `b` extends `a`: longer content, more calls, names fixed once known, longer arguments.
-    pub fn assert_extends(a: &Parsed, b: &Parsed, at: &str) {
-        assert!(
-            b.content.starts_with(&a.content),
-            "content {:?} -> {:?} at {at:?}",
-            a.content,
-            b.content
-        );
-        assert!(b.calls.len() >= a.calls.len(), "calls shrank at {at:?}");
-        for (x, y) in a.calls.iter().zip(&b.calls) {
-            if x.name.is_some() {
-                assert_eq!(x.name, y.name, "name changed at {at:?}");
-            }
-            assert!(
-                y.arguments.starts_with(&x.arguments),
-                "arguments {:?} -> {:?} at {at:?}",
-                x.arguments,
-                y.arguments
-            );
         }
     }
 
