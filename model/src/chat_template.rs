@@ -89,7 +89,7 @@ impl ChatTemplate {
     /// ```
     /// use dcpserve_model::chat_template::{ChatTemplate, RenderLimits};
     /// let limits = RenderLimits { fuel: 10_000, max_output_bytes: 100 };
-    /// let t = ChatTemplate::with_limits("{% for i in range(100) %}x{% endfor %}", None, None, limits);
+    /// let t = ChatTemplate::with_limits("{% for i in range(200) %}x{% endfor %}", None, None, limits);
     /// assert!(t.unwrap().render(&[], false).unwrap_err().to_string().contains("100 bytes"));
     /// let spin = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
     /// let t = ChatTemplate::with_limits(spin, None, None, limits).unwrap();
