@@ -313,14 +313,67 @@ fn np4_mla_tp4_dcp4_equals_in_process() {
     });
 }
 
-/// A rank process killed (SIGKILL) or stopped (SIGSTOP, a hang) mid-generation: the
-/// in-flight request ends with an error within seconds, new requests are refused with
-/// the reason, `/health` answers 503 naming the lost process and its host, and process
-/// 0 goes on answering.
+/// The deadline every request has, counted from the kill or stop of a rank process:
+/// detection after [`dcpserve_actors::remote::LOST_AFTER`] (3 s) plus one heartbeat
+/// period, then every request of the model is answered at once.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(5);
+
+/// How one request around the fault ended.
+struct Ending {
+    case: String,
+    /// Seconds after the signal (negative: before it).
+    at: f64,
+    /// The HTTP status, and the response or stream body.
+    status: u16,
+    body: String,
+}
+
+/// Sends a non-streaming completion at once and returns how it ended (or `None` past the
+/// deadline).
+fn complete_later(
+    addr: std::net::SocketAddr,
+    case: &str,
+    t0: std::sync::Arc<std::sync::OnceLock<Instant>>,
+) -> tokio::task::JoinHandle<Option<Ending>> {
+    let case = case.to_string();
+    tokio::spawn(async move {
+        let body = serde_json::json!({"model": "tiny", "prompt": "once upon a time",
+            "max_tokens": 4000, "ignore_eos": true});
+        let r = tokio::time::timeout(
+            Duration::from_secs(60),
+            api_util::post(addr, "/v1/completions", &body),
+        )
+        .await
+        .ok()?;
+        let now = Instant::now();
+        let t0 = *t0.get().expect("the signal was sent");
+        let at = match now.checked_duration_since(t0) {
+            Some(d) => d.as_secs_f64(),
+            None => -t0.duration_since(now).as_secs_f64(),
+        };
+        Some(Ending {
+            case,
+            at,
+            status: r.status,
+            body: r.body,
+        })
+    })
+}
+
+/// A rank process killed (SIGKILL) or stopped (SIGSTOP, a hang) while requests are in
+/// every state: (a) two streams generating, (b) two requests queued behind them
+/// (`--max-num-seqs 2`), (c) requests sent right after the signal, before the loss can
+/// be detected, and (d) a request sent after detection. Every one ends within
+/// [`ANSWERED_WITHIN`] of the signal (a stream with an error frame and `[DONE]`, a plain
+/// request with a 5xx) naming the lost process, `/health` answers 503 with the reason,
+/// and process 0 goes on answering.
 fn lost_rank_process(name: &str, signal: &str) {
     as_child(|| async {
+        use std::sync::{Arc, OnceLock};
+        use tokio::io::AsyncReadExt;
         let model = fixture("tiny-llama");
-        let cfg = mpi(cfg(layout(2, 1, 1), 128, 64 << 20));
+        let mut cfg = mpi(cfg(layout(2, 1, 1), 128, 64 << 20));
+        cfg.max_num_seqs = 2;
         let engine = Engine::builder(&model)
             .config(cfg)
             .build()
@@ -330,60 +383,219 @@ fn lost_rank_process(name: &str, signal: &str) {
         assert_eq!(api_util::get(addr, "/health").await.status, 200);
         let cluster = dcpserve_actors::remote::Cluster::global().expect("cluster");
         let pid = cluster.pid(1).to_string();
-        use futures::StreamExt;
-        let mut s = engine
-            .generate(dcpserve::Prompt::Tokens(vec![5; 20]), greedy(1_000_000))
-            .unwrap();
-        for _ in 0..5 {
-            assert!(matches!(
-                s.next().await,
-                Some(Ok(dcpserve::GenerationEvent::Token { .. }))
-            ));
+        // However the checks end, nothing stays stopped (mpirun would wait for it).
+        let _resume = Resume(pid.clone());
+        let t0 = Arc::new(OnceLock::new());
+        // (a) in flight: two long streams, generating.
+        let stream_body = serde_json::json!({"model": "tiny", "prompt": "a long story",
+            "max_tokens": 4000, "ignore_eos": true, "stream": true});
+        let mut streams = Vec::new();
+        for i in 0..2 {
+            let (mut sock, seen) =
+                api_util::open_stream(addr, "/v1/completions", &stream_body, 3).await;
+            let t0 = t0.clone();
+            streams.push(tokio::spawn(async move {
+                let mut rest = Vec::new();
+                tokio::time::timeout(Duration::from_secs(60), sock.read_to_end(&mut rest))
+                    .await
+                    .ok()?
+                    .ok()?;
+                let t0: Instant = *t0.get().expect("the signal was sent");
+                Some(Ending {
+                    case: format!("(a) in flight, stream {i}"),
+                    at: t0.elapsed().as_secs_f64(),
+                    status: 200,
+                    body: seen + &String::from_utf8_lossy(&rest),
+                })
+            }));
+        }
+        // (b) queued behind them.
+        let mut plain = Vec::new();
+        for i in 0..2 {
+            plain.push(complete_later(addr, &format!("(b) queued {i}"), t0.clone()));
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while engine.stats().await.expect("stats").waiting < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the queued requests never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let status = Command::new("kill").args([signal, &pid]).status().unwrap();
         assert!(status.success());
-        let t0 = Instant::now();
-        let error = loop {
-            match tokio::time::timeout(Duration::from_secs(30), s.next())
-                .await
-                .expect("the in-flight request must not hang")
-            {
-                Some(Ok(_)) => continue,
-                Some(Err(e)) => break e.to_string(),
-                None => panic!("the in-flight request must end with an error"),
-            }
-        };
-        let ended_after = t0.elapsed();
-        assert!(ended_after < Duration::from_secs(10), "{ended_after:?}");
-        assert!(error.contains("MPI process 1 on host"), "{error}");
-        // The model reports itself unavailable, with the reason, once the restart fails.
+        let _ = t0.set(Instant::now());
+        let t0 = *t0.get().unwrap();
+        // (c) in the detection window: at once, and 1 s and 2 s after the signal.
+        plain.push(complete_later(
+            addr,
+            "(c) at +0 s",
+            Arc::new(OnceLock::from(t0)),
+        ));
+        for s in [1, 2] {
+            tokio::time::sleep_until((t0 + Duration::from_secs(s)).into()).await;
+            plain.push(complete_later(
+                addr,
+                &format!("(c) at +{s} s"),
+                Arc::new(OnceLock::from(t0)),
+            ));
+        }
+        // Detection: /health turns 503 with the reason.
         let mut health = api_util::get(addr, "/health").await;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while health.status == 200 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        while health.status == 200 && t0.elapsed() < ANSWERED_WITHIN {
+            tokio::time::sleep(Duration::from_millis(50)).await;
             health = api_util::get(addr, "/health").await;
         }
+        let detected = t0.elapsed().as_secs_f64();
         assert_eq!(health.status, 503, "{}", health.body);
         assert!(
             health.body.contains("MPI process 1 on host"),
             "{}",
             health.body
         );
+        // (d) after detection.
+        plain.push(complete_later(
+            addr,
+            "(d) after detection",
+            Arc::new(OnceLock::from(t0)),
+        ));
+        let mut report = Vec::new();
+        for h in streams {
+            let e = h.await.unwrap().expect("an in-flight stream must end");
+            assert!(
+                e.body.contains("\"error\"") && e.body.contains("MPI process 1 on host"),
+                "{}: the stream must end with an error frame naming the lost process: {}",
+                e.case,
+                e.body
+            );
+            assert!(e.body.contains("data: [DONE]"), "{}: {}", e.case, e.body);
+            report.push(e);
+        }
+        for h in plain {
+            let e = h.await.unwrap().expect("a request must be answered");
+            assert!(
+                e.status >= 500 && e.body.contains("MPI process 1 on host"),
+                "{}: a 5xx naming the lost process, got {} {}",
+                e.case,
+                e.status,
+                e.body
+            );
+            report.push(e);
+        }
+        for e in &report {
+            assert!(
+                e.at < ANSWERED_WITHIN.as_secs_f64(),
+                "{} was answered {:.2} s after `kill {signal}`, past {ANSWERED_WITHIN:?}: {}",
+                e.case,
+                e.at,
+                e.body
+            );
+        }
+        // Process 0 still answers, and the model keeps saying why it cannot serve.
+        assert_eq!(api_util::get(addr, "/v1/models").await.status, 200);
+        assert_eq!(api_util::get(addr, "/health").await.status, 503);
         let refused = engine
             .complete(dcpserve::Prompt::Tokens(vec![5; 4]), greedy(4))
             .await
             .expect_err("a model without its ranks refuses requests");
         assert!(refused.to_string().contains("MPI process 1"), "{refused}");
-        // Process 0 still answers.
-        assert_eq!(api_util::get(addr, "/v1/models").await.status, 200);
+        let times: Vec<String> = report
+            .iter()
+            .map(|e| format!("{} {:.2} s ({})", e.case, e.at, e.status))
+            .collect();
+        // The distinct messages, without the common reason (`MPI process 1 ... lost`).
+        let mut errors: Vec<&str> = report
+            .iter()
+            .filter_map(|e| e.body.split("\"message\":\"").nth(1))
+            .filter_map(|m| m.split("MPI process").next())
+            .collect();
+        errors.dedup();
         println!(
-            "{name}: checked: request ended {:.2} s after `kill {signal}` with: {error}",
-            ended_after.as_secs_f64()
+            "{name}: checked: /health 503 {detected:.2} s after `kill {signal}`; answered: {}; answers: {}",
+            times.join(", "),
+            errors.join(" | ")
         );
-        if signal == "-STOP" {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-        }
     });
+}
+
+/// A rank process killed or stopped while the model is idle, then requests with long
+/// prompts in the detection window: their first step's plan (a whole prompt, above MPI's
+/// eager limit) goes to a process that will never take it, and each still ends within
+/// [`ANSWERED_WITHIN`] of the signal naming the lost process.
+fn lost_while_idle(name: &str, signal: &str) {
+    as_child(|| async {
+        use std::sync::{Arc, OnceLock};
+        let model = fixture("tiny-llama");
+        // Whole 2000-token prompts in one step: 8 KB of token ids in one plan.
+        let engine = Engine::builder(&model)
+            .config(mpi(cfg(layout(2, 1, 1), 4096, 64 << 20)))
+            .build()
+            .await
+            .expect("MPI engine");
+        let addr = api_util::start(api_util::router_for(&engine, 64), None).await;
+        assert_eq!(api_util::get(addr, "/health").await.status, 200);
+        let cluster = dcpserve_actors::remote::Cluster::global().expect("cluster");
+        let pid = cluster.pid(1).to_string();
+        let _resume = Resume(pid.clone());
+        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(status.success());
+        let t0 = Instant::now();
+        let prompt: Vec<u32> = (0..2000).map(|i| 4 + i % 300).collect();
+        let mut sent = Vec::new();
+        for s in [0, 1] {
+            tokio::time::sleep_until((t0 + Duration::from_millis(500 + 1000 * s)).into()).await;
+            let body = serde_json::json!({"model": "tiny", "prompt": prompt, "max_tokens": 16});
+            let case = format!("(c) idle, at +{}.5 s", s);
+            let t0 = Arc::new(OnceLock::from(t0));
+            sent.push(tokio::spawn(async move {
+                let r = tokio::time::timeout(
+                    Duration::from_secs(60),
+                    api_util::post(addr, "/v1/completions", &body),
+                )
+                .await
+                .ok()?;
+                Some(Ending {
+                    case,
+                    at: t0.get().unwrap().elapsed().as_secs_f64(),
+                    status: r.status,
+                    body: r.body,
+                })
+            }));
+        }
+        let mut times = Vec::new();
+        for h in sent {
+            let e = h.await.unwrap().expect("a request must be answered");
+            assert!(
+                e.status >= 500 && e.body.contains("MPI process 1 on host"),
+                "{}: a 5xx naming the lost process, got {} {}",
+                e.case,
+                e.status,
+                e.body
+            );
+            assert!(
+                e.at < ANSWERED_WITHIN.as_secs_f64(),
+                "{} was answered {:.2} s after `kill {signal}`: {}",
+                e.case,
+                e.at,
+                e.body
+            );
+            times.push(format!("{} {:.2} s ({})", e.case, e.at, e.status));
+        }
+        let health = api_util::get(addr, "/health").await;
+        assert_eq!(health.status, 503, "{}", health.body);
+        assert_eq!(api_util::get(addr, "/v1/models").await.status, 200);
+        println!("{name}: checked: answered: {}", times.join(", "));
+    });
+}
+
+/// Resumes and kills the signalled rank process when dropped.
+struct Resume(String);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+        let _ = Command::new("kill").args(["-KILL", &self.0]).status();
+    }
 }
 
 #[test]
@@ -402,4 +614,22 @@ fn np2_hung_rank_process_ends_requests_and_health_says_why() {
         return under_mpirun(NAME, 2, Launch::Killed, Duration::from_secs(120));
     }
     lost_rank_process(NAME, "-STOP");
+}
+
+#[test]
+fn np2_rank_process_killed_while_idle_ends_requests_in_the_detection_window() {
+    const NAME: &str = "np2_rank_process_killed_while_idle_ends_requests_in_the_detection_window";
+    if !is_child() {
+        return under_mpirun(NAME, 2, Launch::Killed, Duration::from_secs(120));
+    }
+    lost_while_idle(NAME, "-KILL");
+}
+
+#[test]
+fn np2_rank_process_stopped_while_idle_ends_requests_in_the_detection_window() {
+    const NAME: &str = "np2_rank_process_stopped_while_idle_ends_requests_in_the_detection_window";
+    if !is_child() {
+        return under_mpirun(NAME, 2, Launch::Killed, Duration::from_secs(120));
+    }
+    lost_while_idle(NAME, "-STOP");
 }

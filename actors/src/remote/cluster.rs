@@ -1,9 +1,16 @@
 //! Process 0's side of an MPI job: the control channel to the rank processes, the
 //! routing of their reports to the rank groups, and the heartbeats that tell a lost
 //! process from a slow one.
+//!
+//! Messages to a rank process leave through that process's outbox ([`Outbox`]), on a
+//! thread of its own: `MPI_Send` of a message above the transport's eager limit waits
+//! until the receiver takes it, forever if the receiver is stopped (SIGSTOP), and no
+//! actor (a rank proxy that must still hear of the loss) or the control thread (the
+//! heartbeats that detect it) may wait with it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -19,7 +26,9 @@ use crate::rank::{RankMsg, StepSink};
 
 /// The rank processes of this MPI job, seen from process 0.
 pub struct Cluster {
-    control: ControlChannel,
+    control: Arc<ControlChannel>,
+    /// One per process (none for process 0).
+    outboxes: Vec<Option<Outbox>>,
     hosts: Vec<String>,
     pids: Vec<u32>,
     state: Mutex<ClusterState>,
@@ -47,6 +56,55 @@ struct ClusterState {
     routes: HashMap<usize, Route>,
 }
 
+/// The messages on their way to one rank process, sent in order by a thread of their
+/// own. A thread stuck in `MPI_Send` to a stopped process holds up only that process's
+/// messages, and it is lost anyway: nothing more is queued for it once it is.
+struct Outbox {
+    queue: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Outbox {
+    fn start(control: Arc<ControlChannel>, to: usize) -> Result<Self, String> {
+        let (tx, rx) = mpsc::channel::<Vec<u8>>();
+        let thread = std::thread::Builder::new()
+            .name(format!("dcpserve-mpi-send-{to}"))
+            .spawn(move || {
+                while let Ok(bytes) = rx.recv() {
+                    control.send(to, &bytes);
+                }
+            })
+            .map_err(|e| format!("sender thread for MPI process {to}: {e}"))?;
+        Ok(Self {
+            queue: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    fn push(&self, bytes: Vec<u8>) {
+        if let Some(q) = &*self.queue.lock().unwrap_or_else(PoisonError::into_inner) {
+            let _ = q.send(bytes);
+        }
+    }
+
+    /// Stops taking messages; with `wait`, returns once those queued are sent (a lost
+    /// process's thread may never return from MPI: it is left behind).
+    fn close(&self, wait: bool) {
+        self.queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let (true, Some(t)) = (wait, thread) {
+            let _ = t.join();
+        }
+    }
+}
+
 static CLUSTER: OnceLock<Arc<Cluster>> = OnceLock::new();
 
 fn lock(m: &Mutex<ClusterState>) -> std::sync::MutexGuard<'_, ClusterState> {
@@ -62,7 +120,7 @@ impl Cluster {
         if env.world_rank() != 0 {
             return Err("only MPI process 0 hosts the engine".into());
         }
-        let control = ControlChannel::new(env);
+        let control = Arc::new(ControlChannel::new(env));
         super::warn_if_bound(0);
         let size = control.size();
         let mut hosts = vec![String::new(); size];
@@ -91,8 +149,16 @@ impl Cluster {
             }
         }
         let now = Instant::now();
+        let outboxes = (0..size)
+            .map(|p| {
+                (p > 0)
+                    .then(|| Outbox::start(control.clone(), p))
+                    .transpose()
+            })
+            .collect::<Result<_, _>>()?;
         let cluster = Arc::new(Cluster {
             control,
+            outboxes,
             state: Mutex::new(ClusterState {
                 last_seen: (0..size).map(|p| (p > 0).then_some(now)).collect(),
                 ..Default::default()
@@ -143,8 +209,14 @@ impl Cluster {
         lock(&self.state).lost.clone()
     }
 
+    /// Queues a message for process `p` (never blocks; dropped once `p` is lost).
     fn send(&self, p: usize, msg: &ToRankProcess, payload: &[u8]) {
-        self.control.send(p, &encode(msg, payload));
+        if !self.alive(p) {
+            return;
+        }
+        if let Some(outbox) = self.outboxes.get(p).and_then(Option::as_ref) {
+            outbox.push(encode(msg, payload));
+        }
     }
 
     /// Asks process `p` to start `ranks` of `generation`; their failures go to
@@ -217,12 +289,9 @@ impl Cluster {
         for p in &procs {
             st.routes.remove(p);
         }
-        let lost = st.lost.is_some();
         drop(st);
         for p in procs {
-            if !lost || self.alive(p) {
-                self.send_to(p, &ToRankProcess::TearDown { generation });
-            }
+            self.send_to(p, &ToRankProcess::TearDown { generation });
         }
     }
 
@@ -249,8 +318,11 @@ impl Cluster {
         }
         let lost = self.lost().is_some();
         for p in 1..self.processes() {
-            if self.alive(p) {
-                self.send_to(p, &ToRankProcess::Shutdown);
+            let alive = self.alive(p);
+            self.send_to(p, &ToRankProcess::Shutdown);
+            if let Some(outbox) = &self.outboxes[p] {
+                // Every message to a live process leaves before MPI is finalized.
+                outbox.close(alive);
             }
         }
         if !lost {
@@ -275,9 +347,7 @@ impl Cluster {
             if now >= next_beat {
                 next_beat = now + HEARTBEAT_EVERY;
                 for p in 1..self.processes() {
-                    if self.alive(p) {
-                        self.send_to(p, &ToRankProcess::Heartbeat);
-                    }
+                    self.send_to(p, &ToRankProcess::Heartbeat);
                 }
                 self.check_heartbeats(now);
             }
@@ -344,6 +414,10 @@ impl Cluster {
             .collect();
         for (p, silence) in silent {
             st.last_seen[p] = None;
+            if let Some(outbox) = &self.outboxes[p] {
+                // What is queued for it is never sent (its thread may be stuck in MPI).
+                outbox.close(false);
+            }
             let ranks = st
                 .routes
                 .get(&p)
