@@ -28,7 +28,10 @@ pub use cluster::Cluster;
 
 /// How often each side tells the other it is alive.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
-/// Silence after which a process is declared lost.
+/// Silence after which a process is declared lost. Liveness is heartbeats on threads that
+/// do nothing else, not a step watchdog: a step may legitimately take longer (a long
+/// prefill, a large shard loading) while its process still beats, and a stopped
+/// (SIGSTOP) or dead process falls silent whatever its ranks were doing.
 pub const LOST_AFTER: Duration = Duration::from_secs(3);
 
 /// Warns when the MPI launcher bound this process to fewer cores than its host has: Open
