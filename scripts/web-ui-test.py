@@ -325,7 +325,7 @@ def run(page, base, shots, setup):
     check(user == "Tell me a story about a small engine.", f"user message shown as {user!r}")
     page.screenshot("#chat-panel", shots / "web-ui-chat.png")
 
-    print("- engine view: a long request's KV grows over both DCP ranks; Stop ends it")
+    print("- engine view: a long request's KV grows over the DCP ranks; Stop ends it")
     page.set_value("#max-tokens", str(setup.long_tokens))
     page.type_into("#prompt", "Now count slowly to a very large number.")
     page.click("#send")

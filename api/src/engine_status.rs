@@ -251,6 +251,7 @@ pub fn model_status(
             *acc += n;
         }
     }
+    // TP rank r is DCP rank r mod dcp (vLLM's layout; `dcpserve_kernels::dcp::dcp_rank_of`).
     let ranks = (0..l.tensor_parallel_size.max(1))
         .map(|rank| RankKv {
             rank,
