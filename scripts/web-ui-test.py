@@ -7,7 +7,9 @@ It starts `dcpserve serve` on the tiny fixture model at tp=4 dcp=2 with an API k
 in the page: types the key, types a message and clicks Send, and checks that the answer's
 text appears and grows in more than one step; starts a long request (ignore_eos, large
 max_tokens), reads the engine view's numbers from the DOM until the running sequence's
-KV grows and is split over both DCP ranks, and presses Stop. Screenshots of the two
+KV grows and is split over the DCP ranks, and presses Stop; then asks with a JSON
+schema (the answer must be one of its values) and with a required tool (the call shown
+must name it, with arguments in its schema). Screenshots of the two
 panels go to DIR/web-ui-chat.png and DIR/web-ui-engine.png.
 
 usage: scripts/web-ui-test.py [--exe target/release/dcpserve] [--chromium PATH]
@@ -26,6 +28,7 @@ import json
 import os
 import pathlib
 import queue
+import re
 import shutil
 import socket
 import subprocess
@@ -373,6 +376,52 @@ def run(page, base, shots, setup):
     )
     check(page.eval("!document.getElementById('send').disabled"), "Send stays disabled after Stop")
 
+    print("- structured output and tools")
+    page.click("#clear")
+    page.set_value("#max-tokens", "64")
+    page.eval("document.getElementById('structured').open = true")
+    # A constrained output ends when its grammar is complete: the server refuses ignore_eos
+    # with it, and the page shows that error.
+    page.set_value("#response-format", json.dumps({"type": "string", "enum": ["yes", "no"]}))
+    answer = ask(page, "Yes or no?")
+    check("ignore_eos" in (answer["error"] or ""), f"no error shown for ignore_eos: {answer}")
+    page.eval("document.getElementById('ignore-eos').checked = false")
+    answer = ask(page, "Yes or no?")
+    check(answer["finish"] == "finish_reason: stop", f"the constrained answer ended with {answer}")
+    check(answer["text"] in ('"yes"', '"no"'), f"the schema allows \"yes\" or \"no\", got {answer}")
+    print(f"  constrained answer {answer['text']}")
+    page.set_value("#response-format", "")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+        "required": ["city"]}}}
+    page.set_value("#tools", json.dumps([tool]))
+    page.set_value("#tool-choice", "required")
+    answer = ask(page, "What is the weather like?")
+    check(answer["finish"] == "finish_reason: tool_calls", f"the tool call ended with {answer}")
+    call = re.fullmatch(r"tool call \S*: get_weather\((.*)\)", answer["calls"] or "", re.S)
+    check(call is not None, f"no get_weather call shown: {answer}")
+    check(json.loads(call.group(1)).get("city") in ("Paris", "Oslo"), f"arguments off the schema: {answer}")
+    print(f"  {answer['calls']}")
+
+
+def ask(page, text):
+    """Sends `text` and returns the answer's text, tool calls and finish line once it ends."""
+    before = page.eval("document.querySelectorAll('#messages .msg.assistant').length")
+    page.type_into("#prompt", text)
+    page.click("#send")
+    page.wait_for(
+        f"document.querySelectorAll('#messages .msg.assistant').length > {before}"
+        " && !!document.querySelector('#messages .msg.assistant:last-child :is(.finish, .error)')",
+        f"the answer to {text!r}",
+    )
+    return page.eval(
+        "(() => { const m = document.querySelector('#messages .msg.assistant:last-child');"
+        " return {text: m.querySelector('.content').textContent,"
+        " calls: m.querySelector('.tool-calls')?.textContent ?? null,"
+        " finish: m.querySelector('.finish')?.textContent ?? null,"
+        " error: m.querySelector('.error')?.textContent ?? null}; })()"
+    )
+
 
 def find_chromium(given):
     for c in [given, os.environ.get("CHROMIUM"), "chromium", "chromium-browser", "google-chrome"]:
@@ -402,7 +451,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="dcpserve-web-ui-") as tmp:
         setup = Setup(args.default_model)
         server, port = start_server(args.exe, setup, pathlib.Path(tmp) / "serve.log")
-        browser = None
+        browser, page = None, None
         try:
             browser = Browser(chromium, tmp)
             version = browser.call("Browser.getVersion", timeout=60)
@@ -412,6 +461,13 @@ def main():
             errors = [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
             check(not errors, f"the page threw: {errors}")
         except TestFailure as e:
+            if page is not None:
+                try:
+                    shot = page.call("Page.captureScreenshot", {"format": "png"})
+                    (shots / "web-ui-failure.png").write_bytes(base64.b64decode(shot["data"]))
+                    print(f"the page at the failure: {shots / 'web-ui-failure.png'}")
+                except TestFailure:
+                    pass
             log = (pathlib.Path(tmp) / "serve.log").read_text(errors="replace").splitlines()[-20:]
             clog = pathlib.Path(tmp) / "chromium.log"
             ctail = clog.read_text(errors="replace").splitlines()[-20:] if clog.exists() else []

@@ -159,6 +159,7 @@ async function send(event) {
   const calls = [];
   let finish = null;
   let answer = "";
+  let failed = false;
   controller = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
@@ -203,6 +204,7 @@ async function send(event) {
       box.append(el("div", "finish", "stopped"));
     } else {
       box.append(el("div", "error", e.message));
+      failed = true;
     }
   } finally {
     const msg = { role: "assistant", content: answer };
@@ -212,7 +214,10 @@ async function send(event) {
         id: c.id, type: "function", function: { name: c.name, arguments: c.arguments },
       }));
     }
-    history.push(msg);
+    // A refused or failed request leaves the conversation as it was (its message stays
+    // on screen, with the error); a stopped one keeps what was streamed.
+    if (failed) history.pop();
+    else history.push(msg);
     box.classList.remove("streaming");
     controller = null;
     $("send").disabled = false;
