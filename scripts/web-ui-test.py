@@ -155,7 +155,10 @@ class Browser:
         msg = {"id": self.next_id, "method": method, "params": params or {}}
         if session:
             msg["sessionId"] = session
-        os.write(self.to_child, json.dumps(msg).encode() + b"\0")
+        try:
+            os.write(self.to_child, json.dumps(msg).encode() + b"\0")
+        except OSError as e:
+            raise TestFailure(f"cannot send {method} to Chromium: {e}") from None
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()

@@ -318,7 +318,11 @@ function renderModel(m) {
   return sec;
 }
 
+let refreshing = false; // a slow answer is not asked for again before it comes
+
 async function refreshEngine() {
+  if (refreshing) return;
+  refreshing = true;
   const box = $("engine");
   try {
     const resp = await fetch("/v1/engine/status", { headers: headers(false) });
@@ -328,6 +332,8 @@ async function refreshEngine() {
     $("engine-updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
     box.replaceChildren(el("div", "error", "engine status: " + e.message));
+  } finally {
+    refreshing = false;
   }
 }
 
