@@ -33,6 +33,9 @@ if bash scripts/cpu-isa-levels.sh | grep -qx avx2; then
 fi
 # The HTTP API through the real `openai` Python client (pinned; installed in a venv).
 DCPSERVE_CARGO_FEATURES=mpi bash tests/python/run.sh
+# The web page at `GET /` in headless Chromium (installed from Debian's packages): a
+# streamed chat, Stop, and the engine view's KV placement changing during a request.
+DCPSERVE_CARGO_FEATURES=mpi bash scripts/web-ui-test.sh
 # 5,000 generated requests (valid, boundary, malformed, disconnects) per layout, tp=1
 # and tp=4 dcp=2: no 5xx, no hang, everything drained, memory bounded, same greedy text.
 bash scripts/request-storm.sh --requests 5000

@@ -79,6 +79,7 @@ struct Inner {
     supervisor: ActorRef<SupervisorMsg>,
     next_id: AtomicU64,
     speculates: bool,
+    layout: dcpserve_kernels::dcp::Layout,
 }
 
 impl Drop for Inner {
@@ -113,7 +114,7 @@ impl Engine {
         let mc = blocking(move || ModelFiles::read_config(&config_path))
             .await?
             .map_err(|e| Error::ModelLoading(e.to_string()))?;
-        config.resolve_layout(mc.attention_kind())?;
+        let layout = config.resolve_layout(mc.attention_kind())?;
         let draft = crate::speculation::open_draft_model(&config, &mc).await?;
         let files = blocking(move || ModelFiles::open(&path))
             .await?
@@ -140,8 +141,15 @@ impl Engine {
                 supervisor,
                 next_id: AtomicU64::new(1),
                 speculates,
+                layout,
             }),
         })
+    }
+
+    /// The parallel layout the model runs in: TP and DCP sizes, interleave, block size
+    /// (which DCP rank stores each position: [`dcpserve_kernels::dcp::Layout::placement`]).
+    pub fn layout(&self) -> &dcpserve_kernels::dcp::Layout {
+        &self.inner.layout
     }
 
     /// Whether this engine decodes speculatively (`--speculative-config`).
@@ -305,6 +313,12 @@ impl Engine {
     /// Scheduler counters (running, waiting, free blocks, preemptions).
     pub async fn stats(&self) -> Result<dcpserve_actors::SchedulerStats> {
         ractor::call!(self.inner.info.scheduler, SchedulerMsg::Stats).map_err(stopped)
+    }
+
+    /// The sequences the scheduler holds and the KV each has stored, running ones first.
+    /// Cheap: the scheduler answers from its own state between steps.
+    pub async fn sequences(&self) -> Result<Vec<dcpserve_actors::SequenceKv>> {
+        ractor::call!(self.inner.info.scheduler, SchedulerMsg::Sequences).map_err(stopped)
     }
 
     /// Seconds each rank of the current group has spent inside collectives (waiting

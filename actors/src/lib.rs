@@ -41,7 +41,7 @@ pub use dcpserve_kernels::{OutputConstraint, SamplingParams};
 pub use placement::Placement;
 pub use request::{FinishReason, GenerationRequest, RequestEvent, TokenOutput};
 pub use scheduler::{
-    Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SchedulerStats, SpecStats,
+    Scheduler, SchedulerArgs, SchedulerConfig, SchedulerMsg, SchedulerStats, SequenceKv, SpecStats,
     SpeculationLimits,
 };
 pub use supervisor::{ModelInfo, ModelSupervisor, SupervisorArgs, SupervisorMsg};

@@ -105,4 +105,10 @@ pub trait ModelBackend: Send + Sync + 'static {
     }
     /// Current counters, or `None` when the model cannot answer.
     fn stats(&self) -> BoxFuture<'static, Option<BackendStats>>;
+    /// The KV cache's layout, blocks and sequences for `/v1/engine/status`, or `None`
+    /// when the model cannot answer. A backend without a KV cache of its own (a test
+    /// stand-in) reports none, and the endpoint says so for that model.
+    fn kv_status(&self) -> BoxFuture<'static, Option<crate::engine_status::KvStatus>> {
+        Box::pin(async { None })
+    }
 }

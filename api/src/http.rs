@@ -20,7 +20,7 @@ use crate::state::AppState;
 // Re-exported from its old home, where callers have found it.
 pub use crate::limits::MAX_BODY_BYTES;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum Route {
     Completions,
     Chat,
@@ -30,6 +30,9 @@ enum Route {
     Health,
     Metrics,
     Version,
+    EngineStatus,
+    /// A file of the web page (`GET /` and its script and style sheet).
+    Web(&'static crate::web::Asset),
 }
 
 impl Route {
@@ -44,7 +47,8 @@ impl Route {
             "/health" => (Route::Health, Method::GET),
             "/metrics" => (Route::Metrics, Method::GET),
             "/version" => (Route::Version, Method::GET),
-            _ => return None,
+            "/v1/engine/status" => (Route::EngineStatus, Method::GET),
+            _ => (Route::Web(crate::web::asset(path)?), Method::GET),
         })
     }
 }
@@ -112,7 +116,9 @@ where
     B: Buf,
 {
     let result = async {
-        let (route, want) = Route::parse(path).ok_or_else(|| ApiError::route_not_found(path))?;
+        let (route, want) = Route::parse(path)
+            .filter(|(r, _)| state.web_ui || !matches!(r, Route::Web(_)))
+            .ok_or_else(|| ApiError::route_not_found(path))?;
         if method != want && !(method == Method::HEAD && want == Method::GET) {
             return Err(ApiError::method_not_allowed(method.as_str(), path));
         }
@@ -132,6 +138,8 @@ where
             Route::Detokenize => routes::misc::detokenize(state, &body),
             Route::Version => Ok(routes::misc::version()),
             Route::Health => health(state).await,
+            Route::EngineStatus => Ok(routes::status::engine_status(state).await),
+            Route::Web(asset) => Ok(crate::web::response(asset)),
             Route::Metrics => {
                 let samples = state.router.metrics_samples().await;
                 let text = crate::metrics::render(&samples);

@@ -3,6 +3,9 @@
 //! - `POST /v1/completions`, `POST /v1/chat/completions` (with SSE streaming), `GET /v1/models`
 //! - vLLM's `POST /tokenize`, `POST /detokenize`, `GET /health`, `GET /version`
 //! - `GET /metrics`: Prometheus text, labelled by model
+//! - `GET /v1/engine/status`: KV blocks per rank, each sequence's KV per DCP rank,
+//!   requests, tokens per second ([`engine_status`])
+//! - `GET /`: a chat and engine page ([`web`]), unless turned off
 //! - tool calls (`tools`, `tool_choice`; [`tools`], [`tool_parsers`]) and reasoning content
 //!   ([`reasoning`]) on chat completions
 //!
@@ -30,6 +33,7 @@
 pub mod backend;
 pub mod chat_messages;
 pub mod chat_output;
+pub mod engine_status;
 pub mod errors;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -48,6 +52,7 @@ pub mod tool_parsers;
 pub mod tools;
 pub mod types;
 pub mod validation;
+pub mod web;
 
 pub use backend::{BackendEvent, BackendStats, EventStream, ModelBackend};
 // The config file's types live in dcpserve-config; the router's API uses them.

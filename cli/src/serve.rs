@@ -12,6 +12,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use clap::Args;
 use dcpserve_actors::ValidRequest;
 use dcpserve_api::backend::SpeculationCounters;
+use dcpserve_api::engine_status::{KvLayout, KvStatus};
 use dcpserve_api::{
     AppState, BackendEvent, BackendStats, ChatSettings, EventStream, ModelBackend, ModelRouter,
     ModelSlot,
@@ -45,6 +46,9 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1 routes (or set DCPSERVE_API_KEY).
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Serve no web page at `GET /` (a 404; the API is unchanged).
+    #[arg(long)]
+    pub no_web_ui: bool,
     /// Requests allowed to wait beyond --max-num-seqs before answering 429.
     #[arg(long)]
     pub max_waiting_requests: Option<usize>,
@@ -218,6 +222,9 @@ impl ServeArgs {
             .or_else(|| std::env::var("DCPSERVE_API_KEY").ok())
             .or(s.api_key.take());
         s.max_waiting_requests = self.max_waiting_requests.or(s.max_waiting_requests);
+        if self.no_web_ui {
+            s.web_ui = Some(false);
+        }
         Ok(cfg)
     }
 }
@@ -310,6 +317,30 @@ impl ModelBackend for EngineBackend {
                 Err(e) => Err(e.to_string()),
             })
             .boxed())
+    }
+
+    fn kv_status(&self) -> BoxFuture<'static, Option<KvStatus>> {
+        let engine = self.engine.clone();
+        Box::pin(async move {
+            let l = engine.layout();
+            let layout = KvLayout {
+                tensor_parallel_size: l.tp(),
+                decode_context_parallel_size: l.dcp(),
+                cp_kv_cache_interleave_size: l.interleave(),
+                block_size: l.block_size(),
+            };
+            // Two reads, not one snapshot: the blocks in use and the list may differ by a
+            // sequence that starts or ends in between.
+            let sequences = engine.sequences().await.ok()?;
+            let s = engine.stats().await.ok()?;
+            Some(KvStatus {
+                layout,
+                total_blocks: s.total_blocks,
+                free_blocks: s.free_blocks,
+                generated_tokens: s.generated_tokens,
+                sequences,
+            })
+        })
     }
 
     fn stats(&self) -> BoxFuture<'static, Option<BackendStats>> {
@@ -457,7 +488,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .next()
         .ok_or_else(|| anyhow!("{host} resolves to no address"))?;
     let names: Vec<String> = router.models().iter().map(|m| m.name.clone()).collect();
-    let state = AppState::new(router, cfg.server.api_key.clone());
+    let state = AppState::new(router, cfg.server.api_key.clone())
+        .with_web_ui(cfg.server.web_ui.unwrap_or(true));
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutting down");
@@ -529,6 +561,37 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("expected on or off"), "{err}");
+    }
+
+    #[test]
+    fn no_web_ui_flag_and_toml_key() {
+        let cli = Cli::try_parse_from(["serve"]).unwrap();
+        assert_eq!(
+            cli.serve.resolve().unwrap().server.web_ui,
+            None,
+            "on by default"
+        );
+        let cli = Cli::try_parse_from(["serve", "--no-web-ui"]).unwrap();
+        assert_eq!(cli.serve.resolve().unwrap().server.web_ui, Some(false));
+        let dir = std::env::temp_dir().join(format!("dcpserve-web-ui-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.toml");
+        std::fs::write(
+            &file,
+            "[server]\nweb_ui = false\n[[models]]\nname = \"m\"\n",
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let cli = Cli::try_parse_from(["serve", "--config", path]).unwrap();
+        assert_eq!(cli.serve.resolve().unwrap().server.web_ui, Some(false));
+        std::fs::write(&file, "[server]\nweb_ui = \"no\"\n").unwrap();
+        let err = Cli::try_parse_from(["serve", "--config", path])
+            .unwrap()
+            .serve
+            .resolve()
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("web_ui"), "{err:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

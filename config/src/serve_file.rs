@@ -6,6 +6,7 @@
 //! port = 8000
 //! api_key = "secret"            # optional: require `Authorization: Bearer secret` on /v1
 //! max_waiting_requests = 256    # per model, beyond max_num_seqs; more get 429
+//! web_ui = true                 # false: no web page at `GET /` (as --no-web-ui)
 //!
 //! [[models]]
 //! name = "smollm2"              # what clients put in `model`
@@ -65,6 +66,8 @@ pub struct ServerSection {
     pub port: Option<u16>,
     pub api_key: Option<String>,
     pub max_waiting_requests: Option<usize>,
+    /// Whether `GET /` serves the web page (default true; `--no-web-ui` sets false).
+    pub web_ui: Option<bool>,
 }
 
 /// One `[[models]]` entry: a model with its own supervisor and rank group.

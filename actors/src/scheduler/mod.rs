@@ -66,6 +66,27 @@ pub struct SchedulerStats {
     pub prefix_cache_hits: u64,
     /// Drafted and accepted tokens (all zero without speculative decoding).
     pub speculation: SpecStats,
+    /// Tokens generated (sampled and accepted) since start, over all sequences.
+    pub generated_tokens: u64,
+}
+
+/// One sequence the scheduler holds, as [`SchedulerMsg::Sequences`] reports it: what its
+/// KV cache holds now. Under DCP each virtual block is allocated on every rank of the
+/// DCP group and each rank stores its share of the block's tokens
+/// (`dcpserve_kernels::dcp::Placement` says which).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceKv {
+    /// The request id.
+    pub id: u64,
+    /// In the running batch (`false`: waiting, e.g. preempted or not yet admitted).
+    pub running: bool,
+    pub prompt_tokens: usize,
+    /// Tokens generated so far.
+    pub output_tokens: usize,
+    /// Positions whose KV is computed and stored (the first `kv_tokens` of the sequence).
+    pub kv_tokens: usize,
+    /// Virtual KV blocks held (each is `tokens_per_block` positions).
+    pub kv_blocks: usize,
 }
 
 /// Messages the scheduler understands.
@@ -90,6 +111,10 @@ pub enum SchedulerMsg {
     /// end every request, refuse new ones with `reason`, and say so in the stats.
     Unavailable(String),
     Stats(RpcReplyPort<SchedulerStats>),
+    /// Every sequence held, running ones first: read from the scheduler's own state (no
+    /// round trip to the KV-block manager), so a status page costs the decode loop one
+    /// short message between steps.
+    Sequences(RpcReplyPort<Vec<SequenceKv>>),
 }
 
 struct Sequence {
@@ -270,6 +295,9 @@ impl Actor for Scheduler {
                 s.prefix_cache_hits = kv.prefix_cache.hits;
                 let _ = port.send(s);
             }
+            SchedulerMsg::Sequences(port) => {
+                let _ = port.send(st.sequences());
+            }
         }
         // Keep up to two steps in flight on disjoint micro-batches: while the ranks compute
         // one, the other's results are sampled and its next step is planned and sent.
@@ -311,6 +339,26 @@ impl Actor for Scheduler {
 }
 
 impl SchedulerState {
+    /// What [`SchedulerMsg::Sequences`] answers.
+    fn sequences(&self) -> Vec<SequenceKv> {
+        let running = self.running.iter().map(|id| (id, true));
+        let waiting = self.waiting.iter().map(|id| (id, false));
+        running
+            .chain(waiting)
+            .filter_map(|(&id, running)| {
+                let seq = self.seqs.get(&id)?;
+                Some(SequenceKv {
+                    id,
+                    running,
+                    prompt_tokens: seq.prompt_len,
+                    output_tokens: seq.output_len(),
+                    kv_tokens: seq.num_computed,
+                    kv_blocks: seq.table.len(),
+                })
+            })
+            .collect()
+    }
+
     fn submit(&mut self, request: GenerationRequest, events: UnboundedSender<RequestEvent>) {
         let len = request.prompt_ids.len();
         let reject = if let Some(reason) = &self.stats.unavailable {
@@ -477,8 +525,10 @@ impl SchedulerState {
                     }
                 }
                 if s.samples {
+                    let before = seq.tokens.len();
                     (accepted, ended) =
                         SchedulerState::accept_tokens(seq, r.tokens, r.accepted, &self.cfg);
+                    self.stats.generated_tokens += (seq.tokens.len() - before) as u64;
                     // Only accepted drafts keep their KV.
                     seq.num_computed -= s.draft_len - accepted;
                 }

@@ -233,3 +233,27 @@ async fn a_sequence_is_sent_whole_once_then_as_diffs() {
     assert_eq!(next.finished, vec![2]);
     assert_eq!(next.seqs.iter().map(|s| s.id).collect::<Vec<_>>(), vec![1]);
 }
+
+#[tokio::test]
+async fn sequences_report_their_kv_and_generated_tokens_count() {
+    let (sched, mut plans, _events) = setup(false).await;
+    let first = plans.recv().await.unwrap();
+    // Request 1 is being computed (its blocks allocated, no KV stored yet); 2 waits.
+    let seqs = ractor::call!(sched, SchedulerMsg::Sequences).unwrap();
+    let kv = |id, running, output_tokens, kv_tokens, kv_blocks| SequenceKv {
+        id,
+        running,
+        prompt_tokens: 5,
+        output_tokens,
+        kv_tokens,
+        kv_blocks,
+    };
+    assert_eq!(seqs, vec![kv(1, true, 0, 0, 2), kv(2, false, 0, 0, 0)]);
+    sched.send_message(answer(&first, 9)).unwrap();
+    let _second = plans.recv().await.unwrap();
+    // Its prompt's KV is stored and one token was generated; 2 is admitted beside it.
+    let seqs = ractor::call!(sched, SchedulerMsg::Sequences).unwrap();
+    assert_eq!(seqs, vec![kv(1, true, 1, 5, 2), kv(2, true, 0, 0, 2)]);
+    let stats = ractor::call!(sched, SchedulerMsg::Stats).unwrap();
+    assert_eq!(stats.generated_tokens, 1);
+}

@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod completions;
 pub mod misc;
+pub mod status;
 
 use serde::Serialize;
 use warp::http::HeaderValue;
