@@ -39,6 +39,7 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
+pub(crate) mod kquant_small_m;
 mod transcode;
 
 /// How the CPU backend multiplies by quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights; float weights
@@ -404,6 +405,10 @@ pub fn matmul_int8(
     }
     if k == 0 {
         out.fill(0.0);
+        return Ok(());
+    }
+    if kquant_small_m::applies(w.format(), m) {
+        kquant_small_m::matmul(pool, x, m, w, out, isa);
         return Ok(());
     }
     ACTS.with(|a| {

@@ -376,3 +376,4 @@ fn errors_and_switch_names() {
 }
 
 mod kquant;
+mod kquant_small_m;
