@@ -1,5 +1,7 @@
-//! `out = x · wᵀ` for quantized weights (Q8_0, Q4_0, Q4_1, and the 5-bit, K-quant and
-//! IQ4 types through `kquant_avx2.rs`) with **int8 activations**,
+//! `out = x · wᵀ` for quantized weights (Q8_0, Q4_x and Q5_x fused in `avx2.rs` /
+//! `avx512.rs`; Q4_K/Q5_K/Q6_K at decode sizes fused in `kquant_small_m.rs`; the other
+//! K-quant and IQ4 types, and larger batches of K-quants, transcoded in `kquant_avx2.rs`)
+//! with **int8 activations**,
 //! as llama.cpp computes it: each 32-element block of every row of `x` is quantized to
 //! int8 with its own f32 scale `dx = amax / 127` (Q8_0-style) and the block sum
 //! `sx = dx · Σq`, then every weight block meets every activation block in an integer
@@ -458,9 +460,11 @@ fn run_tasks(
         // columns n0..n1 of `out`, an `[m, n]` buffer; `acts` holds m quantized rows.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            if WeightFormat::EXTRA_QUANTS.contains(&w.format()) {
-                // The 5-bit / K-quant / IQ4 kernels are 256-bit only (the zmm ISA
-                // uses their EVEX ymm variant).
+            // Q5_0/Q5_1 have fused 256-bit kernels (in `avx2.rs`), not zmm ones.
+            let five_bit = matches!(w.format(), WeightFormat::Q5_0 | WeightFormat::Q5_1);
+            if !avx2::handles(w.format()) {
+                // The K-quant / IQ4 kernels are 256-bit only (the zmm ISA uses their
+                // EVEX ymm variant).
                 let o = outp.ptr();
                 match isa {
                     Int8Isa::Avx2 => kquant_avx2::task_avx2(acts, m0, m1, w, o, n0, n1),
@@ -472,9 +476,11 @@ fn run_tasks(
                 return;
             }
             match isa {
-                Int8Isa::Avx512Vnni => avx512::task(acts, m0, m1, w, outp.ptr(), n0, n1),
+                Int8Isa::Avx512Vnni if !five_bit => {
+                    avx512::task(acts, m0, m1, w, outp.ptr(), n0, n1)
+                }
                 Int8Isa::AvxVnni => avx2::task_avxvnni(acts, m0, m1, w, outp.ptr(), n0, n1),
-                Int8Isa::Avx512Vnni256 => {
+                Int8Isa::Avx512Vnni | Int8Isa::Avx512Vnni256 => {
                     avx2::task_avx512vnni256(acts, m0, m1, w, outp.ptr(), n0, n1)
                 }
                 Int8Isa::Avx2 => avx2::task_avx2(acts, m0, m1, w, outp.ptr(), n0, n1),
