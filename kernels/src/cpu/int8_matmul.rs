@@ -460,8 +460,6 @@ fn run_tasks(
         // columns n0..n1 of `out`, an `[m, n]` buffer; `acts` holds m quantized rows.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            // Q5_0/Q5_1 have fused 256-bit kernels (in `avx2.rs`), not zmm ones.
-            let five_bit = matches!(w.format(), WeightFormat::Q5_0 | WeightFormat::Q5_1);
             if !avx2::handles(w.format()) {
                 // The K-quant / IQ4 kernels are 256-bit only (the zmm ISA uses their
                 // EVEX ymm variant).
@@ -476,11 +474,9 @@ fn run_tasks(
                 return;
             }
             match isa {
-                Int8Isa::Avx512Vnni if !five_bit => {
-                    avx512::task(acts, m0, m1, w, outp.ptr(), n0, n1)
-                }
+                Int8Isa::Avx512Vnni => avx512::task(acts, m0, m1, w, outp.ptr(), n0, n1),
                 Int8Isa::AvxVnni => avx2::task_avxvnni(acts, m0, m1, w, outp.ptr(), n0, n1),
-                Int8Isa::Avx512Vnni | Int8Isa::Avx512Vnni256 => {
+                Int8Isa::Avx512Vnni256 => {
                     avx2::task_avx512vnni256(acts, m0, m1, w, outp.ptr(), n0, n1)
                 }
                 Int8Isa::Avx2 => avx2::task_avx2(acts, m0, m1, w, outp.ptr(), n0, n1),
