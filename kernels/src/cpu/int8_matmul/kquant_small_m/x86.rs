@@ -30,21 +30,22 @@ pub(super) unsafe fn task(
     match isa {
         Int8Isa::Avx2 => avx2::task(acts, m, w, out, n0, n1),
         Int8Isa::AvxVnni => avxvnni::task(acts, m, w, out, n0, n1),
-        Int8Isa::Avx512Vnni | Int8Isa::Avx512Vnni256 => evex::task(acts, m, w, out, n0, n1),
+        Int8Isa::Avx512Vnni => super::avx512::task(acts, m, w, out, n0, n1),
+        Int8Isa::Avx512Vnni256 => evex::task(acts, m, w, out, n0, n1),
     }
 }
 
 /// The f16 at `p` as f32.
 #[inline]
 #[target_feature(enable = "f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 /// The 8 (scale, min) pairs of a Q4_K / Q5_K super-block (6 bits each).
 #[inline]
-fn k4_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+pub(super) fn k4_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
     for j in 0..8 {
         (sc[j], mn[j]) = k4_scale_min(j, s);
@@ -161,8 +162,10 @@ macro_rules! kquant_small_m_256 {
                             hbit = _mm256_add_epi8(hbit, hbit);
                         }
                     }
-                    let scales: [__m256i; 8] =
-                        std::array::from_fn(|s| $scales(sc[s] as i32, sc[s] as i32));
+                    let mut scales = [_mm256_setzero_si256(); 8];
+                    for (v, &s) in scales.iter_mut().zip(&sc) {
+                        *v = $scales(s as i32, s as i32);
+                    }
                     for i in 0..M {
                         let xq = acts.q.as_ptr().add(i * k + sb * QK_K);
                         let mut sumi = _mm256_setzero_si256();
@@ -223,8 +226,10 @@ macro_rules! kquant_small_m_256 {
                         codes[4 * n + 3] =
                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(c), low), h3);
                     }
-                    let scales: [__m256i; 8] =
-                        std::array::from_fn(|t| $scales(sc[2 * t] as i32, sc[2 * t + 1] as i32));
+                    let mut scales = [_mm256_setzero_si256(); 8];
+                    for (t, v) in scales.iter_mut().enumerate() {
+                        *v = $scales(sc[2 * t] as i32, sc[2 * t + 1] as i32);
+                    }
                     let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
                     for i in 0..M {
                         let xq = acts.q.as_ptr().add(i * k + sb * QK_K);
