@@ -49,15 +49,18 @@ mod transcode;
 /// the engine config; the environment variable `DCPSERVE_CPU_MATMUL` (same names)
 /// decides what `auto` means.
 ///
-/// `auto` means `f32` on every weight type and CPU level, as measured (README, "The
-/// accuracy rule for int8 activations"): on K-quant weights the int8 path is slower at
-/// every level, on Q4_1 it is slower with AVX2 alone, and where it is faster (Q4_1 with
-/// AVX-512 VNNI, by 6–12%) it changes the default model's greedy chat answer (see
+/// `auto` chooses per product ([`auto_int8`], the one place that decides): int8 for
+/// Q4_K/Q5_K/Q6_K weights at decode sizes (`m ≤ 4`, the fused kernels of
+/// `kquant_small_m.rs`), f32 for everything else, as measured (README, "The accuracy
+/// rule for int8 activations"): for larger batches the K-quant int8 kernels transcode
+/// and are slower, on Q4_1 int8 is slower with AVX2 alone, and where it is faster (Q4_1
+/// with AVX-512 VNNI, by 6–12%) it changes the default model's greedy chat answer (see
 /// `tests/default_model.rs`, `int8_activations_on_the_default_model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CpuMatmul {
-    /// `f32`, unless `DCPSERVE_CPU_MATMUL` says `int8`.
+    /// Per product as [`auto_int8`] says, unless `DCPSERVE_CPU_MATMUL` says `int8` or
+    /// `f32` (then that for every product).
     #[default]
     Auto,
     /// Decode the weights to f32 and multiply the f32 activations (the old path).
@@ -80,7 +83,34 @@ impl std::str::FromStr for CpuMatmul {
     }
 }
 
+/// What `auto` means for one product with `format` weights and `m` activation rows:
+/// `true` for the int8 path. Q4_K, Q5_K and Q6_K at `m ≤ 4` (one-sequence and
+/// small-batch decode), where the fused int8 kernels beat the f32 ones and their
+/// per-256 activation rounding is llama.cpp's own (README, "The accuracy rule for int8
+/// activations").
+///
+/// ```
+/// use dcpserve_kernels::cpu::int8_matmul::auto_int8;
+/// use dcpserve_kernels::WeightFormat;
+/// assert!(auto_int8(WeightFormat::Q4_K, 1) == cfg!(target_arch = "x86_64"));
+/// assert!(!auto_int8(WeightFormat::Q4_K, 512));
+/// assert!(!auto_int8(WeightFormat::Q4_1, 1));
+/// ```
+pub fn auto_int8(format: WeightFormat, m: usize) -> bool {
+    kquant_small_m::applies(format, m)
+}
+
 impl CpuMatmul {
+    /// Whether this mode leaves the choice to [`auto_int8`] per product: `Auto` without a
+    /// `DCPSERVE_CPU_MATMUL` that says `int8` or `f32`.
+    pub fn per_product(self) -> bool {
+        self == CpuMatmul::Auto
+            && !std::env::var("DCPSERVE_CPU_MATMUL")
+                .ok()
+                .and_then(|v| v.parse::<CpuMatmul>().ok())
+                .is_some_and(|m| m != CpuMatmul::Auto)
+    }
+
     /// Resolves `Auto` (through `DCPSERVE_CPU_MATMUL`, else `F32`); `Int8` without an
     /// int8 ISA (or with the kernel level capped to scalar) becomes `F32`. Never returns `Auto`.
     pub fn resolve(self) -> CpuMatmul {
