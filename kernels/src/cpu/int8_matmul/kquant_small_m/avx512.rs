@@ -201,7 +201,7 @@ unsafe fn q6_k<const M: usize>(acts: &ActsK, row: *const u8, k: usize) -> [f32; 
             *s = _mm512_permutexvar_epi32(idx, sc32);
         }
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
-        for i in 0..M {
+        for (i, a) in acc.iter_mut().enumerate() {
             let xq = acts.q.as_ptr().add(i * k + sb * QK_K);
             let mut sumi = _mm512_setzero_si512();
             for t in 0..4 {
@@ -214,7 +214,7 @@ unsafe fn q6_k<const M: usize>(acts: &ActsK, row: *const u8, k: usize) -> [f32; 
             let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs));
             sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(bias));
             let dx = *acts.d.get_unchecked(i * nsb + sb);
-            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sumi), acc[i]);
+            *a = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sumi), *a);
         }
     }
     let mut r = [0.0f32; M];
