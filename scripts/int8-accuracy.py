@@ -8,7 +8,11 @@ tokens, the second half of each scored, KL(f32 ‖ int8) per position. An int8 p
 the default (`--cpu-matmul auto`) for a type when its mean KL is within llama.cpp's.
 
 usage: python3 scripts/int8-accuracy.py [--quant Q4_1,Q4_K_M,Q5_K_M,Q6_K] [--chunks 8]
-                                        [--ctx 512] [--text FILE] [--exe PATH]
+                                        [--ctx 512] [--text FILE] [--exe PATH] [--step N]
+                                        [--against int8|auto]
+--step 4 (or 1) feeds our side 4 (1) tokens per forward pass, so that the decode-size
+kernels are the ones measured (llama.cpp quantizes activations the same way at any size);
+--against auto compares what `--cpu-matmul auto` runs (int8 only where it picks int8).
 Needs llama.cpp (../shared/peers/install-llama-cpp.sh, 15-20 min on first use).
 Only the standard library is used.
 """
@@ -51,9 +55,12 @@ def llama_kld(bin_dir, model, base, text, ctx, chunks):
             "same_top1": grab(r"Same top p:\s+([0-9.]+)") / 100.0}
 
 
-def ours_kld(exe, model, text, ctx, chunks):
-    out = run([str(exe), "kl-divergence", "--model", str(model), "--text", str(text),
-               "--ctx", str(ctx), "--chunks", str(chunks)], env=dict(os.environ, RUST_LOG="warn"))
+def ours_kld(exe, model, text, ctx, chunks, step, against):
+    cmd = [str(exe), "kl-divergence", "--model", str(model), "--text", str(text),
+           "--ctx", str(ctx), "--chunks", str(chunks), "--against", against]
+    if step:
+        cmd += ["--step", str(step)]
+    out = run(cmd, env=dict(os.environ, RUST_LOG="warn"))
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -64,6 +71,12 @@ def main():
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--text", default=str(TEXT))
+    ap.add_argument("--step", type=int, default=0,
+                    help="tokens per forward pass on our side (default: one prefill per chunk; "
+                         "1-4: as decode steps, through the one-row kernels)")
+    ap.add_argument("--against", default="int8",
+                    help="our path compared with f32: int8 (every product) or auto (the products "
+                         "--cpu-matmul auto sends to int8)")
     ap.add_argument("--exe", default="", help="dcpserve binary (default: build this repository's)")
     a = ap.parse_args()
     run(["bash", str(ROOT / "scripts" / "fetch-default-model.sh")])
@@ -77,7 +90,7 @@ def main():
         # The same weights decoded to F32: llama.cpp's exact-activation reference.
         base = requantize(bin_dir, model, "F32")
         lc = llama_kld(bin_dir, model, base, a.text, a.ctx, a.chunks)
-        us = ours_kld(exe, model, a.text, a.ctx, a.chunks)
+        us = ours_kld(exe, model, a.text, a.ctx, a.chunks, a.step, a.against)
         rows.append((q, us, lc))
         print(f"{q}: dcpserve {us}  llama.cpp {lc}", file=sys.stderr)
     print(f"KL(f32 path ‖ int8 activations), {a.chunks} chunks of {a.ctx} tokens of {Path(a.text).name}, "

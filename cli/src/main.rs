@@ -76,6 +76,14 @@ struct KlDivergenceArgs {
     /// Most chunks scored.
     #[arg(long, default_value_t = 8)]
     chunks: usize,
+    /// Tokens per forward pass (default: the whole chunk in one prefill); 1 to 4 score
+    /// the chunk as decode steps do, through the one-row / small-batch kernels.
+    #[arg(long)]
+    step: Option<usize>,
+    /// The path compared with f32: `int8` (every quantized product) or `auto` (the
+    /// products `--cpu-matmul auto` sends to int8).
+    #[arg(long, default_value = "int8")]
+    against: String,
     /// Compute threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -387,6 +395,12 @@ fn main() -> Result<()> {
                 let spec = bench::kl_divergence::KlSpec {
                     ctx: a.ctx,
                     chunks: a.chunks,
+                    step: a.step.unwrap_or(a.ctx),
+                    against: match a.against.as_str() {
+                        "int8" => dcpserve::CpuMatmul::Int8,
+                        "auto" => dcpserve::CpuMatmul::Auto,
+                        other => anyhow::bail!("--against {other}: expected int8 or auto"),
+                    },
                     threads: a.threads.max(1),
                 };
                 println!("{}", bench::kl_divergence::run(&model, &a.text, &spec)?);

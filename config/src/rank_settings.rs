@@ -30,10 +30,11 @@ pub struct RankSettings {
     /// Where the ranks compute (`--device`): CPU, or CUDA GPUs (rank `r` on visible GPU
     /// `r mod count`).
     pub device: Device,
-    /// How the CPU multiplies by quantized (Q8_0/Q4_0/Q4_1) weights: int8 activations
-    /// with integer dot products (`int8`, on AVX-512 VNNI / AVX-VNNI / AVX2), dequantized
-    /// f32 (`f32`), or `auto` (f32 unless `DCPSERVE_CPU_MATMUL=int8`: int8 costs
-    /// accuracy on small models, see `dcpserve_kernels::CpuMatmul`). GPU ranks ignore it.
+    /// How the CPU multiplies by quantized weights: int8 activations with integer dot
+    /// products (`int8`, on AVX-512 VNNI / AVX-VNNI / AVX2), dequantized f32 (`f32`), or
+    /// `auto` (per product: int8 for Q4_K/Q5_K/Q6_K at decode sizes, f32 otherwise, unless
+    /// `DCPSERVE_CPU_MATMUL` names a path; see `dcpserve_kernels::CpuMatmul`). GPU ranks
+    /// ignore it.
     pub cpu_matmul: CpuMatmul,
     /// How GPU ranks multiply by bf16 weights (`--gpu-matmul`): cuBLAS bf16 tensor-core
     /// GEMMs with f32 accumulation (`bf16`, the default, as vLLM) or f32 activations
@@ -80,8 +81,8 @@ pub struct RankSettingsFlags {
     pub cuda_graphs: Option<CudaGraphs>,
     /// Quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights on the CPU: int8 (activations
     /// quantized to int8 per 32-block, VNNI/AVX2 integer dot products), f32 (weights
-    /// decoded to f32), or auto (f32 unless DCPSERVE_CPU_MATMUL=int8; int8 costs
-    /// accuracy) [default: auto]
+    /// decoded to f32), or auto (int8 for Q4_K/Q5_K/Q6_K at decode sizes, f32 for the
+    /// rest, unless DCPSERVE_CPU_MATMUL names a path) [default: auto]
     // A string, parsed in `rank_settings`, so that the aliases of `CpuMatmul::from_str`
     // (`float32`, `i8`) work in the TOML file as on the command line.
     #[arg(long)]

@@ -19,6 +19,13 @@ pub struct KlSpec {
     pub ctx: usize,
     /// Most chunks scored (llama-perplexity's `--chunks`).
     pub chunks: usize,
+    /// Tokens per forward pass: `ctx` scores each chunk in one prefill (as llama.cpp
+    /// does), 1 to 4 as decode steps (the int8 path's one-row kernels for the K-quants
+    /// quantize activations per 256 values, the batched ones per 32).
+    pub step: usize,
+    /// The path compared with f32: `Int8`, or `Auto` (per product, when
+    /// `DCPSERVE_CPU_MATMUL` is unset).
+    pub against: CpuMatmul,
     /// Compute threads.
     pub threads: usize,
 }
@@ -27,8 +34,8 @@ pub struct KlSpec {
 /// positions scored, mean / 99th percentile / max KL(f32 ‖ int8) in nats, and the share
 /// of positions whose most likely token is the same.
 pub fn run(model: &Path, text: &Path, spec: &KlSpec) -> Result<String> {
-    if spec.ctx < 4 || spec.chunks == 0 {
-        bail!("kl-divergence needs --ctx >= 4 and --chunks >= 1");
+    if spec.ctx < 4 || spec.chunks == 0 || spec.step == 0 {
+        bail!("kl-divergence needs --ctx >= 4, --chunks >= 1 and --step >= 1");
     }
     let files = ModelFiles::open(model).with_context(|| format!("open {}", model.display()))?;
     let text = std::fs::read_to_string(text).with_context(|| format!("read {}", text.display()))?;
@@ -50,18 +57,21 @@ pub fn run(model: &Path, text: &Path, spec: &KlSpec) -> Result<String> {
             WeightPrecision::Auto,
         )?;
         if m.backend().cpu_matmul() != mode {
-            bail!("this CPU has no {mode:?} matmul path (int8 needs AVX2)");
+            bail!(
+                "this CPU has no {mode:?} matmul path (int8 needs AVX2; auto per product \
+                 also needs DCPSERVE_CPU_MATMUL unset)"
+            );
         }
         Ok(m)
     };
     let base = load(CpuMatmul::F32)?;
-    let int8 = load(CpuMatmul::Int8)?;
+    let int8 = load(spec.against)?;
     let mut klds = Vec::new();
     let mut same_top1 = 0usize;
     for c in 0..n_chunks {
         let chunk = &ids[c * spec.ctx..(c + 1) * spec.ctx];
-        let p = chunk_logprobs(&base, chunk)?;
-        let q = chunk_logprobs(&int8, chunk)?;
+        let p = chunk_logprobs(&base, chunk, spec.step)?;
+        let q = chunk_logprobs(&int8, chunk, spec.step)?;
         for pos in spec.ctx / 2..spec.ctx - 1 {
             let (lp, lq) = (&p[pos], &q[pos]);
             let kl: f64 = lp
@@ -89,31 +99,42 @@ pub fn run(model: &Path, text: &Path, spec: &KlSpec) -> Result<String> {
     ))
 }
 
-/// Log-probabilities of every position of one chunk (one prefill, f32 KV cache).
-fn chunk_logprobs(model: &DecoderModel<CpuBackend>, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+/// Log-probabilities of every position of one chunk, `step` tokens per forward pass
+/// (f32 KV cache).
+fn chunk_logprobs(
+    model: &DecoderModel<CpuBackend>,
+    ids: &[u32],
+    step: usize,
+) -> Result<Vec<Vec<f32>>> {
     let n = ids.len();
     let block = 16;
     let mut cache = model.new_kv_cache(n.div_ceil(block), block, KvCacheDType::F32)?;
     let table: Vec<u32> = (0..n.div_ceil(block) as u32).collect();
-    let positions: Vec<usize> = (0..n).collect();
-    let slots = positions.clone();
-    let kv_lens: Vec<u32> = (1..=n as u32).collect();
-    let out = model.forward(
-        &RankComms::single(),
-        &BatchInput {
-            tokens: ids,
-            positions: &positions,
-            token_seq: &vec![0; n],
-            slots: &slots,
-            kv_lens: &kv_lens,
-            block_tables: &[table.as_slice()],
-            logits_for: &positions,
-        },
-        &mut cache,
-        &ForwardOptions::default(),
-    )?;
-    let v = out.vocab_size;
-    Ok((0..n)
-        .map(|pos| log_softmax(&out.logits[pos * v..(pos + 1) * v]))
-        .collect())
+    let mut logprobs = Vec::with_capacity(n);
+    for s in (0..n).step_by(step) {
+        let e = (s + step).min(n);
+        let positions: Vec<usize> = (s..e).collect();
+        let kv_lens: Vec<u32> = (s as u32 + 1..=e as u32).collect();
+        let rows: Vec<usize> = (0..e - s).collect();
+        let out = model.forward(
+            &RankComms::single(),
+            &BatchInput {
+                tokens: &ids[s..e],
+                positions: &positions,
+                token_seq: &vec![0; e - s],
+                slots: &positions,
+                kv_lens: &kv_lens,
+                block_tables: &[table.as_slice()],
+                logits_for: &rows,
+            },
+            &mut cache,
+            &ForwardOptions::default(),
+        )?;
+        let v = out.vocab_size;
+        logprobs.extend(
+            rows.iter()
+                .map(|r| log_softmax(&out.logits[r * v..(r + 1) * v])),
+        );
+    }
+    Ok(logprobs)
 }

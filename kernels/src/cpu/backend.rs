@@ -10,7 +10,7 @@ use crate::backend::{
     PagedAttentionParams, Precision, Rng, RopeScalingKind, RouterParams, Routing, RowDraw,
     RowDrawn, SamplingOps, StepQueues, Strided, WeightMatrix, WeightStorage,
 };
-use crate::cpu::int8_matmul::{int8_supported, matmul_int8, CpuMatmul, Int8Isa};
+use crate::cpu::int8_matmul::{auto_int8, int8_supported, matmul_int8, CpuMatmul, Int8Isa};
 use crate::cpu::kv_store::{KvMut, KvRef, KvStore};
 use crate::cpu::rows::{copy_strided, gather_rows, scatter_add_rows, write_rows};
 use crate::dcp::merge::{merge_partials, scale_by_lse_share};
@@ -28,9 +28,9 @@ use crate::sampling_params::SamplingParams;
 
 /// The CPU device: buffers are `Vec<f32>`, views are slices, weights are
 /// [`WeightMatrix`] (shared, never copied), and multi-threaded kernels run on the
-/// backend's [`ThreadPool`]. Products with Q8_0/Q4_0/Q4_1 weights use int8
-/// activations or the f32 path as its [`CpuMatmul`] says (default `auto`, which is
-/// f32 unless `DCPSERVE_CPU_MATMUL=int8`).
+/// backend's [`ThreadPool`]. Products with quantized weights use int8 activations or
+/// the f32 path as its [`CpuMatmul`] says (default `auto`: per product, as
+/// [`auto_int8`] decides, unless `DCPSERVE_CPU_MATMUL` names one path).
 ///
 /// ```
 /// use dcpserve_kernels::{CpuBackend, DenseOps, DeviceMemory};
@@ -45,6 +45,8 @@ pub struct CpuBackend {
     pool: Arc<ThreadPool>,
     /// The int8 path for quantized weights, when chosen and available.
     int8: Option<Int8Isa>,
+    /// With `int8`: only the products [`auto_int8`] picks take it (`auto`).
+    per_product: bool,
 }
 
 impl CpuBackend {
@@ -55,26 +57,41 @@ impl CpuBackend {
 
     /// A backend computing on an existing pool (e.g. a rank's pinned threads).
     pub fn with_pool(pool: Arc<ThreadPool>) -> Self {
-        CpuBackend { pool, int8: None }.with_cpu_matmul(CpuMatmul::Auto)
+        CpuBackend {
+            pool,
+            int8: None,
+            per_product: false,
+        }
+        .with_cpu_matmul(CpuMatmul::Auto)
     }
 
     /// Chooses how quantized weights are multiplied ([`CpuMatmul::resolve`]: `int8`
     /// falls back to `f32` on a CPU without an int8 dot product).
     pub fn with_cpu_matmul(mut self, mode: CpuMatmul) -> Self {
+        self.per_product = mode.per_product();
         self.int8 = match mode.resolve() {
+            _ if self.per_product => Int8Isa::detect(),
             CpuMatmul::Int8 => Int8Isa::detect(),
             _ => None,
         };
         self
     }
 
-    /// How quantized weights are multiplied: `Int8` or `F32` (never `Auto`).
+    /// How quantized weights are multiplied: `Int8` or `F32` for every product, or
+    /// `Auto` when [`auto_int8`] picks per product (a CPU without an int8 path: `F32`).
     pub fn cpu_matmul(&self) -> CpuMatmul {
-        if self.int8.is_some() {
-            CpuMatmul::Int8
-        } else {
-            CpuMatmul::F32
+        match (self.int8, self.per_product) {
+            (Some(_), true) => CpuMatmul::Auto,
+            (Some(_), false) => CpuMatmul::Int8,
+            (None, _) => CpuMatmul::F32,
         }
+    }
+
+    /// The int8 path's ISA when a product of `format` weights with `m` rows takes it.
+    fn int8_for(&self, format: DType, m: usize) -> Option<Int8Isa> {
+        let isa = self.int8?;
+        let wanted = int8_supported(format) && (!self.per_product || auto_int8(format, m));
+        (wanted && !crate::cpu::scalar_forced()).then_some(isa)
     }
 
     /// The pool the kernels run on.
@@ -216,10 +233,8 @@ impl DenseOps for CpuBackend {
         out: &mut [f32],
         precision: Precision,
     ) -> Result<(), KernelError> {
-        if let Some(isa) = self.int8 {
-            if int8_supported(w.format()) && !crate::cpu::scalar_forced() {
-                return matmul_int8(&self.pool, x, m, w, out, isa);
-            }
+        if let Some(isa) = self.int8_for(w.format(), m) {
+            return matmul_int8(&self.pool, x, m, w, out, isa);
         }
         matmul_with_precision(&self.pool, x, m, w, out, precision)
     }
@@ -233,9 +248,9 @@ impl DenseOps for CpuBackend {
     ) -> Result<(), KernelError> {
         // The int8 path quantizes x per product; the fused path is exact whatever the
         // precision, so only it runs the products together.
-        let int8 = self.int8.is_some()
-            && !crate::cpu::scalar_forced()
-            && products.iter().any(|(w, _)| int8_supported(w.format()));
+        let int8 = products
+            .iter()
+            .any(|(w, _)| self.int8_for(w.format(), m).is_some());
         if !int8
             && crate::cpu::matmul::matmul_each_small(
                 &self.pool,

@@ -1,5 +1,7 @@
-//! `out = x · wᵀ` for quantized weights (Q8_0, Q4_0, Q4_1, and the 5-bit, K-quant and
-//! IQ4 types through `kquant_avx2.rs`) with **int8 activations**,
+//! `out = x · wᵀ` for quantized weights (Q8_0, Q4_x and Q5_x fused in `avx2.rs` /
+//! `avx512.rs`; Q4_K/Q5_K/Q6_K at decode sizes fused in `kquant_small_m.rs`; the other
+//! K-quant and IQ4 types, and larger batches of K-quants, transcoded in `kquant_avx2.rs`)
+//! with **int8 activations**,
 //! as llama.cpp computes it: each 32-element block of every row of `x` is quantized to
 //! int8 with its own f32 scale `dx = amax / 127` (Q8_0-style) and the block sum
 //! `sx = dx · Σq`, then every weight block meets every activation block in an integer
@@ -39,6 +41,7 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
+pub(crate) mod kquant_small_m;
 mod transcode;
 
 /// How the CPU backend multiplies by quantized (Q8_0/Q4_x/Q5_x/K-quant/IQ4) weights; float weights
@@ -46,15 +49,18 @@ mod transcode;
 /// the engine config; the environment variable `DCPSERVE_CPU_MATMUL` (same names)
 /// decides what `auto` means.
 ///
-/// `auto` means `f32` on every weight type and CPU level, as measured (README, "The
-/// accuracy rule for int8 activations"): on K-quant weights the int8 path is slower at
-/// every level, on Q4_1 it is slower with AVX2 alone, and where it is faster (Q4_1 with
-/// AVX-512 VNNI, by 6–12%) it changes the default model's greedy chat answer (see
+/// `auto` chooses per product ([`auto_int8`], the one place that decides): int8 for
+/// Q4_K/Q5_K/Q6_K weights at decode sizes (`m ≤ 4`, the fused kernels of
+/// `kquant_small_m.rs`), f32 for everything else, as measured (README, "The accuracy
+/// rule for int8 activations"): for larger batches the K-quant int8 kernels transcode
+/// and are slower, on Q4_1 int8 is slower with AVX2 alone, and where it is faster (Q4_1
+/// with AVX-512 VNNI, by 6–12%) it changes the default model's greedy chat answer (see
 /// `tests/default_model.rs`, `int8_activations_on_the_default_model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CpuMatmul {
-    /// `f32`, unless `DCPSERVE_CPU_MATMUL` says `int8`.
+    /// Per product as [`auto_int8`] says, unless `DCPSERVE_CPU_MATMUL` says `int8` or
+    /// `f32` (then that for every product).
     #[default]
     Auto,
     /// Decode the weights to f32 and multiply the f32 activations (the old path).
@@ -77,7 +83,34 @@ impl std::str::FromStr for CpuMatmul {
     }
 }
 
+/// What `auto` means for one product with `format` weights and `m` activation rows:
+/// `true` for the int8 path. Q4_K, Q5_K and Q6_K at `m ≤ 4` (one-sequence and
+/// small-batch decode), where the fused int8 kernels beat the f32 ones and their
+/// per-256 activation rounding is llama.cpp's own (README, "The accuracy rule for int8
+/// activations").
+///
+/// ```
+/// use dcpserve_kernels::cpu::int8_matmul::auto_int8;
+/// use dcpserve_kernels::WeightFormat;
+/// assert!(auto_int8(WeightFormat::Q4_K, 1) == cfg!(target_arch = "x86_64"));
+/// assert!(!auto_int8(WeightFormat::Q4_K, 512));
+/// assert!(!auto_int8(WeightFormat::Q4_1, 1));
+/// ```
+pub fn auto_int8(format: WeightFormat, m: usize) -> bool {
+    kquant_small_m::applies(format, m)
+}
+
 impl CpuMatmul {
+    /// Whether this mode leaves the choice to [`auto_int8`] per product: `Auto` without a
+    /// `DCPSERVE_CPU_MATMUL` that says `int8` or `f32`.
+    pub fn per_product(self) -> bool {
+        self == CpuMatmul::Auto
+            && !std::env::var("DCPSERVE_CPU_MATMUL")
+                .ok()
+                .and_then(|v| v.parse::<CpuMatmul>().ok())
+                .is_some_and(|m| m != CpuMatmul::Auto)
+    }
+
     /// Resolves `Auto` (through `DCPSERVE_CPU_MATMUL`, else `F32`); `Int8` without an
     /// int8 ISA (or with the kernel level capped to scalar) becomes `F32`. Never returns `Auto`.
     pub fn resolve(self) -> CpuMatmul {
@@ -406,6 +439,10 @@ pub fn matmul_int8(
         out.fill(0.0);
         return Ok(());
     }
+    if kquant_small_m::applies(w.format(), m) {
+        kquant_small_m::matmul(pool, x, m, w, out, isa);
+        return Ok(());
+    }
     ACTS.with(|a| {
         // A nested call on the same thread (it does not happen today) gets its own buffer.
         let mut fresh = QuantizedActs::default();
@@ -453,9 +490,9 @@ fn run_tasks(
         // columns n0..n1 of `out`, an `[m, n]` buffer; `acts` holds m quantized rows.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            if WeightFormat::EXTRA_QUANTS.contains(&w.format()) {
-                // The 5-bit / K-quant / IQ4 kernels are 256-bit only (the zmm ISA
-                // uses their EVEX ymm variant).
+            if !avx2::handles(w.format()) {
+                // The K-quant / IQ4 kernels are 256-bit only (the zmm ISA uses their
+                // EVEX ymm variant).
                 let o = outp.ptr();
                 match isa {
                     Int8Isa::Avx2 => kquant_avx2::task_avx2(acts, m0, m1, w, o, n0, n1),

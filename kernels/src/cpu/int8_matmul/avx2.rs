@@ -21,14 +21,58 @@ use crate::weights::WeightMatrix;
 const Q8_0: u8 = 0;
 const Q4_0: u8 = 1;
 const Q4_1: u8 = 2;
+const Q5_0: u8 = 3;
+const Q5_1: u8 = 4;
 
 /// Bytes per 32-element block of format `F`.
 const fn blk_bytes(f: u8) -> usize {
     match f {
         Q8_0 => 34,
         Q4_0 => 18,
-        _ => 20,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        _ => 24,
     }
+}
+
+/// Byte offset of the nibbles in a block of the 4/5-bit format `F`.
+const fn nibbles_at(f: u8) -> usize {
+    match f {
+        Q4_0 => 2,
+        Q4_1 => 4,
+        Q5_0 => 6,
+        _ => 8,
+    }
+}
+
+/// True for the formats this module multiplies: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1.
+pub(super) fn handles(format: WeightFormat) -> bool {
+    matches!(
+        format,
+        WeightFormat::Q8_0
+            | WeightFormat::Q4_0
+            | WeightFormat::Q4_1
+            | WeightFormat::Q5_0
+            | WeightFormat::Q5_1
+    )
+}
+
+/// Byte `e` of the result is 0xFF where bit `e` of `bits` is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn bytes_from_bits(bits: u32) -> __m256i {
+    // Byte e takes byte e/8 of `bits`, then all bits but bit e%8 are forced on.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let others = _mm256_set1_epi64x(0x7FBF_DFEF_F7FB_FDFE);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
 }
 
 thread_local! {
@@ -64,8 +108,8 @@ macro_rules! kernels_256 {
         /// # Safety
         /// The features this variant is compiled for are available; `acts` holds rows
         /// `m0..m1` quantized from `w.cols()` values each; `out` is `[m, w.rows()]` and
-        /// no other task writes rows `m0..m1` × columns `n0..n1`; `w` is Q8_0, Q4_0 or
-        /// Q4_1.
+        /// no other task writes rows `m0..m1` × columns `n0..n1`; [`handles`] holds for
+        /// `w`'s format.
         pub(super) unsafe fn $task(
             acts: ActsView,
             m0: usize,
@@ -83,10 +127,16 @@ macro_rules! kernels_256 {
                 if F == Q8_0 {
                     return _mm256_loadu_si256(p.add(2) as *const __m256i);
                 }
-                let off = if F == Q4_0 { 2 } else { 4 };
-                let a = _mm_loadu_si128(p.add(off) as *const __m128i);
+                let a = _mm_loadu_si128(p.add(nibbles_at(F)) as *const __m128i);
                 let v = _mm256_set_m128i(_mm_srli_epi16::<4>(a), a);
-                _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+                let v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+                if F == Q5_0 || F == Q5_1 {
+                    // Bit e of qh is bit 4 of element e.
+                    let qh = (p.add(nibbles_at(F) - 4) as *const u32).read_unaligned();
+                    let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
+                    return _mm256_or_si256(v, high);
+                }
+                v
             }
 
             /// The row's block scales `dw` and offset factors `mt` (see avx512.rs).
@@ -107,8 +157,9 @@ macro_rules! kernels_256 {
                     let d = h(p);
                     *dw.add(b) = d;
                     *mt.add(b) = match F {
-                        Q4_1 => h(p.add(2)),
+                        Q4_1 | Q5_1 => h(p.add(2)),
                         Q4_0 => -8.0 * d,
+                        Q5_0 => -16.0 * d,
                         _ => 0.0,
                     };
                 }
@@ -247,6 +298,12 @@ macro_rules! kernels_256 {
                     }
                     WeightFormat::Q4_1 => {
                         task_f::<Q4_1>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss)
+                    }
+                    WeightFormat::Q5_0 => {
+                        task_f::<Q5_0>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss)
+                    }
+                    WeightFormat::Q5_1 => {
+                        task_f::<Q5_1>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss)
                     }
                     other => unreachable!("int8 matmul of {other:?}"),
                 }

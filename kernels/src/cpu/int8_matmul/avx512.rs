@@ -16,13 +16,28 @@ use crate::weights::WeightMatrix;
 const Q8_0: u8 = 0;
 const Q4_0: u8 = 1;
 const Q4_1: u8 = 2;
+const Q5_0: u8 = 3;
+const Q5_1: u8 = 4;
 
 /// Bytes per 32-element block of format `F`.
 const fn blk_bytes(f: u8) -> usize {
     match f {
         Q8_0 => 34,
         Q4_0 => 18,
-        _ => 20,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        _ => 24,
+    }
+}
+
+/// Byte offset of the nibbles in a block of the 4/5-bit format `F` (the 5-bit ones
+/// keep their 32 high bits in the 4 bytes before).
+const fn nibbles_at(f: u8) -> usize {
+    match f {
+        Q4_0 => 2,
+        Q4_1 => 4,
+        Q5_0 => 6,
+        _ => 8,
     }
 }
 
@@ -62,7 +77,8 @@ pub(super) unsafe fn quantize_row(x: &[f32], q: *mut i8, dx8: *mut f32, sx: *mut
 }
 
 /// Writes one weight row's block scales to `dw[0..nbp]` and its per-block offset
-/// factors to `mt[0..nbp]` (Q4_1: the min `m`; Q4_0: `−8·d`; Q8_0: 0), zero past `nb`.
+/// factors to `mt[0..nbp]` (Q4_1/Q5_1: the min `m`; Q4_0: `−8·d`; Q5_0: `−16·d`; Q8_0:
+/// 0), zero past `nb`.
 /// Sixteen blocks at a time with one masked gather.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
@@ -87,8 +103,9 @@ unsafe fn weight_scales<const F: u8>(row: *const u8, nb: usize, dw: *mut f32, mt
         let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
         _mm512_storeu_ps(dw.add(b), d);
         let t = match F {
-            Q4_1 => _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(g))),
+            Q4_1 | Q5_1 => _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(g))),
             Q4_0 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
+            Q5_0 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
             _ => _mm512_setzero_ps(),
         };
         _mm512_storeu_ps(mt.add(b), t);
@@ -97,7 +114,7 @@ unsafe fn weight_scales<const F: u8>(row: *const u8, nb: usize, dw: *mut f32, mt
 }
 
 /// Blocks `b` and `b + 1` of a weight row as 64 bytes in element order: Q8_0 as
-/// signed int8, Q4_x as the unsigned nibbles 0..15. `TAIL`: only block `b` exists
+/// signed int8, Q4_x as the unsigned nibbles 0..15, Q5_x as the codes 0..31. `TAIL`: only block `b` exists
 /// (the upper 32 bytes are zero).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
@@ -111,7 +128,7 @@ unsafe fn load_pair<const F: u8, const TAIL: bool>(row: *const u8, b: usize) -> 
         let c = _mm256_loadu_si256(p.add(34 + 2) as *const __m256i);
         return _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c);
     }
-    let off = if F == Q4_0 { 2 } else { 4 };
+    let off = nibbles_at(F);
     let a = _mm_loadu_si128(p.add(off) as *const __m128i);
     let c = if TAIL {
         _mm_setzero_si128()
@@ -123,7 +140,20 @@ unsafe fn load_pair<const F: u8, const TAIL: bool>(row: *const u8, b: usize) -> 
     let z = _mm512_castsi256_si512(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), c));
     let z = _mm512_shuffle_i64x2::<0x50>(z, z);
     let z = _mm512_mask_srli_epi16::<4>(z, 0xFF00_FF00, z);
-    _mm512_and_si512(z, _mm512_set1_epi8(0x0F))
+    let z = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+    if F == Q5_0 || F == Q5_1 {
+        // Bit e of a block's qh is bit 4 of its element e: one byte mask for both.
+        let qh = |at: *const u8| (at.add(off - 4) as *const u32).read_unaligned() as u64;
+        let high = qh(p)
+            | if TAIL {
+                0
+            } else {
+                qh(p.add(blk_bytes(F))) << 32
+            };
+        // (The nibbles are below 16: adding 16 sets bit 4.)
+        return _mm512_mask_add_epi8(z, _cvtu64_mask64(high), z, _mm512_set1_epi8(0x10));
+    }
+    z
 }
 
 /// One pair of blocks (`2p`, `2p + 1`) of an `MR × NR` tile.
@@ -285,7 +315,7 @@ unsafe fn task_f<const F: u8>(
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, FMA and F16C are available; `acts` holds rows `m0..m1`
 /// quantized from `w.cols()` values each; `out` is `[m, w.rows()]` and no other task
-/// writes rows `m0..m1` × columns `n0..n1`; `w` is Q8_0, Q4_0 or Q4_1.
+/// writes rows `m0..m1` × columns `n0..n1`; `w` is Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1.
 pub(super) unsafe fn task(
     acts: ActsView,
     m0: usize,
@@ -305,6 +335,8 @@ pub(super) unsafe fn task(
             WeightFormat::Q8_0 => task_f::<Q8_0>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss),
             WeightFormat::Q4_0 => task_f::<Q4_0>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss),
             WeightFormat::Q4_1 => task_f::<Q4_1>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss),
+            WeightFormat::Q5_0 => task_f::<Q5_0>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss),
+            WeightFormat::Q5_1 => task_f::<Q5_1>(acts, m0, m1, wp, ws, out, n, n0, n1, scr, ss),
             other => unreachable!("int8 matmul of {other:?}"),
         }
     });

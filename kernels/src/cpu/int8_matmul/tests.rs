@@ -29,7 +29,13 @@ impl Lcg {
     }
 }
 
-const FORMATS: [WeightFormat; 3] = [WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_1];
+const FORMATS: [WeightFormat; 5] = [
+    WeightFormat::Q8_0,
+    WeightFormat::Q4_0,
+    WeightFormat::Q4_1,
+    WeightFormat::Q5_0,
+    WeightFormat::Q5_1,
+];
 
 /// `(m, n, k)`: decode and prefill sizes, k not a multiple of 64 or 256 (odd block
 /// counts take the kernels' one-block tail), n not a multiple of 4, m past one tile
@@ -84,15 +90,29 @@ fn weight_blocks(w: &WeightMatrix, r: usize) -> Vec<(f64, f64, [i32; 32])> {
                     (h(o), 0.0, q)
                 }
                 f => {
-                    let off = if f == WeightFormat::Q4_0 { 2 } else { 4 };
+                    // ggml layouts: d, [m], [qh: u32, bit e → bit 4 of element e], nibbles.
+                    let (off, five) = match f {
+                        WeightFormat::Q4_0 => (2, false),
+                        WeightFormat::Q4_1 => (4, false),
+                        WeightFormat::Q5_0 => (6, true),
+                        _ => (8, true),
+                    };
+                    let qh = if five {
+                        u32::from_le_bytes(bytes[o + off - 4..o + off].try_into().unwrap())
+                    } else {
+                        0
+                    };
                     for j in 0..16 {
                         q[j] = (bytes[o + off + j] & 0xF) as i32;
                         q[j + 16] = (bytes[o + off + j] >> 4) as i32;
                     }
-                    let min = if f == WeightFormat::Q4_0 {
-                        -8.0 * h(o)
-                    } else {
-                        h(o + 2)
+                    for (e, v) in q.iter_mut().enumerate() {
+                        *v += (((qh >> e) & 1) as i32) << 4;
+                    }
+                    let min = match f {
+                        WeightFormat::Q4_0 => -8.0 * h(o),
+                        WeightFormat::Q5_0 => -16.0 * h(o),
+                        _ => h(o + 2),
                     };
                     (h(o), min, q)
                 }
@@ -376,3 +396,4 @@ fn errors_and_switch_names() {
 }
 
 mod kquant;
+mod kquant_small_m;

@@ -54,23 +54,40 @@ fn transcoded_reference(x: &[f32], m: usize, w: &WeightMatrix) -> (Vec<f64>, Vec
     (out, mag)
 }
 
+/// `(formats, shapes)` pairs the transcoding kernels run: every extra format at every
+/// shape, except Q4_K/Q5_K/Q6_K at `m ≤ 4`, which take the fused kernels (tested in
+/// `kquant_small_m.rs`).
+fn transcoded_cases() -> [(Vec<WeightFormat>, Vec<(usize, usize, usize)>); 2] {
+    let fused = |f: &WeightFormat| crate::cpu::int8_matmul::kquant_small_m::applies(*f, 1);
+    let (f, t): (Vec<_>, Vec<_>) = WeightFormat::EXTRA_QUANTS.iter().partition(|f| fused(f));
+    let large: Vec<_> = K_SHAPES
+        .into_iter()
+        .filter(|(m, _, _)| *m > crate::cpu::int8_matmul::kquant_small_m::SMALL_M)
+        .collect();
+    [(t, K_SHAPES.to_vec()), (f, large)]
+}
+
 #[test]
 fn extra_formats_match_the_integer_reference_on_every_isa() {
-    assert_every_isa_matches(
-        "extra_formats_match_the_integer_reference_on_every_isa",
-        &WeightFormat::EXTRA_QUANTS,
-        &K_SHAPES,
-        11,
-        transcoded_reference,
-    );
+    for (formats, shapes) in transcoded_cases() {
+        assert_every_isa_matches(
+            "extra_formats_match_the_integer_reference_on_every_isa",
+            &formats,
+            &shapes,
+            11,
+            transcoded_reference,
+        );
+    }
 }
 
 #[test]
 fn extra_formats_are_within_the_activation_rounding_bound() {
-    assert_within_rounding_bound(
-        "extra_formats_are_within_the_activation_rounding_bound",
-        &WeightFormat::EXTRA_QUANTS,
-        &K_SHAPES,
-        12,
-    );
+    for (formats, shapes) in transcoded_cases() {
+        assert_within_rounding_bound(
+            "extra_formats_are_within_the_activation_rounding_bound",
+            &formats,
+            &shapes,
+            12,
+        );
+    }
 }
