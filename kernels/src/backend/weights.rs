@@ -7,6 +7,10 @@ use crate::dtype::DType;
 use crate::error::{check_len, KernelError};
 use std::sync::Arc;
 
+/// The most input features a weight matrix may have: 16M, far above any model's widest
+/// dimension (about 50k today), far below a row whose allocation fails.
+pub const MAX_COLS: usize = 1 << 24;
+
 /// Shared read-only bytes, e.g. a whole GGUF/safetensors memory map.
 pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
@@ -89,6 +93,15 @@ impl WeightMatrix {
         len: usize,
     ) -> Result<Self, KernelError> {
         format.check_elems(cols)?;
+        // Every consumer allocates a row of `cols` values (activations, dequantized rows),
+        // even for a matrix with no rows and so no bytes to check the claim against.
+        if cols > MAX_COLS {
+            return Err(KernelError::OutOfRange {
+                what: "weight matrix columns",
+                value: cols,
+                limit: MAX_COLS + 1,
+            });
+        }
         // A lying header may claim a shape whose size overflows: never let it wrap into
         // a length that happens to match.
         let size = cols

@@ -168,7 +168,15 @@ mod tests {
         let rows = (1usize << 62) + 1;
         assert!(WeightMatrix::from_bytes(WeightFormat::F32, rows, 1, four.clone(), 0, 4).is_err());
         assert!(
-            WeightMatrix::from_bytes(WeightFormat::F32, 1, usize::MAX / 2, four, 0, 4).is_err()
+            WeightMatrix::from_bytes(WeightFormat::F32, 1, usize::MAX / 2, four.clone(), 0, 4)
+                .is_err()
         );
+        // No rows means no bytes, so only the column bound stops a claimed 2⁶⁰-wide row
+        // (the quant_blocks fuzzer's input: every user of the matrix allocates a row).
+        let none: SharedBytes = Arc::new(Vec::new());
+        assert!(
+            WeightMatrix::from_bytes(WeightFormat::F32, 0, 1 << 60, none.clone(), 0, 0).is_err()
+        );
+        assert!(WeightMatrix::from_bytes(WeightFormat::F32, 0, 64, none, 0, 0).is_ok());
     }
 }

@@ -54,10 +54,13 @@ fn transcoded_reference(x: &[f32], m: usize, w: &WeightMatrix) -> (Vec<f64>, Vec
     (out, mag)
 }
 
+/// `(m, k, n)` of one product.
+type Shape = (usize, usize, usize);
+
 /// `(formats, shapes)` pairs the transcoding kernels run: every extra format at every
 /// shape, except Q4_K/Q5_K/Q6_K at `m ≤ 4`, which take the fused kernels (tested in
 /// `kquant_small_m.rs`).
-fn transcoded_cases() -> [(Vec<WeightFormat>, Vec<(usize, usize, usize)>); 2] {
+fn transcoded_cases() -> [(Vec<WeightFormat>, Vec<Shape>); 2] {
     let fused = |f: &WeightFormat| crate::cpu::int8_matmul::kquant_small_m::applies(*f, 1);
     let (f, t): (Vec<_>, Vec<_>) = WeightFormat::EXTRA_QUANTS.iter().partition(|f| fused(f));
     let large: Vec<_> = K_SHAPES

@@ -268,5 +268,5 @@ fn fused_kquants_zero_and_nonfinite_rows() {
             assert!(out[2 * n..].iter().all(|v| v.is_finite()), "{f:?} {out:?}");
         }
     }
-    assert!(SMALL_M >= 4);
+    const { assert!(SMALL_M >= 4) };
 }
