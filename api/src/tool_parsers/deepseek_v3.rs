@@ -26,7 +26,10 @@ const FENCE_END: &str = "\n```";
 pub struct DeepSeekV3;
 
 /// One call from the text after `<｜tool▁call▁begin｜>` up to its end token (or up to the
-/// end of the output when `complete` is false). `None`: not a call of this format.
+/// end of the output when `complete` is false). `None`: not a call of this format. While
+/// streaming (`complete` false) a call that has gone wrong still reads as far as it was
+/// right, so no snapshot takes back what an earlier one showed; the end decides (a
+/// malformed block makes the whole output content).
 fn read_call(body: &str, complete: bool) -> Option<PartialCall> {
     let Some(sep) = body.find(SEP) else {
         return (!complete).then(PartialCall::default);
@@ -37,12 +40,12 @@ fn read_call(body: &str, complete: bool) -> Option<PartialCall> {
     };
     let name = after[..nl].trim().to_string();
     if name.is_empty() {
-        return None;
+        return (!complete).then(PartialCall::default);
     }
     let fenced = &after[nl + 1..];
     let args = match fenced.strip_prefix(FENCE) {
         Some(args) => args,
-        None if !complete && FENCE.starts_with(fenced) => "",
+        None if !complete => "",
         None => return None,
     };
     let arguments = match args.find(FENCE_END) {
@@ -96,7 +99,11 @@ impl ToolCallParser for DeepSeekV3 {
                         rest = &body[e + CALL_END.len()..];
                     }
                     None if done => return Parsed::content_only(text),
-                    None => break,
+                    None => {
+                        // Malformed (e.g. its arguments are not JSON): keep it as streamed.
+                        calls.extend(read_call(&body[..e], false));
+                        break;
+                    }
                 },
                 None => {
                     match read_call(body, false) {
@@ -175,6 +182,14 @@ mod tests {
             "<｜tool▁calls▁begin｜>garbage",
         ] {
             assert_eq!(DeepSeekV3.parse(out, true), Parsed::content_only(out), "{out}");
+            // While streaming, a block that goes wrong never takes back a call already
+            // shown (the tool_output fuzzer's find): only the end falls back.
+            let mut last = Parsed::default();
+            for c in (1..out.len()).filter(|&c| out.is_char_boundary(c)) {
+                let snap = DeepSeekV3.parse(&out[..c], false);
+                super::super::assert_extends(&last, &snap, &out[..c]);
+                last = snap;
+            }
         }
     }
 }
