@@ -108,7 +108,7 @@ pub trait ModelBackend: Send + Sync + 'static {
     /// The KV cache's layout, blocks and sequences for `/v1/engine/status`, or `None`
     /// when the model cannot answer. A backend without a KV cache of its own (a test
     /// stand-in) reports none, and the endpoint says so for that model.
-    fn kv_status(&self) -> BoxFuture<'static, Option<crate::engine_status::KvStatus>> {
+    fn kv_status(&self) -> BoxFuture<'static, Option<crate::kv_status::KvStatus>> {
         Box::pin(async { None })
     }
 }

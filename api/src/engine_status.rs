@@ -39,58 +39,7 @@ use serde::Serialize;
 
 use crate::backend::BackendStats;
 
-/// The parallel layout of a model's KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct KvLayout {
-    /// Ranks of the model (TP).
-    pub tensor_parallel_size: usize,
-    /// Ranks sharing one sequence's KV by position (DCP); TP ranks `r` with the same
-    /// `r mod dcp` hold the same positions (for different heads).
-    pub decode_context_parallel_size: usize,
-    /// Consecutive positions stored on one DCP rank before the next rank takes over.
-    pub cp_kv_cache_interleave_size: usize,
-    /// Positions per physical KV block on one rank.
-    pub block_size: usize,
-}
-
-impl KvLayout {
-    /// Positions per virtual block (the unit blocks are allocated in): block size × DCP.
-    pub fn tokens_per_virtual_block(&self) -> usize {
-        self.block_size * self.decode_context_parallel_size.max(1)
-    }
-
-    /// How many of the first `len` positions of a sequence each DCP rank stores.
-    pub fn split(&self, len: usize) -> Vec<usize> {
-        let n = self.decode_context_parallel_size.max(1);
-        (0..n)
-            .map(|dcp_rank| {
-                dcpserve_actors::Placement {
-                    block_size: self.block_size,
-                    dcp_size: n,
-                    interleave: self.cp_kv_cache_interleave_size.max(1),
-                    dcp_rank,
-                }
-                .local_len(len)
-            })
-            .collect()
-    }
-}
-
-pub use dcpserve_actors::SequenceKv;
-
-/// What a backend reports for the status endpoint besides [`BackendStats`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct KvStatus {
-    pub layout: KvLayout,
-    /// Virtual KV blocks in all, and free ones (block tables are global: each virtual
-    /// block is one physical block on every rank).
-    pub total_blocks: usize,
-    pub free_blocks: usize,
-    /// Tokens generated since start (the rate is computed from successive reads).
-    pub generated_tokens: u64,
-    /// The sequences the engine holds, running ones first.
-    pub sequences: Vec<SequenceKv>,
-}
+pub use crate::kv_status::{KvLayout, KvStatus, SequenceKv};
 
 /// The body of `GET /v1/engine/status`.
 #[derive(Debug, Clone, Serialize)]

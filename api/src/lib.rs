@@ -39,6 +39,7 @@ pub mod errors;
 pub mod fuzzing;
 pub mod generation;
 pub mod http;
+pub mod kv_status;
 pub mod limits;
 pub mod metrics;
 pub mod reasoning;

@@ -28,6 +28,8 @@ use crate::weights::WeightMatrix;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod scales;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 
 /// Largest `m` on the fused kernels (as the f32 path's fused small-m kernels).

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{f16_at, k4_scales};
+use super::scales::{f16_at, k4_scales};
 use super::{ActsK, QK_K};
 use crate::quant::WeightFormat;
 use crate::weights::WeightMatrix;
