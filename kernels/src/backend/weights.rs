@@ -102,6 +102,15 @@ impl WeightMatrix {
                 limit: MAX_COLS + 1,
             });
         }
+        // A matrix with no rows (or no columns) takes no bytes, so its other dimension
+        // could claim anything, and every consumer allocates a row of `cols` (or an output
+        // of `rows`) values: such a shape is refused, whatever the bound above allows.
+        if (rows == 0) != (cols == 0) {
+            return Err(KernelError::Shape(format!(
+                "weight matrix of {rows} × {cols} values holds no weights: one dimension is \
+                 zero and the other is not"
+            )));
+        }
         // A lying header may claim a shape whose size overflows: never let it wrap into
         // a length that happens to match.
         let size = cols

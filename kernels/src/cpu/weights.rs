@@ -177,6 +177,13 @@ mod tests {
         assert!(
             WeightMatrix::from_bytes(WeightFormat::F32, 0, 1 << 60, none.clone(), 0, 0).is_err()
         );
-        assert!(WeightMatrix::from_bytes(WeightFormat::F32, 0, 64, none, 0, 0).is_ok());
+        // Nor may a matrix with no rows claim any width at all (the fuzzer's next input:
+        // 0 × 16.7M, under the column bound, allocated a 64 MB row), nor one with no columns
+        // any height; the empty matrix is still a matrix.
+        assert!(WeightMatrix::from_bytes(WeightFormat::F32, 0, 64, none.clone(), 0, 0).is_err());
+        assert!(
+            WeightMatrix::from_bytes(WeightFormat::F32, 1 << 40, 0, none.clone(), 0, 0).is_err()
+        );
+        assert!(WeightMatrix::from_bytes(WeightFormat::F32, 0, 0, none, 0, 0).is_ok());
     }
 }
