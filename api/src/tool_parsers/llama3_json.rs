@@ -3,7 +3,7 @@
 //! after `<|python_tag|>`, several separated by `; `. An output that does not begin with
 //! such an object is plain content.
 
-use super::json_scan::{scan_call, skip_ws};
+use super::json_scan::{scan_call, skip_ws, CallScan};
 use super::{finish_content, Parsed, PartialCall, ToolCallParser};
 
 const PYTHON_TAG: &str = "<|python_tag|>";
@@ -40,14 +40,7 @@ impl ToolCallParser for Llama3Json {
         loop {
             let scan = scan_call(text, i, ARG_KEYS);
             if scan.invalid {
-                return if done || calls.is_empty() {
-                    Parsed::content_only(text)
-                } else {
-                    Parsed {
-                        content: String::new(),
-                        calls,
-                    }
-                };
+                return malformed(text, calls, &scan, done);
             }
             let Some(end) = scan.end else {
                 if done {
@@ -67,14 +60,7 @@ impl ToolCallParser for Llama3Json {
             let whole = &text[skip_ws(b, i)..end];
             let valid = serde_json::from_str::<serde_json::Value>(whole).is_ok();
             if !valid || scan.name.is_none() {
-                return if done || calls.is_empty() {
-                    Parsed::content_only(text)
-                } else {
-                    Parsed {
-                        content: String::new(),
-                        calls,
-                    }
-                };
+                return malformed(text, calls, &scan, done);
             }
             calls.push(PartialCall {
                 arguments: match scan.args_prefix(text) {
@@ -107,6 +93,29 @@ impl ToolCallParser for Llama3Json {
             content: finish_content(content, &calls, done),
             calls,
         }
+    }
+}
+
+/// A call object that turned out malformed (a bad escape, arguments that are not JSON, no
+/// name). At the end the whole output is content (the documented fallback, as vLLM's).
+/// While streaming, what was already sent stays: the earlier calls and this call's name and
+/// arguments as far as they were streamed, so no snapshot retracts a call a client was sent.
+fn malformed(text: &str, mut calls: Vec<PartialCall>, scan: &CallScan, done: bool) -> Parsed {
+    if done {
+        return Parsed::content_only(text);
+    }
+    if scan.name.is_some() {
+        calls.push(PartialCall {
+            arguments: scan.args_prefix(text).to_string(),
+            name: scan.name.clone(),
+        });
+    }
+    if calls.is_empty() {
+        return Parsed::content_only(text);
+    }
+    Parsed {
+        content: String::new(),
+        calls,
     }
 }
 
@@ -181,12 +190,24 @@ mod tests {
             "{\"name\": \"f\", \"parameters\": {\"a\": 1}",
             "{\"parameters\": {}}",
             "{\"name\": \"f\" \"parameters\": {}}",
+            // An invalid escape inside a string (the tool_output fuzzer's find), in the
+            // first and in the second of two calls.
+            "<|python_tag|>{\"name\": \"w\", \"parameters\": {\"city\": \"Paris \\=\"x\\\" \"}}",
+            "{\"name\": \"f\", \"parameters\": {}}; {\"name\": \"w\", \"parameters\": {\"c\": \"\\q\"}}",
         ] {
             assert_eq!(
                 Llama3Json.parse(out, true),
                 Parsed::content_only(out),
                 "{out}"
             );
+            // While streaming, a call that goes wrong never takes back what was shown of
+            // it; only the end falls back.
+            let mut last = Parsed::default();
+            for c in (1..out.len()).filter(|&c| out.is_char_boundary(c)) {
+                let snap = Llama3Json.parse(&out[..c], false);
+                super::super::assert_extends(&last, &snap, &out[..c]);
+                last = snap;
+            }
         }
     }
 }
