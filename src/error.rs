@@ -41,6 +41,10 @@ pub enum Error {
     /// restarted, the request ends.
     #[error("{0}")]
     RankFailure(String),
+    /// The model cannot serve now: its rank group is lost for good (a rank process of an
+    /// MPI job died) and every request, queued or new, ends with this until it is restarted.
+    #[error("{0}")]
+    Unavailable(String),
     /// An internal call failed in a way none of the above describes.
     #[error("{0}")]
     Internal(String),
@@ -61,20 +65,41 @@ impl From<PromptError> for Error {
     }
 }
 
-/// How the scheduler's message for the requests of a failed rank group begins
-/// (`fail_all_running` in `dcpserve_actors::scheduler`); the rank-fault tests check that
-/// such a request ends with [`Error::RankFailure`].
-const RANK_GROUP_FAILED: &str = "The model's rank group failed";
+use dcpserve_actors::scheduler::{MODEL_CANNOT_SERVE, RANK_GROUP_FAILED};
 
 impl Error {
     /// The error of a request the scheduler answered with `message`. The scheduler
-    /// refuses requests at admission (they can never fit) and ends running ones when
-    /// their rank group fails; only the latter starts with the rank group's wording.
+    /// refuses requests at admission (they can never fit, or the model cannot serve) and
+    /// ends running ones when their rank group fails; the latter two begin with the
+    /// scheduler's fixed wording.
     pub(crate) fn from_scheduler(message: String) -> Self {
         if message.starts_with(RANK_GROUP_FAILED) {
             Error::RankFailure(message)
+        } else if message.starts_with(MODEL_CANNOT_SERVE) {
+            Error::Unavailable(message)
         } else {
             Error::InvalidRequest(message)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scheduler_messages_keep_their_cause() {
+        let lost = format!("{MODEL_CANNOT_SERVE}: rank process 1 was lost");
+        assert!(matches!(Error::from_scheduler(lost), Error::Unavailable(_)));
+        let failed = format!("{RANK_GROUP_FAILED} while serving this request: rank 0 panicked");
+        assert!(matches!(
+            Error::from_scheduler(failed),
+            Error::RankFailure(_)
+        ));
+        let refused = "The prompt is empty.".to_string();
+        assert!(matches!(
+            Error::from_scheduler(refused),
+            Error::InvalidRequest(_)
+        ));
     }
 }

@@ -23,7 +23,71 @@ pub enum BackendEvent {
 }
 
 /// The events of one generation; dropping it must abort the generation and free its state.
-pub type EventStream = Pin<Box<dyn Stream<Item = Result<BackendEvent, String>> + Send>>;
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<BackendEvent, BackendError>> + Send>>;
+
+/// Why a generation could not start or did not finish, with what the client should do
+/// about it (the HTTP status follows from [`BackendErrorKind`]).
+///
+/// ```
+/// use dcpserve_api::{BackendError, BackendErrorKind};
+/// let e = BackendError::unavailable("The model cannot serve: rank process 1 was lost");
+/// assert_eq!(e.kind, BackendErrorKind::Unavailable);
+/// // A plain message is an engine failure.
+/// assert_eq!(BackendError::from("boom".to_string()).kind, BackendErrorKind::Failed);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendError {
+    /// What kind of failure (maps to 400, 503 or 500).
+    pub kind: BackendErrorKind,
+    /// The message the client reads.
+    pub message: String,
+}
+
+/// The cause of a [`BackendError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendErrorKind {
+    /// The request can never be served as it is (400).
+    InvalidRequest,
+    /// The model cannot serve now: its ranks were lost or are being restarted, or the
+    /// engine stopped (503; the request may be retried, elsewhere or later).
+    Unavailable,
+    /// The engine failed otherwise (500).
+    Failed,
+}
+
+impl BackendError {
+    /// A request refused as it is.
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self {
+            kind: BackendErrorKind::InvalidRequest,
+            message: message.into(),
+        }
+    }
+
+    /// A model that cannot serve now.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            kind: BackendErrorKind::Unavailable,
+            message: message.into(),
+        }
+    }
+}
+
+/// A bare message is an engine failure (500).
+impl From<String> for BackendError {
+    fn from(message: String) -> Self {
+        Self {
+            kind: BackendErrorKind::Failed,
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
 
 /// Counters of a served model, read when `/metrics` is rendered.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -95,7 +159,7 @@ pub trait ModelBackend: Send + Sync + 'static {
         self.render_chat(&messages)
     }
     /// Starts a generation of a request validated by the HTTP layer.
-    fn generate(&self, request: ValidRequest) -> Result<EventStream, String>;
+    fn generate(&self, request: ValidRequest) -> Result<EventStream, BackendError>;
     /// Compiles `constraint` with the model's grammar engine (structured outputs); `Err`
     /// carries the engine's message. A backend without a grammar engine refuses every
     /// constraint.

@@ -130,6 +130,27 @@ impl ApiError {
         }
     }
 
+    /// 503: the model cannot serve now (its ranks were lost or are restarting).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some("service_unavailable"),
+        }
+    }
+
+    /// The answer to a generation the backend refused or ended with an error.
+    pub fn from_backend(e: crate::backend::BackendError) -> Self {
+        use crate::backend::BackendErrorKind as Kind;
+        match e.kind {
+            Kind::InvalidRequest => Self::bad_request(e.message),
+            Kind::Unavailable => Self::unavailable(e.message),
+            Kind::Failed => Self::internal(e.message),
+        }
+    }
+
     /// The JSON body (also used inside a stream as an error event).
     pub fn body_json(&self) -> String {
         serde_json::to_string(&Body {

@@ -21,7 +21,7 @@ use futures::future::BoxFuture;
 use futures::StreamExt;
 use warp::http::{HeaderMap, Method};
 
-use crate::backend::{BackendEvent, BackendStats, EventStream, ModelBackend};
+use crate::backend::{BackendError, BackendEvent, BackendStats, EventStream, ModelBackend};
 use crate::chat_output::{OutputMode, OutputParser};
 use crate::reasoning::{ReasoningParser, Split};
 use crate::router::{ModelRouter, ModelSlot};
@@ -78,11 +78,11 @@ impl ModelBackend for EchoBackend {
     fn check_constraint(&self, constraint: &OutputConstraint) -> Result<(), String> {
         self.grammar.check(constraint)
     }
-    fn generate(&self, request: ValidRequest) -> Result<EventStream, String> {
+    fn generate(&self, request: ValidRequest) -> Result<EventStream, BackendError> {
         let ids = request.prompt().ids();
         let max = request.params().max_tokens.min(24);
         let echo = &ids[ids.len().saturating_sub(max)..];
-        let mut events: Vec<Result<BackendEvent, String>> = echo
+        let mut events: Vec<Result<BackendEvent, BackendError>> = echo
             .iter()
             .map(|&id| {
                 Ok(BackendEvent::Token {

@@ -72,7 +72,7 @@ pub fn start(
         let inner = slot
             .backend
             .generate(spec.request)
-            .map_err(ApiError::internal)?;
+            .map_err(ApiError::from_backend)?;
         runners.push(Runner {
             index: spec.index,
             inner: Some(inner),
@@ -210,7 +210,7 @@ impl Runner {
             }
             Some(Err(e)) => {
                 self.end("error");
-                Some(Err(ApiError::internal(e)))
+                Some(Err(ApiError::from_backend(e)))
             }
             Some(Ok(BackendEvent::Token { token, text })) => {
                 self.timer.token();

@@ -55,7 +55,9 @@ pub mod types;
 pub mod validation;
 pub mod web;
 
-pub use backend::{BackendEvent, BackendStats, EventStream, ModelBackend};
+pub use backend::{
+    BackendError, BackendErrorKind, BackendEvent, BackendStats, EventStream, ModelBackend,
+};
 // The config file's types live in dcpserve-config; the router's API uses them.
 pub use dcpserve_config::{ModelEntry, SamplingDefaults, ServeConfig, ServerSection};
 pub use errors::ApiError;

@@ -14,8 +14,8 @@ use dcpserve_actors::ValidRequest;
 use dcpserve_api::backend::SpeculationCounters;
 use dcpserve_api::engine_status::{KvLayout, KvStatus};
 use dcpserve_api::{
-    AppState, BackendEvent, BackendStats, ChatSettings, EventStream, ModelBackend, ModelRouter,
-    ModelSlot,
+    AppState, BackendError, BackendEvent, BackendStats, ChatSettings, EventStream, ModelBackend,
+    ModelRouter, ModelSlot,
 };
 use dcpserve_config::serve_file::{self as config, ModelEntry, SamplingDefaults, ServeConfig};
 use dcpserve_model::ChatMessage;
@@ -247,6 +247,19 @@ impl EngineBackend {
     }
 }
 
+/// The engine's error as the HTTP layer's: a request to fix (400), a model that cannot
+/// serve now (503: its ranks are lost or restarting, or the engine stopped), or a failure.
+fn backend_error(e: dcpserve::Error) -> BackendError {
+    let message = e.to_string();
+    match e {
+        dcpserve::Error::InvalidRequest(_) => BackendError::invalid_request(message),
+        dcpserve::Error::Unavailable(_)
+        | dcpserve::Error::RankFailure(_)
+        | dcpserve::Error::EngineStopped(_) => BackendError::unavailable(message),
+        _ => BackendError::from(message),
+    }
+}
+
 impl ModelBackend for EngineBackend {
     fn max_model_len(&self) -> usize {
         self.engine.max_model_len()
@@ -295,11 +308,8 @@ impl ModelBackend for EngineBackend {
         self.engine.files().grammar()?.check(constraint)
     }
 
-    fn generate(&self, request: ValidRequest) -> Result<EventStream, String> {
-        let stream = self
-            .engine
-            .generate_valid(request)
-            .map_err(|e| e.to_string())?;
+    fn generate(&self, request: ValidRequest) -> Result<EventStream, BackendError> {
+        let stream = self.engine.generate_valid(request).map_err(backend_error)?;
         Ok(stream
             .map(|ev| match ev {
                 Ok(GenerationEvent::Token { token, text }) => {
@@ -314,7 +324,7 @@ impl ModelBackend for EngineBackend {
                     prompt_tokens,
                     completion_tokens,
                 }),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(backend_error(e)),
             })
             .boxed())
     }

@@ -89,6 +89,12 @@ pub struct SequenceKv {
     pub kv_blocks: usize,
 }
 
+/// How the message begins for requests refused or ended because the model's rank group is
+/// lost for good (the engine maps it to "unavailable", HTTP 503).
+pub const MODEL_CANNOT_SERVE: &str = "The model cannot serve";
+/// How the message begins for running requests ended because their rank group failed.
+pub const RANK_GROUP_FAILED: &str = "The model's rank group failed";
+
 /// Messages the scheduler understands.
 pub enum SchedulerMsg {
     Submit {
@@ -262,7 +268,7 @@ impl Actor for Scheduler {
                 for id in std::mem::take(&mut st.waiting) {
                     if let Some(seq) = st.seqs.remove(&id) {
                         let _ = seq.events.send(RequestEvent::Error(format!(
-                            "The model cannot serve: {reason}"
+                            "{MODEL_CANNOT_SERVE}: {reason}"
                         )));
                     }
                 }
@@ -362,7 +368,7 @@ impl SchedulerState {
     fn submit(&mut self, request: GenerationRequest, events: UnboundedSender<RequestEvent>) {
         let len = request.prompt_ids.len();
         let reject = if let Some(reason) = &self.stats.unavailable {
-            Some(format!("The model cannot serve: {reason}"))
+            Some(format!("{MODEL_CANNOT_SERVE}: {reason}"))
         } else if len == 0 {
             Some("The prompt is empty.".to_string())
         } else if len >= self.cfg.max_model_len {
@@ -463,7 +469,7 @@ impl SchedulerState {
         for id in std::mem::take(&mut self.running) {
             if let Some(seq) = self.seqs.remove(&id) {
                 let _ = seq.events.send(RequestEvent::Error(format!(
-                    "The model's rank group failed while serving this request: {error}"
+                    "{RANK_GROUP_FAILED} while serving this request: {error}"
                 )));
             }
         }

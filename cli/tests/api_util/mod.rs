@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use dcpserve::{Engine, EngineConfig, TokenOutput, ValidRequest};
 use dcpserve_api::{
-    AppState, BackendEvent, BackendStats, EventStream, ModelBackend, ModelRouter, ModelSlot,
-    SamplingDefaults,
+    AppState, BackendError, BackendEvent, BackendStats, EventStream, ModelBackend, ModelRouter,
+    ModelSlot, SamplingDefaults,
 };
 use dcpserve_cli::serve::EngineBackend;
 use dcpserve_model::ChatMessage;
@@ -263,7 +263,7 @@ impl ModelBackend for StallingBackend {
     fn render_chat(&self, m: &[ChatMessage]) -> Result<String, String> {
         Ok(m.iter().map(|m| m.content.clone()).collect())
     }
-    fn generate(&self, _: ValidRequest) -> Result<EventStream, String> {
+    fn generate(&self, _: ValidRequest) -> Result<EventStream, BackendError> {
         self.live.fetch_add(1, Ordering::SeqCst);
         let guard = LiveGuard(self.live.clone());
         let first = BackendEvent::Token {
