@@ -72,6 +72,7 @@ impl CudaBackend {
         if stored == 0 {
             return Ok(0);
         }
+        check_distinct_slots(&dev_slots)?;
         let [dev_slots] = self.stage_meta([bytes_of(&dev_slots)])?;
         let rv = rows.cuda();
         let dt = dtype_code(cache.dtype);
@@ -145,5 +146,32 @@ impl CudaBackend {
             .memcpy_dtoh(&tmp, host)
             .map_err(|e| driver_err("downloading", e))?;
         self.synchronize()
+    }
+}
+
+/// One write may not store two rows in one slot: on a GPU the threads of both rows would
+/// race on it (whichever lands last wins). The scheduler never plans such a write; this
+/// refuses one rather than let the result depend on the device's scheduling.
+fn check_distinct_slots(slots: &[u64]) -> Result<(), KernelError> {
+    let mut sorted: Vec<u64> = slots.iter().copied().filter(|&s| s != u64::MAX).collect();
+    sorted.sort_unstable();
+    match sorted.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(KernelError::Shape(format!(
+            "kv write: slot {} is written twice in one call (its rows would race on the device)",
+            w[0]
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::check_distinct_slots;
+
+    #[test]
+    fn a_slot_written_twice_is_refused() {
+        assert!(check_distinct_slots(&[3, 1, u64::MAX, u64::MAX, 2]).is_ok());
+        let e = check_distinct_slots(&[3, 1, 7, 1]).unwrap_err();
+        assert!(e.to_string().contains("slot 1 is written twice"), "{e}");
     }
 }
