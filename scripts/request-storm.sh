@@ -4,6 +4,9 @@
 # position over two ranks). CI runs 5,000 requests per layout; the README's 100k figures
 # come from `scripts/request-storm.sh --requests 100000`.
 #
+# tp1tiny (tp=1 on the tiny Llama) is for long runs where the default model's generation
+# time would dominate.
+#
 # usage: [STORM_LAYOUTS="tp1 tp4dcp2"] scripts/request-storm.sh [--requests N] [--seed S]
 #            [--concurrency C]
 set -euo pipefail
@@ -23,12 +26,17 @@ for layout in $LAYOUTS; do
     REQUEST_FUZZ_LOG=$LOGS/tp1.log python3 scripts/request-fuzz.py --exe "$BIN" "$@" -- \
         models/SmolLM2-135M-Instruct.Q4_1.gguf --served-model-name smollm2 --threads 2 \
         --kv-cache-memory-bytes 268435456 --max-model-len 2048 --max-num-seqs 32 ;;
+  tp1tiny)
+    echo "== tp=1, tiny-llama"
+    REQUEST_FUZZ_LOG=$LOGS/tp1tiny.log python3 scripts/request-fuzz.py --exe "$BIN" "$@" -- \
+        fixtures/tiny-llama --served-model-name tiny --dtype float32 --threads 2 \
+        --kv-cache-memory-bytes 16777216 --max-num-seqs 64 ;;
   tp4dcp2)
     echo "== tp=4 dcp=2, tiny-llama"
     REQUEST_FUZZ_LOG=$LOGS/tp4dcp2.log python3 scripts/request-fuzz.py --exe "$BIN" "$@" -- \
         fixtures/tiny-llama --served-model-name tiny --dtype float32 \
         --tensor-parallel-size 4 --decode-context-parallel-size 2 --threads 1 \
         --kv-cache-memory-bytes 16777216 --max-num-seqs 64 ;;
-  *) echo "unknown layout $layout (tp1, tp4dcp2)" >&2; exit 2 ;;
+  *) echo "unknown layout $layout (tp1, tp1tiny, tp4dcp2)" >&2; exit 2 ;;
   esac
 done

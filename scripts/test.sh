@@ -36,6 +36,11 @@ DCPSERVE_CARGO_FEATURES=mpi bash tests/python/run.sh
 # The web page at `GET /` in headless Chromium (installed from Debian's packages): a
 # streamed chat, Stop, and the engine view's KV placement changing during a request.
 DCPSERVE_CARGO_FEATURES=mpi bash scripts/web-ui-test.sh
+# Every fuzz target (GGUF, quantized blocks, safetensors, config.json, chat templates,
+# requests, tool-call / reasoning parsers) for 10 s from the committed seeds: no panic, no
+# allocation past the input's bound, no input over its time bound (libFuzzer, stable
+# toolchain; the found inputs are replayed by the unit tests above).
+bash scripts/fuzz.sh --seconds 10
 # 5,000 generated requests (valid, boundary, malformed, disconnects) per layout, tp=1
 # and tp=4 dcp=2: no 5xx, no hang, everything drained, memory bounded, same greedy text.
 bash scripts/request-storm.sh --requests 5000
