@@ -3,7 +3,9 @@
 //!   (the fixtures' `reference.json`), measured per type and printed;
 //! - every TP / DCP layout, preemption, prefix-cache hits and speculation (MTP and a
 //!   draft model) give the single rank's outputs with the same cache type: the same
-//!   greedy tokens and log-probabilities within a tight tolerance.
+//!   greedy tokens and log-probabilities within the f32 tolerance but for rare rounding
+//!   flips (a value at a rounding boundary stored differently by two layouts), bounded
+//!   per cache type.
 
 mod common;
 
@@ -34,21 +36,67 @@ fn max_logprob_gap(a: &Run, b: &Run) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Log-probabilities of two layouts with the same compressed cache may differ by this
-/// much. With an f32 cache the layouts agree to 1e-4 (summation order only); a narrow
-/// cache rounds each stored value, so a value that lands within an f32 rounding error of
-/// a rounding boundary can round differently on two layouts (one bf16/FP8 step of one
-/// element; with FP8's row scales, a row's largest value at a scale boundary can move
-/// the whole row to the next binade). Measured on 2026-12-01 (printed by every case): at
-/// most 1.6e-4 (FP8 E4M3 under MTP), 1.05e-4 (bf16 under preemption), most cases below
-/// 5e-5; on 2026-12-05 with FP8 row scales at most 1.05e-4; the bound is 3× the largest.
-const LAYOUT_TOL: f32 = 5e-4;
+/// Every log-probability two layouts report (the chosen tokens' and the top tokens'
+/// present in both), as |Δ|.
+fn logprob_gaps(a: &Run, b: &Run) -> Vec<f32> {
+    let mut gaps = Vec::new();
+    for (x, y) in a.iter().zip(b).flat_map(|(x, y)| x.iter().zip(y)) {
+        gaps.push((x.logprob.unwrap() - y.logprob.unwrap()).abs());
+        for ((tx, lx), (ty, ly)) in x.top_logprobs.iter().zip(&y.top_logprobs) {
+            if tx == ty {
+                gaps.push((lx - ly).abs());
+            }
+        }
+    }
+    gaps
+}
 
-/// Asserts `got` equals `base` (tokens, log-probabilities within [`LAYOUT_TOL`]) and
-/// prints the measured gap.
-fn assert_layout_same(base: &Run, got: &Run, what: &str) {
-    assert_same_within(base, got, what, LAYOUT_TOL);
-    eprintln!("{what}: max |Δ logprob| {:.2e}", max_logprob_gap(base, got));
+/// How far one rounding flip may move a log-probability, per cache type.
+///
+/// With an f32 cache the layouts agree to 1e-4 (summation order only). A narrow cache
+/// rounds each stored value, so a value within an f32 rounding error of a rounding
+/// boundary can round differently on two layouts: one step of one element (2⁻⁸ relative
+/// in bf16, 2⁻⁴ / 2⁻³ in E4M3 / E5M2), or, with FP8's row scales, a whole row moved to the
+/// next binade when its largest value sits at a scale boundary. Whether such a value
+/// occurs depends on the machine's kernels (AVX-512, AVX2 and scalar sum in different
+/// orders), and a flipped row is read by every later token of its sequence. Measured
+/// 2026-12-01..06: the largest gaps were 1.05e-4 – 1.6e-4 on an AVX-512 machine; on an
+/// AVX2-only one 1.6e-3 (E5M2 under preemption, 28 of 1,440 values past 1e-4), 9.8e-4
+/// (bf16 under a draft model, 24 of 576) and 4.8e-4 (E4M3 under MTP, 25 of 576); every
+/// other case below 1e-4. The bounds are 5× the largest per type.
+fn flip_bound(dt: KvCacheDType) -> f32 {
+    match dt {
+        KvCacheDType::BF16 => 5e-3,
+        _ => 8e-3,
+    }
+}
+
+/// The share of log-probabilities allowed past the f32 tolerance ([`TOL`]): flips are
+/// rare (measured: at most 4.3% of the values of a case, all after one flip), while a
+/// wrong placement, merge or a path that skips the rounding moves nearly all of them.
+const FLIPPED_SHARE: f64 = 0.2;
+
+/// Asserts `got` equals `base`: the same greedy tokens, log-probabilities within
+/// [`TOL`] but for rare rounding flips (at most [`FLIPPED_SHARE`] of them, none past
+/// [`flip_bound`]); prints the measured gaps.
+fn assert_layout_same(dt: KvCacheDType, base: &Run, got: &Run, what: &str) {
+    assert_same_within(base, got, what, flip_bound(dt));
+    let mut gaps = logprob_gaps(base, got);
+    gaps.sort_by(f32::total_cmp);
+    let past = gaps.iter().filter(|&&g| g > TOL).count();
+    let share = past as f64 / gaps.len() as f64;
+    eprintln!(
+        "{what}: max |Δ logprob| {:.2e} (chosen {:.2e}), median {:.1e}, {past} of {} past {TOL:e}",
+        gaps.last().copied().unwrap_or(0.0),
+        max_logprob_gap(base, got),
+        gaps[gaps.len() / 2],
+        gaps.len()
+    );
+    assert!(
+        share <= FLIPPED_SHARE,
+        "{what}: {past} of {} log-probabilities differ by more than {TOL:e}: not rare flips",
+        gaps.len()
+    );
 }
 
 /// The single rank against the transformers references, per cache type, over every
@@ -94,7 +142,7 @@ async fn gqa_layouts_equal_single_rank_with_the_same_cache_type() {
         for (tp, dcp, i) in [(2, 1, 1), (4, 2, 1), (8, 4, 2)] {
             let c = typed(dt, cfg(layout(tp, dcp, i), 512, big));
             let got = run(&model, c, &prompts, 12).await;
-            assert_layout_same(&base, &got, &format!("{dt} tp={tp} dcp={dcp} I={i}"));
+            assert_layout_same(dt, &base, &got, &format!("{dt} tp={tp} dcp={dcp} I={i}"));
         }
     }
 }
@@ -119,7 +167,12 @@ async fn mla_layouts_and_preemption_equal_single_rank_with_the_same_cache_type()
         for (tp, dcp, i) in [(2, 2, 1), (4, 4, 2)] {
             let c = typed(dt, cfg(layout(tp, dcp, i), 256, big));
             let got = run(&model, c, &prompts, 8).await;
-            assert_layout_same(&base, &got, &format!("MLA {dt} tp={tp} dcp={dcp} I={i}"));
+            assert_layout_same(
+                dt,
+                &base,
+                &got,
+                &format!("MLA {dt} tp={tp} dcp={dcp} I={i}"),
+            );
         }
         // 3 layers × (32 + 8) latent values per token (and FP8's scale byte per row);
         // 20 blocks of 16 tokens per rank.
@@ -131,7 +184,12 @@ async fn mla_layouts_and_preemption_equal_single_rank_with_the_same_cache_type()
             stats.preemptions > 0,
             "{dt}: expected preemptions: {stats:?}"
         );
-        assert_layout_same(&base, &got, &format!("MLA {dt} tp=4 dcp=2 I=2, preempted"));
+        assert_layout_same(
+            dt,
+            &base,
+            &got,
+            &format!("MLA {dt} tp=4 dcp=2 I=2, preempted"),
+        );
     }
 }
 
@@ -170,7 +228,7 @@ async fn prefix_cache_hits_on_a_compressed_cache_equal_single_rank() {
             stats.prefix_cache_hits >= 2 * 640,
             "{dt}: expected the shared prefix to hit, got {stats:?}"
         );
-        assert_layout_same(&base, &got, &format!("{dt} prefix hits tp=4 dcp=4 I=2"));
+        assert_layout_same(dt, &base, &got, &format!("{dt} prefix hits tp=4 dcp=4 I=2"));
     }
 }
 
@@ -202,7 +260,7 @@ async fn speculation_on_a_compressed_cache_equals_plain_decoding() {
         ));
         let (got, stats) = run_stats(&mtp_model, c, &prompts, 24).await;
         assert!(stats.speculation.num_drafts > 0, "{dt}: no MTP drafts");
-        assert_layout_same(&base, &got, &format!("{dt} MTP k=2 tp=4 dcp=2 I=2"));
+        assert_layout_same(dt, &base, &got, &format!("{dt} MTP k=2 tp=4 dcp=2 I=2"));
 
         // tiny-llama drafting for itself on its own tp=1 group, target at tp=4 dcp=2.
         let llama = fixture("tiny-llama");
@@ -220,7 +278,12 @@ async fn speculation_on_a_compressed_cache_equals_plain_decoding() {
         )));
         let (got, stats) = run_stats(&llama, c, &prompts, 24).await;
         assert!(stats.speculation.num_drafts > 0, "{dt}: no drafts");
-        assert_layout_same(&base, &got, &format!("{dt} self-draft, target tp=4 dcp=2"));
+        assert_layout_same(
+            dt,
+            &base,
+            &got,
+            &format!("{dt} self-draft, target tp=4 dcp=2"),
+        );
     }
 }
 
