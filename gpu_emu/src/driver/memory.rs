@@ -1,0 +1,273 @@
+//! Device memory: opaque device addresses backed by host buffers, in one checked table.
+//!
+//! Device `d`'s addresses start at `DEVICE_BASE + d << 40`, above the canonical x86-64 user
+//! range, so host code that dereferences a device pointer faults at once instead of reading
+//! something. Addresses are handed out upwards and never reused, with a guard gap after each
+//! allocation: an access past an allocation's end, or into a freed one, can always be told
+//! from a valid one, and is refused with a message naming the operation.
+
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::{codes, config, CUdeviceptr, CUresult};
+
+/// First device address of device 0 (bit 52 set: not a canonical user-space address).
+pub const DEVICE_BASE: u64 = 0x0010_0000_0000_0000;
+/// Address space per device.
+const DEVICE_SPAN: u64 = 1 << 40;
+/// Alignment of every allocation (cudaMalloc guarantees at least 256 bytes).
+pub const ALIGN: usize = 256;
+/// Unmapped bytes after each allocation.
+const GUARD: u64 = 64 * 1024;
+const MAX_DEVICES: usize = 64;
+
+/// Where a checked access failed, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    pub code: CUresult,
+    pub msg: String,
+}
+
+impl Fault {
+    pub fn new(code: CUresult, msg: impl Into<String>) -> Fault {
+        Fault {
+            code,
+            msg: msg.into(),
+        }
+    }
+}
+
+/// One allocation: device range, host backing, and whether it was freed (and by what).
+struct Region {
+    size: usize,
+    device: usize,
+    /// The host buffer (0 once freed).
+    host: usize,
+    freed_by: Option<&'static str>,
+}
+
+static TABLE: RwLock<BTreeMap<u64, Region>> = RwLock::new(BTreeMap::new());
+static NEXT: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+static USED: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
+
+fn read() -> RwLockReadGuard<'static, BTreeMap<u64, Region>> {
+    TABLE.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write() -> RwLockWriteGuard<'static, BTreeMap<u64, Region>> {
+    TABLE.write().unwrap_or_else(|p| p.into_inner())
+}
+
+fn layout(size: usize) -> Layout {
+    Layout::from_size_align(size.max(1), ALIGN).expect("allocation size overflows a Layout")
+}
+
+/// Bytes allocated (and not freed) on `device`.
+pub fn used_bytes(device: usize) -> usize {
+    USED[device].load(Ordering::Relaxed)
+}
+
+/// Allocates `size` bytes on `device`, zeroed (0xFF-filled with `DCPEMU_POISON=1`).
+pub fn allocate(device: usize, size: usize, op: &str) -> Result<CUdeviceptr, Fault> {
+    if size == 0 {
+        return Err(Fault::new(
+            codes::INVALID_VALUE,
+            format!("{op}: zero bytes requested"),
+        ));
+    }
+    let limit = config::get().memory_bytes;
+    let prev = USED[device].fetch_add(size, Ordering::Relaxed);
+    if prev + size > limit {
+        USED[device].fetch_sub(size, Ordering::Relaxed);
+        return Err(Fault::new(
+            codes::OUT_OF_MEMORY,
+            format!(
+                "{op}: {size} bytes on device {device}, which has {} of {limit} bytes free \
+                 (DCPEMU_MEMORY_MIB)",
+                limit - prev.min(limit)
+            ),
+        ));
+    }
+    // SAFETY: a non-zero-sized layout.
+    let host = unsafe {
+        if config::get().poison {
+            let p = std::alloc::alloc(layout(size));
+            if !p.is_null() {
+                std::ptr::write_bytes(p, 0xFF, size);
+            }
+            p
+        } else {
+            std::alloc::alloc_zeroed(layout(size))
+        }
+    };
+    if host.is_null() {
+        USED[device].fetch_sub(size, Ordering::Relaxed);
+        return Err(Fault::new(
+            codes::OUT_OF_MEMORY,
+            format!("{op}: host allocation of {size} bytes failed"),
+        ));
+    }
+    let span = (size as u64).div_ceil(ALIGN as u64) * ALIGN as u64 + GUARD;
+    let offset = NEXT[device].fetch_add(span, Ordering::Relaxed);
+    assert!(
+        offset + span <= DEVICE_SPAN,
+        "dcpemu: device {device}'s address space is exhausted"
+    );
+    let base = DEVICE_BASE + device as u64 * DEVICE_SPAN + offset;
+    write().insert(
+        base,
+        Region {
+            size,
+            device,
+            host: host as usize,
+            freed_by: None,
+        },
+    );
+    Ok(base)
+}
+
+/// Frees the allocation starting at `addr` (which must be an allocation's first byte).
+pub fn free(addr: CUdeviceptr, op: &'static str) -> Result<(), Fault> {
+    let mut table = write();
+    let Some(region) = table.get_mut(&addr) else {
+        return Err(Fault::new(
+            codes::INVALID_VALUE,
+            format!("{op}: {}", describe_locked(&table, addr)),
+        ));
+    };
+    if let Some(by) = region.freed_by {
+        return Err(Fault::new(
+            codes::INVALID_VALUE,
+            format!("{op}: {addr:#x} was already freed (by {by})"),
+        ));
+    }
+    // SAFETY: `host` came from `alloc` with this layout and is freed once (`freed_by`).
+    unsafe { std::alloc::dealloc(region.host as *mut u8, layout(region.size)) };
+    region.host = 0;
+    region.freed_by = Some(op);
+    USED[region.device].fetch_sub(region.size, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Why `addr` is not the start of a live allocation.
+fn describe_locked(table: &BTreeMap<u64, Region>, addr: u64) -> String {
+    match table.range(..=addr).next_back() {
+        Some((base, r)) if addr < base + r.size as u64 => {
+            format!(
+                "{addr:#x} is {} bytes into the {}-byte allocation at {base:#x}",
+                addr - base,
+                r.size
+            )
+        }
+        _ => format!("{addr:#x} is not the start of an allocation"),
+    }
+}
+
+/// The host address of `len` bytes at device address `addr`, and its device; refuses
+/// unless the whole range lies in one live allocation (`len` 0 may point one past the end).
+pub fn resolve(addr: CUdeviceptr, len: usize, op: &str) -> Result<(*mut u8, usize), Fault> {
+    let table = read();
+    let Some((base, region)) = table.range(..=addr).next_back() else {
+        return Err(not_device(addr, len, op));
+    };
+    let end = base + region.size as u64;
+    if addr > end || (addr == end && len > 0) {
+        // Past this allocation: in its guard gap, or not an address of any device.
+        if addr < end + GUARD {
+            return Err(Fault::new(
+                codes::ILLEGAL_ADDRESS,
+                format!(
+                    "{op}: {len} bytes at {addr:#x} start {} bytes past the end of the \
+                     {}-byte allocation at {base:#x} (device {})",
+                    addr - end,
+                    region.size,
+                    region.device
+                ),
+            ));
+        }
+        return Err(not_device(addr, len, op));
+    }
+    if let Some(by) = region.freed_by {
+        return Err(Fault::new(
+            codes::ILLEGAL_ADDRESS,
+            format!(
+                "{op}: {len} bytes at {addr:#x} are in the {}-byte allocation at {base:#x} \
+                 (device {}), freed by {by}",
+                region.size, region.device
+            ),
+        ));
+    }
+    if (len as u64) > end - addr {
+        return Err(Fault::new(
+            codes::ILLEGAL_ADDRESS,
+            format!(
+                "{op}: {len} bytes at {addr:#x} (offset {}) overrun the {}-byte allocation at \
+                 {base:#x} (device {}) by {} bytes",
+                addr - base,
+                region.size,
+                region.device,
+                len as u64 - (end - addr)
+            ),
+        ));
+    }
+    Ok((
+        (region.host + (addr - base) as usize) as *mut u8,
+        region.device,
+    ))
+}
+
+fn not_device(addr: u64, len: usize, op: &str) -> Fault {
+    Fault::new(
+        codes::ILLEGAL_ADDRESS,
+        format!("{op}: {len} bytes at {addr:#x}: not an address of any emulated allocation"),
+    )
+}
+
+/// Host ("pinned") allocations from `cuMemHostAlloc`: real host memory, remembered so
+/// asynchronous copies can tell them from pageable memory (which CUDA copies before the
+/// call returns).
+static PINNED: RwLock<BTreeMap<usize, usize>> = RwLock::new(BTreeMap::new());
+
+/// Allocates `size` bytes of page-locked (here: ordinary) host memory.
+pub fn host_alloc(size: usize) -> *mut u8 {
+    // SAFETY: a non-zero-sized layout.
+    let p = unsafe { std::alloc::alloc_zeroed(layout(size)) };
+    if !p.is_null() {
+        PINNED
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(p as usize, size);
+    }
+    p
+}
+
+/// Frees memory from [`host_alloc`]; false if `p` is not such an allocation.
+///
+/// # Safety
+/// No one uses the memory at `p` any more.
+pub unsafe fn host_free(p: *mut u8) -> bool {
+    let size = PINNED
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&(p as usize));
+    match size {
+        Some(size) => {
+            // SAFETY: allocated by `host_alloc` with this layout, removed from the table once.
+            unsafe { std::alloc::dealloc(p, layout(size)) };
+            true
+        }
+        None => false,
+    }
+}
+
+/// Whether `[p, p + len)` lies in one pinned host allocation.
+pub fn is_pinned(p: *const u8, len: usize) -> bool {
+    let table = PINNED.read().unwrap_or_else(|e| e.into_inner());
+    let a = p as usize;
+    table
+        .range(..=a)
+        .next_back()
+        .is_some_and(|(base, size)| a + len <= base + size)
+}
