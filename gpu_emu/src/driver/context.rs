@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{codes, config, memory, refuse, stream, write_out, CUdevice, CUresult, Handle};
+use super::{codes, config, memory, refuse, write_out, CUdevice, CUresult, Handle};
 
 /// The driver version reported (13.0, what cudarc's `cuda-13000` bindings expect).
 pub const DRIVER_VERSION: c_int = 13000;
@@ -238,13 +238,6 @@ pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut Handle) -> CUresult {
 pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
     let d = tri!(current_device("cuCtxGetDevice"));
     write_out(dev, d as CUdevice, "cuCtxGetDevice")
-}
-
-/// Waits for every stream of the current context's device.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
-    let d = tri!(current_device("cuCtxSynchronize"));
-    stream::synchronize_device(d, "cuCtxSynchronize")
 }
 
 #[no_mangle]

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use super::context::{current_device, tri};
 use super::graph::{Graph, GRAPHS};
-use super::stream::{fault_code, invalidate, lookup, Capture, Stream, STREAMS};
+use super::stream::{fault_code, invalidate, lookup, synchronize_device, Capture, Stream, STREAMS};
 use super::{codes, refuse, write_out, CUresult, Handle};
 
 unsafe fn create(out: *mut Handle, op: &str) -> CUresult {
@@ -183,4 +183,11 @@ pub unsafe extern "C" fn cuStreamIsCapturing(h: Handle, status: *mut u32) -> CUr
         Some(_) => 1,
     };
     write_out(status, v, "cuStreamIsCapturing")
+}
+
+/// Waits for every stream of the current context's device.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    let d = tri!(current_device("cuCtxSynchronize"));
+    synchronize_device(d, "cuCtxSynchronize")
 }
