@@ -162,6 +162,13 @@ pub unsafe extern "C" fn ncclCommInitRank(
             "the unique id was not made by ncclGetUniqueId",
         );
     }
+    if id.internal[8..12] != std::process::id().to_le_bytes() {
+        return refuse(
+            result::INVALID_USAGE,
+            op,
+            "the unique id comes from another process: emulated NCCL ranks are threads of one process",
+        );
+    }
     let size = nranks as usize;
     let mut forming = FORMING.lock().unwrap_or_else(|p| p.into_inner());
     let table = forming.get_or_insert_with(HashMap::new);
