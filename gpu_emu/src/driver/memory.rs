@@ -70,8 +70,15 @@ pub fn used_bytes(device: usize) -> usize {
 }
 
 /// Allocates `size` bytes on `device`, zeroed (0xFF-filled with `DCPEMU_POISON=1`).
-pub fn allocate(device: usize, size: usize, op: &str) -> Result<CUdeviceptr, Fault> {
-    if size == 0 {
+/// Zero bytes are refused unless `allow_empty` (stream-ordered allocation, which cudarc
+/// uses for empty slices, gives an empty range with an address of its own).
+pub fn allocate(
+    device: usize,
+    size: usize,
+    allow_empty: bool,
+    op: &str,
+) -> Result<CUdeviceptr, Fault> {
+    if size == 0 && !allow_empty {
         return Err(Fault::new(
             codes::INVALID_VALUE,
             format!("{op}: zero bytes requested"),

@@ -18,7 +18,7 @@ fn check(addr: CUdeviceptr, len: usize, op: &str) -> Result<(), CUresult> {
 }
 
 fn alloc_now(out: *mut CUdeviceptr, size: usize, device: usize, op: &str) -> CUresult {
-    match memory::allocate(device, size, op) {
+    match memory::allocate(device, size, op == "cuMemAllocAsync", op) {
         // SAFETY: the caller's out-pointer (checked for null).
         Ok(p) => unsafe { write_out(out, p, op) },
         Err(f) => refuse(f.code, op, f.msg),
@@ -76,6 +76,9 @@ pub unsafe extern "C" fn cuMemFreeAsync(addr: CUdeviceptr, h: Handle) -> CUresul
             op,
             "free nodes in a captured graph are not emulated",
         );
+    }
+    if addr == 0 {
+        return codes::SUCCESS;
     }
     tri!(check(addr, 0, op));
     s.submit(op, Arc::new(move || memory::free(addr, "cuMemFreeAsync")));
