@@ -25,6 +25,7 @@ pub mod codes {
     pub const STREAM_CAPTURE_UNSUPPORTED: u32 = 900;
     pub const STREAM_CAPTURE_INVALIDATED: u32 = 901;
     pub const STREAM_CAPTURE_UNMATCHED: u32 = 903;
+    pub const STREAM_CAPTURE_UNJOINED: u32 = 904;
     pub const STREAM_CAPTURE_ISOLATION: u32 = 905;
     pub const CAPTURED_EVENT: u32 = 907;
     pub const UNKNOWN: u32 = 999;
@@ -121,6 +122,11 @@ const TABLE: &[(u32, &str, &str)] = &[
         codes::STREAM_CAPTURE_UNMATCHED,
         "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED\0",
         "capture was not initiated in this stream\0",
+    ),
+    (
+        codes::STREAM_CAPTURE_UNJOINED,
+        "CUDA_ERROR_STREAM_CAPTURE_UNJOINED\0",
+        "the capture sequence contains a fork that was not joined to the primary stream\0",
     ),
     (
         codes::STREAM_CAPTURE_ISOLATION,

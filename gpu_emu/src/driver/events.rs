@@ -12,7 +12,7 @@ use std::time::Instant;
 use super::context::{current_device, tri};
 use super::memory::Fault;
 use super::registry::Registry;
-use super::stream::{invalidate, lookup, Capture};
+use super::stream::{invalidate, lookup, Capture, Clock};
 use super::{codes, refuse, write_out, CUresult, Handle};
 
 struct EventState {
@@ -22,6 +22,8 @@ struct EventState {
     completed: u64,
     at: Option<Instant>,
     captured_in: Option<Arc<Capture>>,
+    /// What a record in a capture covered (see [`Capture::clocks`]).
+    captured_clock: Clock,
 }
 
 pub struct Event {
@@ -67,6 +69,7 @@ pub unsafe extern "C" fn cuEventCreate(out: *mut Handle, flags: c_uint) -> CUres
             completed: 0,
             at: None,
             captured_in: None,
+            captured_clock: Clock::new(),
         }),
         reached: Condvar::new(),
         timing: flags & DISABLE_TIMING == 0,
@@ -92,7 +95,10 @@ pub unsafe extern "C" fn cuEventRecord(h: Handle, stream: Handle) -> CUresult {
     let s = tri!(lookup(stream, "cuEventRecord"));
     if let Some(c) = s.capture() {
         // A node of the capture: ordering inside the graph is its issue order.
-        e.lock().captured_in = Some(c);
+        let clock = c.clock_of(s.key());
+        let mut st = e.lock();
+        st.captured_in = Some(c);
+        st.captured_clock = clock;
         return codes::SUCCESS;
     }
     let n = {
@@ -131,12 +137,19 @@ pub unsafe extern "C" fn cuStreamWaitEvent(stream: Handle, h: Handle, _flags: c_
     let op = "cuStreamWaitEvent";
     let e = tri!(get(h, op));
     let s = tri!(lookup(stream, op));
-    let (target, captured) = {
+    let (target, captured, clock) = {
         let st = e.lock();
-        (st.recorded, st.captured_in.clone())
+        (
+            st.recorded,
+            st.captured_in.clone(),
+            st.captured_clock.clone(),
+        )
     };
     match (captured, s.capture()) {
-        (Some(ec), Some(sc)) if Arc::ptr_eq(&ec, &sc) => codes::SUCCESS,
+        (Some(ec), Some(sc)) if Arc::ptr_eq(&ec, &sc) => {
+            sc.merge_clock(s.key(), &clock);
+            codes::SUCCESS
+        }
         (Some(_), Some(sc)) => {
             invalidate(&sc, "a wait on an event of another capture");
             refuse(
@@ -154,6 +167,7 @@ pub unsafe extern "C" fn cuStreamWaitEvent(stream: Handle, h: Handle, _flags: c_
                     "the default stream cannot join a capture",
                 );
             }
+            ec.merge_clock(s.key(), &clock);
             s.set_capture(Some(ec));
             codes::SUCCESS
         }

@@ -30,6 +30,48 @@ pub struct Capture {
     pub items: Mutex<Vec<Item>>,
     /// Set when a call not permitted during capture was made; ending it then fails.
     pub invalidated: Mutex<Option<String>>,
+    /// Per member stream ([`Stream::key`]): how much of each member's captured work it is
+    /// ordered after (a vector clock), to find forks never joined back to the origin.
+    pub clocks: Mutex<HashMap<usize, Clock>>,
+}
+
+/// Member stream -> items of it an ordering covers.
+pub type Clock = HashMap<usize, usize>;
+
+impl Capture {
+    pub fn new(origin: usize) -> Capture {
+        Capture {
+            origin,
+            items: Mutex::new(Vec::new()),
+            invalidated: Mutex::new(None),
+            clocks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The clock of member `key` (what an event recorded there now covers).
+    pub fn clock_of(&self, key: usize) -> Clock {
+        lock(&self.clocks).get(&key).cloned().unwrap_or_default()
+    }
+
+    /// Member `key` waits on an event whose record covered `clock`.
+    pub fn merge_clock(&self, key: usize, clock: &Clock) {
+        let mut clocks = lock(&self.clocks);
+        let mine = clocks.entry(key).or_default();
+        for (k, v) in clock {
+            let e = mine.entry(*k).or_default();
+            *e = (*e).max(*v);
+        }
+    }
+
+    /// A member whose captured work the origin (`origin_key`) is not ordered after.
+    pub fn unjoined(&self, origin_key: usize) -> Option<usize> {
+        let clocks = lock(&self.clocks);
+        let origin = clocks.get(&origin_key).cloned().unwrap_or_default();
+        clocks.iter().find_map(|(k, c)| {
+            let done = c.get(k).copied().unwrap_or(0);
+            (*k != origin_key && done > origin.get(k).copied().unwrap_or(0)).then_some(done)
+        })
+    }
 }
 
 struct State {
@@ -123,6 +165,11 @@ impl Stream {
         }
     }
 
+    /// This stream's identity within a capture.
+    pub fn key(&self) -> usize {
+        self as *const Stream as usize
+    }
+
     /// The capture this stream records into, if any.
     pub fn capture(&self) -> Option<Arc<Capture>> {
         lock(&self.state).capture.clone()
@@ -142,6 +189,11 @@ impl Stream {
         let mut st = lock(&self.state);
         if let Some(c) = &st.capture {
             lock(&c.items).push(item);
+            *lock(&c.clocks)
+                .entry(self.key())
+                .or_default()
+                .entry(self.key())
+                .or_default() += 1;
             return None;
         }
         st.queue.push_back(item);

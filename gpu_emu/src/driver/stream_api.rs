@@ -1,7 +1,7 @@
 //! The stream calls: create, destroy, synchronize, query, and stream capture.
 
 use std::ffi::{c_int, c_uint};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::context::{current_device, tri};
 use super::graph::{Graph, GRAPHS};
@@ -117,11 +117,7 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2(h: Handle, _mode: u32) -> CUres
             "the stream is already capturing",
         );
     }
-    s.set_capture(Some(Arc::new(Capture {
-        origin: h as usize,
-        items: Mutex::new(Vec::new()),
-        invalidated: Mutex::new(None),
-    })));
+    s.set_capture(Some(Arc::new(Capture::new(h as usize))));
     codes::SUCCESS
 }
 
@@ -150,6 +146,18 @@ pub unsafe extern "C" fn cuStreamEndCapture(h: Handle, graph: *mut Handle) -> CU
         }
     }
     s.set_capture(None);
+    if let Some(n) = c.unjoined(s.key()) {
+        if !graph.is_null() {
+            *graph = std::ptr::null_mut();
+        }
+        return refuse(
+            codes::STREAM_CAPTURE_UNJOINED,
+            "cuStreamEndCapture",
+            format!(
+                "a stream forked into the capture ({n} items) was never joined back to the origin"
+            ),
+        );
+    }
     let why = c
         .invalidated
         .lock()

@@ -262,6 +262,30 @@ fn capture_records_and_replays() {
 }
 
 #[test]
+fn a_fork_never_joined_fails_the_capture() {
+    init();
+    let (s, side) = (new_stream(), new_stream());
+    let p = alloc(8);
+    unsafe {
+        let mut fork = null_mut();
+        assert_eq!(cuEventCreate(&mut fork, 2), codes::SUCCESS);
+        assert_eq!(cuStreamBeginCapture_v2(s, 0), codes::SUCCESS);
+        assert_eq!(cuEventRecord(fork, s), codes::SUCCESS);
+        assert_eq!(cuStreamWaitEvent(side, fork, 0), codes::SUCCESS);
+        assert_eq!(cuMemsetD8Async(p, 1, 8, side), codes::SUCCESS);
+        let mut graph = null_mut();
+        assert_eq!(
+            cuStreamEndCapture(s, &mut graph),
+            codes::STREAM_CAPTURE_UNJOINED
+        );
+        assert!(graph.is_null());
+        let mut status = 9;
+        assert_eq!(cuStreamIsCapturing(side, &mut status), codes::SUCCESS);
+        assert_eq!(status, 0);
+    }
+}
+
+#[test]
 fn synchronizing_a_capturing_stream_invalidates_the_capture() {
     init();
     let s = new_stream();
