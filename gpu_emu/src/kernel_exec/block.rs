@@ -9,6 +9,7 @@ use std::ptr;
 
 use super::fiber::{self, Fiber, Stacks, State, ThreadAbi, Uint3};
 use super::schedule::Schedule;
+use super::shared_poison::TlsBlock;
 
 /// A module's kernel entry: unpacks `params` and runs one CUDA thread.
 pub(crate) type Entry = unsafe extern "C" fn(*mut *mut c_void);
@@ -52,6 +53,8 @@ pub(crate) struct GridJob<'a> {
     pub block: [u32; 3],
     pub dynamic_shared_bytes: usize,
     pub schedule: &'a Schedule,
+    /// The module's static shared memory, filled with garbage before each block.
+    pub shared_tls: Option<TlsBlock>,
 }
 
 /// Runs block `linear` of `job` on the calling OS thread.
@@ -107,6 +110,9 @@ impl BlockRun {
         } else {
             self.dyn_shared.as_mut_ptr().cast()
         };
+        if let Some(tls) = job.shared_tls {
+            tls.poison();
+        }
         let [gx, gy, _] = job.grid;
         let block_idx = Uint3 {
             x: (linear % u64::from(gx)) as u32,

@@ -37,9 +37,12 @@
 //! threads running blocks in parallel, default 1).
 
 mod block;
+#[cfg(test)]
+mod engine_tests;
 mod fiber;
 pub mod image;
 mod schedule;
+mod shared_poison;
 #[cfg(test)]
 mod tests;
 
@@ -92,6 +95,7 @@ struct KernelInfo {
     params: Vec<ParamInfo>,
     static_shared_bytes: usize,
     max_threads_per_block: u32,
+    shared_tls: Option<shared_poison::TlsBlock>,
 }
 
 /// `dcpemu_kernel_info` of the header.
@@ -154,6 +158,8 @@ impl Module {
         // SAFETY: as above, `dcpemu_kernel_count` entries of `dcpemu_kernels`.
         let count = unsafe { *sym(c"dcpemu_kernel_count")?.cast::<u32>() } as usize;
         let table = sym(c"dcpemu_kernels")?.cast::<RawKernelInfo>();
+        // SAFETY: a live handle of c_path.
+        let shared_tls = unsafe { shared_poison::TlsBlock::of(handle, &c_path) };
         let mut kernels = Vec::with_capacity(count);
         for i in 0..count {
             // SAFETY: the table has `count` entries, each with arrays of n_params.
@@ -178,6 +184,7 @@ impl Module {
                     params,
                     static_shared_bytes: raw.static_shared_bytes as usize,
                     max_threads_per_block: raw.max_threads_per_block,
+                    shared_tls,
                 }),
             });
         }
@@ -386,6 +393,7 @@ impl Kernel {
             block: dims.block,
             dynamic_shared_bytes: dims.dynamic_shared_bytes as usize,
             schedule,
+            shared_tls: self.inner.shared_tls,
         };
         loop {
             let b = next.fetch_add(1, Ordering::Relaxed);
