@@ -1,25 +1,30 @@
-//! Device memory: opaque device addresses backed by host buffers, in one checked table.
+//! Device memory: device addresses that are host addresses of pages this module maps, in
+//! one checked table.
 //!
-//! Device `d`'s addresses start at `DEVICE_BASE + d << 40`, above the canonical x86-64 user
-//! range, so host code that dereferences a device pointer faults at once instead of reading
-//! something. Addresses are handed out upwards and never reused, with a guard gap after each
-//! allocation: an access past an allocation's end, or into a freed one, can always be told
-//! from a valid one, and is refused with a message naming the operation.
+//! Kernels dereference device pointers they find in device memory (pointer tables), so a
+//! device address must be usable by them as it is: device `d`'s allocations are mapped in a
+//! range reserved for it (`DEVICE_BASE + d << 40`), never reusing an address, each followed
+//! by an unmapped gap, and each placed at the end of its pages (like an electric fence): a
+//! kernel that reads or writes past the end of an allocation (beyond its 256-byte rounding)
+//! or into a freed one (its pages are unmapped again) faults at once instead of touching
+//! another buffer. Copies, memsets, GEMM operands, collective buffers and kernel pointer
+//! parameters are checked against the table, and refused with a message naming the
+//! operation.
 
-use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::{codes, config, CUdeviceptr, CUresult};
 
-/// First device address of device 0 (bit 52 set: not a canonical user-space address).
-pub const DEVICE_BASE: u64 = 0x0010_0000_0000_0000;
+/// First address of device 0's range (16 TiB, far below where Linux puts mappings).
+pub const DEVICE_BASE: u64 = 0x1000_0000_0000;
 /// Address space per device.
 const DEVICE_SPAN: u64 = 1 << 40;
 /// Alignment of every allocation (cudaMalloc guarantees at least 256 bytes).
 pub const ALIGN: usize = 256;
-/// Unmapped bytes after each allocation.
+const PAGE: u64 = 4096;
+/// Unmapped bytes after each allocation's pages.
 const GUARD: u64 = 64 * 1024;
 const MAX_DEVICES: usize = 64;
 
@@ -39,18 +44,20 @@ impl Fault {
     }
 }
 
-/// One allocation: device range, host backing, and whether it was freed (and by what).
+/// One allocation: its size, device, pages, and whether it was freed (and by what).
 struct Region {
     size: usize,
     device: usize,
-    /// The host buffer (0 once freed).
-    host: usize,
+    /// The mapped pages holding it: `[map_start, map_start + map_len)`.
+    map_start: u64,
+    map_len: u64,
     freed_by: Option<&'static str>,
 }
 
 static TABLE: RwLock<BTreeMap<u64, Region>> = RwLock::new(BTreeMap::new());
 static NEXT: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 static USED: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
+static RESERVED: Mutex<[bool; MAX_DEVICES]> = Mutex::new([false; MAX_DEVICES]);
 
 fn read() -> RwLockReadGuard<'static, BTreeMap<u64, Region>> {
     TABLE.read().unwrap_or_else(|p| p.into_inner())
@@ -60,8 +67,58 @@ fn write() -> RwLockWriteGuard<'static, BTreeMap<u64, Region>> {
     TABLE.write().unwrap_or_else(|p| p.into_inner())
 }
 
-fn layout(size: usize) -> Layout {
-    Layout::from_size_align(size.max(1), ALIGN).expect("allocation size overflows a Layout")
+fn device_base(device: usize) -> u64 {
+    DEVICE_BASE + device as u64 * DEVICE_SPAN
+}
+
+/// Maps `[addr, addr + len)` with `prot` over whatever is there (inside our reservation).
+fn map_fixed(addr: u64, len: u64, prot: i32) -> bool {
+    // SAFETY: the range lies in this module's reservation, which nothing else maps.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len as usize,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    p as u64 == addr
+}
+
+/// Reserves device `device`'s address range (inaccessible until allocations map pages).
+fn reserve(device: usize) -> Result<(), Fault> {
+    let mut done = RESERVED.lock().unwrap_or_else(|p| p.into_inner());
+    if done[device] {
+        return Ok(());
+    }
+    let base = device_base(device);
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+    let p = unsafe {
+        libc::mmap(
+            base as *mut libc::c_void,
+            DEVICE_SPAN as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_NORESERVE
+                | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p as u64 != base {
+        return Err(Fault::new(
+            codes::OUT_OF_MEMORY,
+            format!(
+                "reserving device {device}'s address range at {base:#x}: {}",
+                std::io::Error::last_os_error()
+            ),
+        ));
+    }
+    done[device] = true;
+    Ok(())
 }
 
 /// Bytes allocated (and not freed) on `device`.
@@ -84,6 +141,7 @@ pub fn allocate(
             format!("{op}: zero bytes requested"),
         ));
     }
+    reserve(device).map_err(|f| Fault::new(f.code, format!("{op}: {}", f.msg)))?;
     let limit = config::get().memory_bytes;
     let prev = USED[device].fetch_add(size, Ordering::Relaxed);
     if prev + size > limit {
@@ -97,38 +155,41 @@ pub fn allocate(
             ),
         ));
     }
-    // SAFETY: a non-zero-sized layout.
-    let host = unsafe {
-        if config::get().poison {
-            let p = std::alloc::alloc(layout(size));
-            if !p.is_null() {
-                std::ptr::write_bytes(p, 0xFF, size);
-            }
-            p
-        } else {
-            std::alloc::alloc_zeroed(layout(size))
-        }
-    };
-    if host.is_null() {
+    let map_len = (size as u64).div_ceil(PAGE) * PAGE;
+    let offset = NEXT[device].fetch_add(map_len + GUARD, Ordering::Relaxed);
+    if offset + map_len + GUARD > DEVICE_SPAN {
         USED[device].fetch_sub(size, Ordering::Relaxed);
         return Err(Fault::new(
             codes::OUT_OF_MEMORY,
-            format!("{op}: host allocation of {size} bytes failed"),
+            format!(
+                "{op}: device {device}'s address range is used up (addresses are never reused)"
+            ),
         ));
     }
-    let span = (size as u64).div_ceil(ALIGN as u64) * ALIGN as u64 + GUARD;
-    let offset = NEXT[device].fetch_add(span, Ordering::Relaxed);
-    assert!(
-        offset + span <= DEVICE_SPAN,
-        "dcpemu: device {device}'s address space is exhausted"
-    );
-    let base = DEVICE_BASE + device as u64 * DEVICE_SPAN + offset;
+    let map_start = device_base(device) + offset;
+    if map_len > 0 && !map_fixed(map_start, map_len, libc::PROT_READ | libc::PROT_WRITE) {
+        USED[device].fetch_sub(size, Ordering::Relaxed);
+        return Err(Fault::new(
+            codes::OUT_OF_MEMORY,
+            format!(
+                "{op}: mapping {size} bytes: {}",
+                std::io::Error::last_os_error()
+            ),
+        ));
+    }
+    // At the end of its pages, so the first byte past its 256-byte rounding is unmapped.
+    let base = map_start + map_len - (size as u64).div_ceil(ALIGN as u64) * ALIGN as u64;
+    if config::get().poison && size > 0 {
+        // SAFETY: freshly mapped, writable.
+        unsafe { std::ptr::write_bytes(base as *mut u8, 0xFF, size) };
+    }
     write().insert(
         base,
         Region {
             size,
             device,
-            host: host as usize,
+            map_start,
+            map_len,
             freed_by: None,
         },
     );
@@ -150,9 +211,13 @@ pub fn free(addr: CUdeviceptr, op: &'static str) -> Result<(), Fault> {
             format!("{op}: {addr:#x} was already freed (by {by})"),
         ));
     }
-    // SAFETY: `host` came from `alloc` with this layout and is freed once (`freed_by`).
-    unsafe { std::alloc::dealloc(region.host as *mut u8, layout(region.size)) };
-    region.host = 0;
+    // Unmapped again: a kernel still using it faults instead of reading stale data.
+    if region.map_len > 0 && !map_fixed(region.map_start, region.map_len, libc::PROT_NONE) {
+        eprintln!(
+            "dcpemu: {op}: unmapping {addr:#x}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
     region.freed_by = Some(op);
     USED[region.device].fetch_sub(region.size, Ordering::Relaxed);
     Ok(())
@@ -219,10 +284,8 @@ pub fn resolve(addr: CUdeviceptr, len: usize, op: &str) -> Result<(*mut u8, usiz
             ),
         ));
     }
-    Ok((
-        (region.host + (addr - base) as usize) as *mut u8,
-        region.device,
-    ))
+    // Device addresses are host addresses (see the module's note).
+    Ok((addr as *mut u8, region.device))
 }
 
 fn not_device(addr: u64, len: usize, op: &str) -> Fault {
@@ -230,6 +293,11 @@ fn not_device(addr: u64, len: usize, op: &str) -> Fault {
         codes::ILLEGAL_ADDRESS,
         format!("{op}: {len} bytes at {addr:#x}: not an address of any emulated allocation"),
     )
+}
+
+fn layout(size: usize) -> std::alloc::Layout {
+    std::alloc::Layout::from_size_align(size.max(1), ALIGN)
+        .expect("allocation size overflows a Layout")
 }
 
 /// Host ("pinned") allocations from `cuMemHostAlloc`: real host memory, remembered so
