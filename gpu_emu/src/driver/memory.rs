@@ -288,6 +288,32 @@ pub fn resolve(addr: CUdeviceptr, len: usize, op: &str) -> Result<(*mut u8, usiz
     Ok((addr as *mut u8, region.device))
 }
 
+/// Zeroes `len` bytes at `p`, a range of one allocation. Whole pages are handed back to the
+/// kernel instead (they read as zeros again), so zeroing a large buffer, such as a KV cache
+/// at start-up, costs no host memory.
+///
+/// # Safety
+/// `[p, p + len)` lies in one live allocation.
+pub unsafe fn zero(p: *mut u8, len: usize) {
+    let (start, end) = (p as u64, p as u64 + len as u64);
+    let (first_page, last_page) = (start.div_ceil(PAGE) * PAGE, end / PAGE * PAGE);
+    if last_page <= first_page {
+        std::ptr::write_bytes(p, 0, len);
+        return;
+    }
+    std::ptr::write_bytes(p, 0, (first_page - start) as usize);
+    std::ptr::write_bytes(last_page as *mut u8, 0, (end - last_page) as usize);
+    // Private anonymous pages read as zeros after MADV_DONTNEED.
+    if libc::madvise(
+        first_page as *mut libc::c_void,
+        (last_page - first_page) as usize,
+        libc::MADV_DONTNEED,
+    ) != 0
+    {
+        std::ptr::write_bytes(first_page as *mut u8, 0, (last_page - first_page) as usize);
+    }
+}
+
 fn not_device(addr: u64, len: usize, op: &str) -> Fault {
     Fault::new(
         codes::ILLEGAL_ADDRESS,

@@ -327,7 +327,10 @@ pub unsafe extern "C" fn cuMemcpyPeerAsync(
 fn memset_op(dst: CUdeviceptr, bytes: usize, pattern: Vec<u8>, what: &'static str) -> stream::Op {
     Arc::new(move || {
         let (d, _) = resolve(dst, bytes, what)?;
-        if pattern.iter().all(|b| *b == pattern[0]) {
+        if pattern.iter().all(|b| *b == 0) {
+            // SAFETY: `bytes` bytes of a live allocation.
+            unsafe { memory::zero(d, bytes) };
+        } else if pattern.iter().all(|b| *b == pattern[0]) {
             // SAFETY: `bytes` bytes of a live allocation.
             unsafe { std::ptr::write_bytes(d, pattern[0], bytes) };
         } else {

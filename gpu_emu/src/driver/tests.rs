@@ -341,3 +341,17 @@ fn error_strings() {
     }
     let _: *mut c_void = null_mut();
 }
+
+#[test]
+fn zeroing_whole_pages_and_partial_ends() {
+    init();
+    let n = 5 * 4096 + 300;
+    let p = alloc(n);
+    upload(p, &vec![7u8; n]);
+    // From an unaligned offset to an unaligned end: pages released, ends written.
+    unsafe { assert_eq!(cuMemsetD8_v2(p + 100, 0, n - 200), codes::SUCCESS) };
+    let got: Vec<u8> = download(p, n);
+    assert!(got[..100].iter().all(|b| *b == 7));
+    assert!(got[100..n - 100].iter().all(|b| *b == 0));
+    assert!(got[n - 100..].iter().all(|b| *b == 7));
+}
