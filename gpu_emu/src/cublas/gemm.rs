@@ -109,6 +109,38 @@ unsafe fn store(base: *mut u8, t: Elem, i: usize, v: f32) {
     }
 }
 
+/// Widens `out.len()` elements starting at element `first`, `step` elements apart.
+///
+/// # Safety
+/// `base` holds every element read.
+unsafe fn widen(base: *const u8, t: Elem, first: usize, step: usize, out: &mut [f32]) {
+    if step == 1 {
+        // Contiguous (the common case): per-type loops the compiler vectorizes.
+        match t {
+            Elem::F32 => {
+                let src = std::slice::from_raw_parts(base.cast::<f32>().add(first), out.len());
+                out.copy_from_slice(src);
+            }
+            Elem::Bf16 => {
+                let src = std::slice::from_raw_parts(base.cast::<u16>().add(first), out.len());
+                for (o, b) in out.iter_mut().zip(src) {
+                    *o = f32::from_bits((*b as u32) << 16);
+                }
+            }
+            Elem::F16 => {
+                let src = std::slice::from_raw_parts(base.cast::<u16>().add(first), out.len());
+                for (o, h) in out.iter_mut().zip(src) {
+                    *o = f16_to_f32(*h);
+                }
+            }
+        }
+        return;
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = load(base, t, first + j * step);
+    }
+}
+
 /// One operand: host address, type, leading dimension, and whether it is transposed.
 #[derive(Debug, Clone, Copy)]
 pub struct Operand {
@@ -143,10 +175,14 @@ pub unsafe fn gemm(s: Shape, a: Operand, b: Operand, c: Operand) {
     // op(B) by columns: column j is k contiguous floats.
     let mut bcols = vec![0f32; n * k];
     for j in 0..n {
-        for l in 0..k {
-            let idx = if b.trans { j + l * b.ld } else { l + j * b.ld };
-            bcols[j * k + l] = load(b.ptr as *const u8, b.elem, idx);
-        }
+        let (first, step) = if b.trans { (j, b.ld) } else { (j * b.ld, 1) };
+        widen(
+            b.ptr as *const u8,
+            b.elem,
+            first,
+            step,
+            &mut bcols[j * k..(j + 1) * k],
+        );
     }
     let threads = std::thread::available_parallelism()
         .map_or(1, |p| p.get())
@@ -164,11 +200,10 @@ pub unsafe fn gemm(s: Shape, a: Operand, b: Operand, c: Operand) {
                     let rows = ROW_BLOCK.min(m - i0);
                     for r in 0..rows {
                         let i = i0 + r;
-                        for l in 0..k {
-                            let idx = if a.trans { l + i * a.ld } else { i + l * a.ld };
-                            // SAFETY: within A's extent (caller's contract).
-                            arows[r * k + l] = unsafe { load(a.ptr as *const u8, a.elem, idx) };
-                        }
+                        let (first, step) = if a.trans { (i * a.ld, 1) } else { (i, a.ld) };
+                        let row = &mut arows[r * k..(r + 1) * k];
+                        // SAFETY: within A's extent (caller's contract).
+                        unsafe { widen(a.ptr as *const u8, a.elem, first, step, row) };
                     }
                     for j in 0..n {
                         let bj = &bcols[j * k..(j + 1) * k];
@@ -193,8 +228,26 @@ pub unsafe fn gemm(s: Shape, a: Operand, b: Operand, c: Operand) {
     });
 }
 
-/// A dot product in f32 with eight partial sums (vectorizes).
+/// A dot product in f32 with eight partial sums, with AVX2 where the CPU has it.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked above).
+            return unsafe { dot_avx2(a, b) };
+        }
+    }
+    dot_portable(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_portable(a, b)
+}
+
+#[inline(always)]
+fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ra, rb) = (ca.remainder(), cb.remainder());
