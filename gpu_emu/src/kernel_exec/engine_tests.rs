@@ -10,7 +10,10 @@ use super::{with_settings, Kernel, LaunchDims, Module, Schedule};
 const COMMON: &str = include_str!("../../../kernels/src/cuda/kernels/common.cu");
 
 /// (file stem, text, kernels with their parameter counts), as `cuda::module::SOURCES`.
-const SOURCES: &[(&str, &str, &[(&str, usize)])] = &[
+/// A source: file stem, text, and its kernels with their parameter counts.
+type Source = (&'static str, &'static str, &'static [(&'static str, usize)]);
+
+const SOURCES: &[Source] = &[
     (
         "elementwise",
         include_str!("../../../kernels/src/cuda/kernels/elementwise.cu"),
@@ -374,11 +377,15 @@ fn routing_is_the_same_under_every_schedule_and_picks_the_top_k() {
 /// Nearest fp8 code by exhaustive search (ties to the even code), saturating to the
 /// largest finite value: an independent reference for both conversions.
 fn reference_fp8(x: f32, e5m2: bool) -> u8 {
-    let (m, bias, max_code) = if e5m2 { (2, 15, 0x7Bu8) } else { (3, 7, 0x7Eu8) };
+    let (m, bias, max_code) = if e5m2 {
+        (2, 15, 0x7Bu8)
+    } else {
+        (3, 7, 0x7Eu8)
+    };
     let value = |c: u8| -> f64 {
         let (e, f) = (i32::from(c >> m), f64::from(c & ((1 << m) - 1)));
         if e == 0 {
-            f * 2f64.powi(1 - bias - m as i32)
+            f * 2f64.powi(1 - bias - m)
         } else {
             (1.0 + f / f64::from(1u8 << m)) * 2f64.powi(e - bias)
         }
@@ -429,11 +436,42 @@ extern "C" __global__ void decode(float* out) {
 "#
     ));
     let mut x: Vec<f32> = vec![
-        0.0, -0.0, 1.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 1.0 + 1.0 / 128.0 + 1.0 / 512.0, f32::MAX,
-        3.389_531_4e38, 1e-40, -1e-40, f32::MIN_POSITIVE, f32::INFINITY, f32::NEG_INFINITY,
-        448.0, 464.0, 465.0, 479.0, 480.0, 1e9, -464.0, 57344.0, 61439.0, 61440.0, 65536.0,
-        2f32.powi(-9), 2f32.powi(-10), 3.0 * 2f32.powi(-11), 2f32.powi(-16), 2f32.powi(-17), 1.5 * 2f32.powi(-17),
-        0.0625 + 0.0625 / 16.0, 240.0, 248.0, 0.1, -0.3, 3.0e-3,
+        0.0,
+        -0.0,
+        1.0,
+        1.0 + 1.0 / 256.0,
+        1.0 + 3.0 / 256.0,
+        1.0 + 1.0 / 128.0 + 1.0 / 512.0,
+        f32::MAX,
+        3.389_531_4e38,
+        1e-40,
+        -1e-40,
+        f32::MIN_POSITIVE,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        448.0,
+        464.0,
+        465.0,
+        479.0,
+        480.0,
+        1e9,
+        -464.0,
+        57344.0,
+        61439.0,
+        61440.0,
+        65536.0,
+        2f32.powi(-9),
+        2f32.powi(-10),
+        3.0 * 2f32.powi(-11),
+        2f32.powi(-16),
+        2f32.powi(-17),
+        1.5 * 2f32.powi(-17),
+        0.0625 + 0.0625 / 16.0,
+        240.0,
+        248.0,
+        0.1,
+        -0.3,
+        3.0e-3,
     ];
     let mut seed = 77;
     for _ in 0..20_000 {
@@ -444,35 +482,75 @@ extern "C" __global__ void decode(float* out) {
     let n = x.len();
     let mut bf = vec![0u16; 2 * n];
     let mut fp8 = vec![0u8; 6 * n];
-    let (mut xp, mut nn, mut bp, mut fp) = (x.as_ptr(), n as u32, bf.as_mut_ptr(), fp8.as_mut_ptr());
-    launch(&m.function("convert").unwrap(), 16, 256, 0, &mut [arg(&mut xp), arg(&mut nn), arg(&mut bp), arg(&mut fp)]).unwrap();
+    let (mut xp, mut nn, mut bp, mut fp) =
+        (x.as_ptr(), n as u32, bf.as_mut_ptr(), fp8.as_mut_ptr());
+    launch(
+        &m.function("convert").unwrap(),
+        16,
+        256,
+        0,
+        &mut [arg(&mut xp), arg(&mut nn), arg(&mut bp), arg(&mut fp)],
+    )
+    .unwrap();
     for (i, &v) in x.iter().enumerate() {
         let want = half::bf16::from_f32(v).to_bits();
         assert_eq!(bf[2 * i], want, "__float2bfloat16({v:e})");
         assert_eq!(bf[2 * i + 1], want, "common.cu f32_to_bf16({v:e})");
         let o = &fp8[6 * i..6 * i + 6];
         let (e4, e5) = (reference_fp8(v, false), reference_fp8(v, true));
-        assert_eq!([o[0], o[1], o[2], o[3], o[5]], [e4, e5, e4, e5, e5], "fp8 of {v:e}");
-        let nosat = if v.abs() > 448.0 { 0x7F | (e4 & 0x80) } else { e4 };
+        assert_eq!(
+            [o[0], o[1], o[2], o[3], o[5]],
+            [e4, e5, e4, e5, e5],
+            "fp8 of {v:e}"
+        );
+        let nosat = if v.abs() > 448.0 {
+            0x7F | (e4 & 0x80)
+        } else {
+            e4
+        };
         assert_eq!(o[4], nosat, "E4M3 without saturation of {v:e}");
     }
     // NaN: the device's canonical NaNs; the engine keeps the sign with the all-ones code.
     let mut nan = [f32::NAN];
     let (mut np, mut one) = (nan.as_mut_ptr(), 1u32);
-    launch(&m.function("convert").unwrap(), 1, 32, 0, &mut [arg(&mut np), arg(&mut one), arg(&mut bp), arg(&mut fp)]).unwrap();
+    launch(
+        &m.function("convert").unwrap(),
+        1,
+        32,
+        0,
+        &mut [arg(&mut np), arg(&mut one), arg(&mut bp), arg(&mut fp)],
+    )
+    .unwrap();
     assert_eq!(bf[0], 0x7FFF);
     assert!(half::bf16::from_bits(bf[1]).is_nan());
     assert_eq!(&fp8[..4], &[0x7F, 0x7E, 0x7F, 0x7F]);
     // Every code decodes to the same value both ways.
     let mut dec = vec![0f32; 4 * 256];
     let mut dp = dec.as_mut_ptr();
-    launch(&m.function("decode").unwrap(), 1, 256, 0, &mut [arg(&mut dp)]).unwrap();
+    launch(
+        &m.function("decode").unwrap(),
+        1,
+        256,
+        0,
+        &mut [arg(&mut dp)],
+    )
+    .unwrap();
     for c in 0..256 {
         let d = &dec[4 * c..4 * c + 4];
-        assert!(d[0].to_bits() == d[1].to_bits() || (d[0].is_nan() && d[1].is_nan()), "e4m3 code {c:#x}: {d:?}");
-        assert!(d[2].to_bits() == d[3].to_bits() || (d[2].is_nan() && d[3].is_nan()), "e5m2 code {c:#x}: {d:?}");
+        assert!(
+            d[0].to_bits() == d[1].to_bits() || (d[0].is_nan() && d[1].is_nan()),
+            "e4m3 code {c:#x}: {d:?}"
+        );
+        assert!(
+            d[2].to_bits() == d[3].to_bits() || (d[2].is_nan() && d[3].is_nan()),
+            "e5m2 code {c:#x}: {d:?}"
+        );
         if c & 0x7F <= 0x7E {
-            assert_eq!(reference_fp8(d[1], false), c as u8, "e4m3 round trip {c:#x}");
+            assert_eq!(
+                reference_fp8(d[1], false),
+                c as u8,
+                "e4m3 round trip {c:#x}"
+            );
         }
         if c & 0x7F <= 0x7B {
             assert_eq!(reference_fp8(d[3], true), c as u8, "e5m2 round trip {c:#x}");
@@ -493,7 +571,8 @@ fn sampling_draws_the_same_under_every_schedule() {
     let top_k = [3000u32, 3000, 40, 3000, 3000, 3000];
     let flags = [1u32, 2, 0, 0, 0, 0];
     let fparams = [
-        1.0f32, 1.0, 0.0, 1.25, 1.0, 0.0, 1.0, 1.0, 0.0, 0.7, 0.8, 0.0, 1.0, 1.0, 0.2, 1.0, 0.5, 0.0,
+        1.0f32, 1.0, 0.0, 1.25, 1.0, 0.0, 1.0, 1.0, 0.0, 0.7, 0.8, 0.0, 1.0, 1.0, 0.2, 1.0, 0.5,
+        0.0,
     ];
     let uniform = [0.5f64, 0.3141, 0.77, 0.05, 0.6, 0.999];
     let draws = rows.len();
@@ -502,13 +581,32 @@ fn sampling_draws_the_same_under_every_schedule() {
         let mut tok = vec![0u32; draws];
         let mut status = vec![0u32; draws];
         let (mut l, mut v, mut r, mut tk, mut fl, mut fp, mut u, mut t, mut s) = (
-            logits.as_ptr(), vocab as u64, rows.as_ptr(), top_k.as_ptr(), flags.as_ptr(),
-            fparams.as_ptr(), uniform.as_ptr(), tok.as_mut_ptr(), status.as_mut_ptr(),
+            logits.as_ptr(),
+            vocab as u64,
+            rows.as_ptr(),
+            top_k.as_ptr(),
+            flags.as_ptr(),
+            fparams.as_ptr(),
+            uniform.as_ptr(),
+            tok.as_mut_ptr(),
+            status.as_mut_ptr(),
         );
         let mut args = [
-            arg(&mut l), arg(&mut v), arg(&mut r), arg(&mut tk), arg(&mut fl), arg(&mut fp), arg(&mut u), arg(&mut t), arg(&mut s),
+            arg(&mut l),
+            arg(&mut v),
+            arg(&mut r),
+            arg(&mut tk),
+            arg(&mut fl),
+            arg(&mut fp),
+            arg(&mut u),
+            arg(&mut t),
+            arg(&mut s),
         ];
-        let dims = LaunchDims { grid: [draws as u32, 1, 1], block: [1024, 1, 1], dynamic_shared_bytes: 0 };
+        let dims = LaunchDims {
+            grid: [draws as u32, 1, 1],
+            block: [1024, 1, 1],
+            dynamic_shared_bytes: 0,
+        };
         launch_dims(&k, dims, &mut args, &sched, threads).unwrap();
         // Greedy: the argmax of row 0.
         let row0 = &logits[..vocab];
@@ -517,14 +615,21 @@ fn sampling_draws_the_same_under_every_schedule() {
         // Unfiltered: the host's index-order walk at temperature 1 / 1.25.
         let row1 = &logits[vocab..];
         let mx = row1.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let w: Vec<f64> = row1.iter().map(|&l| (f64::from((l - mx) * 1.25)).exp() as f32 as f64).collect();
+        let w: Vec<f64> = row1
+            .iter()
+            .map(|&l| (f64::from((l - mx) * 1.25)).exp() as f32 as f64)
+            .collect();
         let total: f64 = w.iter().sum();
         let mut acc = 0.0;
         let walk = w.iter().position(|&x| {
             acc += x;
             uniform[1] * total < acc
         });
-        assert_eq!((tok[1], status[1]), (walk.unwrap() as u32, 1), "unfiltered draw under {sched:?}");
+        assert_eq!(
+            (tok[1], status[1]),
+            (walk.unwrap() as u32, 1),
+            "unfiltered draw under {sched:?}"
+        );
         // Top-k 40: one of row 0's 40 largest.
         let mut order: Vec<usize> = (0..vocab).collect();
         order.sort_by(|&a, &b| row0[b].total_cmp(&row0[a]).then(a.cmp(&b)));
@@ -532,7 +637,11 @@ fn sampling_draws_the_same_under_every_schedule() {
         assert!(status.iter().all(|&s| s == 0 || s == 1), "{status:?}");
         match &first {
             None => first = Some((tok.clone(), status.clone())),
-            Some(f) => assert_eq!(&(tok.clone(), status.clone()), f, "draws differ under {sched:?} / {threads} OS threads"),
+            Some(f) => assert_eq!(
+                &(tok.clone(), status.clone()),
+                f,
+                "draws differ under {sched:?} / {threads} OS threads"
+            ),
         }
         // Log-probabilities of the drawn tokens and the top 5, against the host's.
         let which = [0u32, 1];
@@ -541,14 +650,34 @@ fn sampling_draws_the_same_under_every_schedule() {
         let mut ids = [0u32; 10];
         let mut vals = [0f32; 10];
         let (mut l2, mut v2, mut r2, mut t2, mut w2, mut n2, mut mx2, mut o1, mut o2, mut o3) = (
-            logits.as_ptr(), vocab as u64, rows.as_ptr(), tok.as_ptr(), which.as_ptr(), top_n.as_ptr(), 5u32,
-            out_lp.as_mut_ptr(), ids.as_mut_ptr(), vals.as_mut_ptr(),
+            logits.as_ptr(),
+            vocab as u64,
+            rows.as_ptr(),
+            tok.as_ptr(),
+            which.as_ptr(),
+            top_n.as_ptr(),
+            5u32,
+            out_lp.as_mut_ptr(),
+            ids.as_mut_ptr(),
+            vals.as_mut_ptr(),
         );
         let mut args = [
-            arg(&mut l2), arg(&mut v2), arg(&mut r2), arg(&mut t2), arg(&mut w2), arg(&mut n2), arg(&mut mx2),
-            arg(&mut o1), arg(&mut o2), arg(&mut o3),
+            arg(&mut l2),
+            arg(&mut v2),
+            arg(&mut r2),
+            arg(&mut t2),
+            arg(&mut w2),
+            arg(&mut n2),
+            arg(&mut mx2),
+            arg(&mut o1),
+            arg(&mut o2),
+            arg(&mut o3),
         ];
-        let dims = LaunchDims { grid: [2, 1, 1], block: [1024, 1, 1], dynamic_shared_bytes: 0 };
+        let dims = LaunchDims {
+            grid: [2, 1, 1],
+            block: [1024, 1, 1],
+            dynamic_shared_bytes: 0,
+        };
         launch_dims(&lp, dims, &mut args, &sched, threads).unwrap();
         for b in 0..2 {
             let row = &logits[b * vocab..(b + 1) * vocab];
@@ -576,9 +705,15 @@ fn attention_matches_a_naive_softmax_for_f32_and_bf16_caches() {
     let row_stride = u64::from(kv_heads * d);
     let mut seed = 99;
     let slots = (blocks * block_size) as usize;
-    let kc: Vec<f32> = (0..slots * row_stride as usize).map(|_| rand_f32(&mut seed)).collect();
-    let vc: Vec<f32> = (0..slots * row_stride as usize).map(|_| rand_f32(&mut seed)).collect();
-    let q: Vec<f32> = (0..2 * n_heads as usize * d as usize).map(|_| rand_f32(&mut seed)).collect();
+    let kc: Vec<f32> = (0..slots * row_stride as usize)
+        .map(|_| rand_f32(&mut seed))
+        .collect();
+    let vc: Vec<f32> = (0..slots * row_stride as usize)
+        .map(|_| rand_f32(&mut seed))
+        .collect();
+    let q: Vec<f32> = (0..2 * n_heads as usize * d as usize)
+        .map(|_| rand_f32(&mut seed))
+        .collect();
     let bt: Vec<u32> = vec![3, 0, 4, 1, 2];
     let (bt_off, token_seq) = ([0u64], [0u32, 0]);
     let scale = 1.0 / (d as f32).sqrt();
@@ -587,44 +722,212 @@ fn attention_matches_a_naive_softmax_for_f32_and_bf16_caches() {
     for (sched, threads) in schedules() {
         let mut out = vec![0f32; splits as usize * rows * d as usize];
         let mut lse = vec![0f32; splits as usize * rows];
-        let (mut qp, mut kp, mut vp, mut ks, mut vs, mut dt, mut rs) =
-            (q.as_ptr(), kc.as_ptr(), vc.as_ptr(), std::ptr::null::<u8>(), std::ptr::null::<u8>(), 0i32, row_stride);
-        let (mut ts, mut tl, mut btp, mut bo) = (token_seq.as_ptr(), len.as_ptr(), bt.as_ptr(), bt_off.as_ptr());
-        let (mut nh, mut hpk, mut dd, mut dv, mut bs, mut sc, mut ch) = (n_heads, n_heads / kv_heads, d, d, block_size, scale, chunk);
+        let (mut qp, mut kp, mut vp, mut ks, mut vs, mut dt, mut rs) = (
+            q.as_ptr(),
+            kc.as_ptr(),
+            vc.as_ptr(),
+            std::ptr::null::<u8>(),
+            std::ptr::null::<u8>(),
+            0i32,
+            row_stride,
+        );
+        let (mut ts, mut tl, mut btp, mut bo) = (
+            token_seq.as_ptr(),
+            len.as_ptr(),
+            bt.as_ptr(),
+            bt_off.as_ptr(),
+        );
+        let (mut nh, mut hpk, mut dd, mut dv, mut bs, mut sc, mut ch) =
+            (n_heads, n_heads / kv_heads, d, d, block_size, scale, chunk);
         let (mut op, mut lp, mut sr) = (out.as_mut_ptr(), lse.as_mut_ptr(), rows as u64);
         let mut args = [
-            arg(&mut qp), arg(&mut kp), arg(&mut vp), arg(&mut ks), arg(&mut vs), arg(&mut dt), arg(&mut rs),
-            arg(&mut ts), arg(&mut tl), arg(&mut btp), arg(&mut bo), arg(&mut nh), arg(&mut hpk), arg(&mut dd),
-            arg(&mut dv), arg(&mut bs), arg(&mut sc), arg(&mut ch), arg(&mut op), arg(&mut lp), arg(&mut sr),
+            arg(&mut qp),
+            arg(&mut kp),
+            arg(&mut vp),
+            arg(&mut ks),
+            arg(&mut vs),
+            arg(&mut dt),
+            arg(&mut rs),
+            arg(&mut ts),
+            arg(&mut tl),
+            arg(&mut btp),
+            arg(&mut bo),
+            arg(&mut nh),
+            arg(&mut hpk),
+            arg(&mut dd),
+            arg(&mut dv),
+            arg(&mut bs),
+            arg(&mut sc),
+            arg(&mut ch),
+            arg(&mut op),
+            arg(&mut lp),
+            arg(&mut sr),
         ];
-        let dims = LaunchDims { grid: [rows as u32, splits, 1], block: [128, 1, 1], dynamic_shared_bytes: 0 };
+        let dims = LaunchDims {
+            grid: [rows as u32, splits, 1],
+            block: [128, 1, 1],
+            dynamic_shared_bytes: 0,
+        };
         launch_dims(&k, dims, &mut args, &sched, threads).unwrap();
         // Merge the splits.
-        let out_ptrs: Vec<u64> = (0..splits as usize).map(|s| out[s * rows * d as usize..].as_ptr() as u64).collect();
-        let lse_ptrs: Vec<u64> = (0..splits as usize).map(|s| lse[s * rows..].as_ptr() as u64).collect();
+        let out_ptrs: Vec<u64> = (0..splits as usize)
+            .map(|s| out[s * rows * d as usize..].as_ptr() as u64)
+            .collect();
+        let lse_ptrs: Vec<u64> = (0..splits as usize)
+            .map(|s| lse[s * rows..].as_ptr() as u64)
+            .collect();
         let mut merged = vec![0f32; rows * d as usize];
         let mut merged_lse = vec![0f32; rows];
-        let (mut a, mut b, mut p, mut r, mut h, mut o, mut l) =
-            (out_ptrs.as_ptr(), lse_ptrs.as_ptr(), splits, rows as u64, d, merged.as_mut_ptr(), merged_lse.as_mut_ptr());
-        let mut args = [arg(&mut a), arg(&mut b), arg(&mut p), arg(&mut r), arg(&mut h), arg(&mut o), arg(&mut l)];
-        let dims = LaunchDims { grid: [rows as u32, 1, 1], block: [64, 1, 1], dynamic_shared_bytes: 0 };
+        let (mut a, mut b, mut p, mut r, mut h, mut o, mut l) = (
+            out_ptrs.as_ptr(),
+            lse_ptrs.as_ptr(),
+            splits,
+            rows as u64,
+            d,
+            merged.as_mut_ptr(),
+            merged_lse.as_mut_ptr(),
+        );
+        let mut args = [
+            arg(&mut a),
+            arg(&mut b),
+            arg(&mut p),
+            arg(&mut r),
+            arg(&mut h),
+            arg(&mut o),
+            arg(&mut l),
+        ];
+        let dims = LaunchDims {
+            grid: [rows as u32, 1, 1],
+            block: [64, 1, 1],
+            dynamic_shared_bytes: 0,
+        };
         launch_dims(&merge, dims, &mut args, &sched, threads).unwrap();
         for row in 0..rows {
             let (t, h) = (row / n_heads as usize, row % n_heads as usize);
             let kvh = h / (n_heads / kv_heads) as usize;
-            let slot = |j: usize| bt[j / block_size as usize] as usize * block_size as usize + j % block_size as usize;
+            let slot = |j: usize| {
+                bt[j / block_size as usize] as usize * block_size as usize + j % block_size as usize
+            };
             let base = |j: usize| slot(j) * row_stride as usize + kvh * d as usize;
             let qh = &q[row * d as usize..(row + 1) * d as usize];
             let s: Vec<f64> = (0..len[t] as usize)
-                .map(|j| (0..d as usize).map(|e| f64::from(qh[e]) * f64::from(kc[base(j) + e])).sum::<f64>() * f64::from(scale))
+                .map(|j| {
+                    (0..d as usize)
+                        .map(|e| f64::from(qh[e]) * f64::from(kc[base(j) + e]))
+                        .sum::<f64>()
+                        * f64::from(scale)
+                })
                 .collect();
             let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
-            assert!((f64::from(merged_lse[row]) - (mx + z.ln())).abs() < 1e-4, "lse of row {row} under {sched:?}");
+            assert!(
+                (f64::from(merged_lse[row]) - (mx + z.ln())).abs() < 1e-4,
+                "lse of row {row} under {sched:?}"
+            );
             for e in 0..d as usize {
-                let want: f64 = (0..len[t] as usize).map(|j| (s[j] - mx).exp() / z * f64::from(vc[base(j) + e])).sum();
+                let want: f64 = (0..len[t] as usize)
+                    .map(|j| (s[j] - mx).exp() / z * f64::from(vc[base(j) + e]))
+                    .sum();
                 let got = f64::from(merged[row * d as usize + e]);
-                assert!((got - want).abs() < 1e-4, "row {row} element {e}: {got} vs {want} under {sched:?}");
+                assert!(
+                    (got - want).abs() < 1e-4,
+                    "row {row} element {e}: {got} vs {want} under {sched:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_kv_rows_round_trip_with_their_scales() {
+    let m = engine_module("kv");
+    let write = m.function("kv_write_rows_fp8").unwrap();
+    let read = m.function("kv_to_f32").unwrap();
+    let (tokens, width, row_len) = (3usize, 128usize, 64usize);
+    let mut seed = 4;
+    let rows: Vec<f32> = (0..tokens * width)
+        .map(|i| rand_f32(&mut seed) * (1 + i % 7) as f32 * 30.0)
+        .collect();
+    // Token 1 is another rank's: skipped.
+    let slots = [2u64, u64::MAX, 0];
+    let n_slots = 4usize;
+    for dt in [2i32, 3] {
+        let mut first = None;
+        for (sched, threads) in schedules() {
+            let mut cache = vec![0u8; n_slots * width];
+            let mut scales = vec![0u8; n_slots * width / row_len];
+            let (mut rp, mut sp, mut cp, mut scp, mut nt, mut w, mut rl, mut d) = (
+                rows.as_ptr(),
+                slots.as_ptr(),
+                cache.as_mut_ptr(),
+                scales.as_mut_ptr(),
+                tokens as u64,
+                width as u64,
+                row_len as u64,
+                dt,
+            );
+            let mut args = [
+                arg(&mut rp),
+                arg(&mut sp),
+                arg(&mut cp),
+                arg(&mut scp),
+                arg(&mut nt),
+                arg(&mut w),
+                arg(&mut rl),
+                arg(&mut d),
+            ];
+            let dims = LaunchDims {
+                grid: [2, 1, 1],
+                block: [64, 1, 1],
+                dynamic_shared_bytes: 0,
+            };
+            launch_dims(&write, dims, &mut args, &sched, threads).unwrap();
+            let mut back = vec![0f32; n_slots * width];
+            let (mut cp2, mut scp2, mut op, mut n, mut d2, mut rl2) = (
+                cache.as_ptr(),
+                scales.as_ptr(),
+                back.as_mut_ptr(),
+                (n_slots * width) as u64,
+                dt,
+                row_len as u64,
+            );
+            let mut args = [
+                arg(&mut cp2),
+                arg(&mut scp2),
+                arg(&mut op),
+                arg(&mut n),
+                arg(&mut d2),
+                arg(&mut rl2),
+            ];
+            let dims = LaunchDims {
+                grid: [4, 1, 1],
+                block: [128, 1, 1],
+                dynamic_shared_bytes: 0,
+            };
+            launch_dims(&read, dims, &mut args, &sched, threads).unwrap();
+            let rel = if dt == 2 { 1.0 / 16.0 } else { 1.0 / 8.0 };
+            for (t, &slot) in slots.iter().enumerate() {
+                if slot == u64::MAX {
+                    continue;
+                }
+                for c in 0..width {
+                    let (want, got) = (rows[t * width + c], back[slot as usize * width + c]);
+                    let row_max = rows[t * width + c / row_len * row_len..][..row_len]
+                        .iter()
+                        .fold(0f32, |a, v| a.max(v.abs()));
+                    assert!(
+                        (want - got).abs() <= want.abs() * rel + row_max * 1e-3,
+                        "dt {dt} token {t} col {c}: {want} vs {got}"
+                    );
+                }
+            }
+            assert!(
+                cache[width..2 * width].iter().all(|&b| b == 0),
+                "slot 1 untouched"
+            );
+            match &first {
+                None => first = Some((cache.clone(), scales.clone())),
+                Some(f) => assert_eq!(&(cache, scales), f, "fp8 rows differ under {sched:?}"),
             }
         }
     }
