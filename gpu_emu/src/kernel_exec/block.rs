@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
 
+use super::fault::{self, AltStack};
 use super::fiber::{self, Fiber, Stacks, State, ThreadAbi, Uint3};
 use super::schedule::Schedule;
 use super::shared_poison::TlsBlock;
@@ -38,6 +39,11 @@ pub(crate) struct BlockRun {
     params: *mut *mut c_void,
     dyn_shared: Vec<u128>,
     order: Vec<u32>,
+    /// The fiber running now (for a fault's report).
+    current: usize,
+    /// Where a faulting fiber goes to report (see `fault`).
+    landing: Vec<u128>,
+    _alt_stack: AltStack,
 }
 
 thread_local! {
@@ -81,11 +87,52 @@ impl BlockRun {
             params: ptr::null_mut(),
             dyn_shared: Vec::new(),
             order: Vec::new(),
+            current: 0,
+            landing: vec![0; 16 * 1024 / 16],
+            _alt_stack: AltStack::for_this_thread(),
         }
     }
 
     fn fiber(&self, i: usize) -> *mut Fiber {
         self.stacks.fiber(i)
+    }
+
+    /// The landing stack pointer for a fault at stack pointer `sp`, if `sp` is on one of
+    /// this block's fiber stacks (a fault elsewhere is not a kernel's).
+    pub(crate) fn landing_for(&self, sp: usize) -> Option<usize> {
+        if !self.stacks.contains(sp) {
+            return None;
+        }
+        let top = (self.landing.as_ptr() as usize + self.landing.len() * 16) & !15;
+        // As if called: the return address slot below a 16-byte aligned top.
+        Some(top - 8)
+    }
+
+    /// Records a fault of the running fiber at `addr` and leaves for the scheduler.
+    ///
+    /// # Safety
+    /// Called on the landing stack, for the fiber that faulted.
+    pub(crate) unsafe fn fault(&mut self, addr: usize, sig: std::ffi::c_int) -> ! {
+        let f = self.fiber(self.current);
+        let what = if self.stacks.is_guard(self.current, addr) {
+            format!(
+                "stack overflow (a thread's stack here is {} KiB)",
+                fiber::STACK_BYTES / 1024
+            )
+        } else if addr == 0 && sig == libc::SIGSEGV {
+            "invalid memory access (a null or non-canonical address: a device pointer not translated?)".to_owned()
+        } else {
+            format!(
+                "invalid memory access at {addr:#x} ({})",
+                if sig == libc::SIGBUS {
+                    "SIGBUS"
+                } else {
+                    "SIGSEGV"
+                }
+            )
+        };
+        // SAFETY: f is the fiber that faulted; it never runs again.
+        unsafe { fail_with(self, f, what) }
     }
 
     fn run(&mut self, job: &GridJob<'_>, linear: u64) -> Result<(), String> {
@@ -180,6 +227,8 @@ impl BlockRun {
     /// # Safety
     /// `this` is the block's run, initialised by [`BlockRun::run`].
     unsafe fn schedule(this: *mut BlockRun, schedule: &Schedule) -> Result<(), String> {
+        fault::install();
+        let previous = fault::set_current(this);
         // SAFETY (whole body): `this` is live; fibers only run inside `switch`.
         let mut order = std::mem::take(unsafe { &mut (*this).order });
         let result = loop {
@@ -192,6 +241,7 @@ impl BlockRun {
                     continue;
                 }
                 ran = true;
+                unsafe { (*this).current = i as usize };
                 unsafe { fiber::switch(ptr::addr_of_mut!((*this).sched_sp), (*f).sp) };
                 if unsafe { (*this).error.is_some() } {
                     break;
@@ -208,6 +258,7 @@ impl BlockRun {
             }
         };
         unsafe { (*this).order = order };
+        fault::set_current(previous);
         result
     }
 
@@ -257,7 +308,7 @@ unsafe fn yield_to_scheduler(run: *mut BlockRun, f: *mut Fiber) {
 }
 
 /// Records `msg` as the launch's error and leaves the fiber for good.
-unsafe fn fail_with(run: &mut BlockRun, f: *mut Fiber, msg: String) -> ! {
+pub(crate) unsafe fn fail_with(run: &mut BlockRun, f: *mut Fiber, msg: String) -> ! {
     // SAFETY: f is running.
     let t = unsafe { &(*f).abi.thread_idx };
     run.error = Some(format!("thread ({}, {}, {}): {msg}", t.x, t.y, t.z));

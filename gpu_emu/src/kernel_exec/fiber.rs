@@ -11,6 +11,8 @@ pub(crate) const SLOT: usize = 65536;
 const PAGE: usize = 4096;
 /// Where the stack begins in a slot (above the control page and the guard page).
 const STACK_START: usize = 2 * PAGE;
+/// Stack bytes of one thread.
+pub(crate) const STACK_BYTES: usize = SLOT - STACK_START;
 
 /// `uint3` of the header.
 #[repr(C)]
@@ -175,6 +177,18 @@ impl Stacks {
     pub(crate) fn slot(&self, i: usize) -> *mut u8 {
         let aligned = (self.base as usize).next_multiple_of(SLOT);
         (aligned + i * SLOT) as *mut u8
+    }
+
+    /// Whether `addr` lies in the mapping of the slots.
+    pub(crate) fn contains(&self, addr: usize) -> bool {
+        let base = self.base as usize;
+        !self.base.is_null() && addr >= base && addr < base + self.map_len
+    }
+
+    /// Whether `addr` lies in slot `i`'s guard page.
+    pub(crate) fn is_guard(&self, i: usize, addr: usize) -> bool {
+        let guard = self.slot(i) as usize + PAGE;
+        addr >= guard && addr < guard + PAGE
     }
 
     /// The control block of slot `i`.

@@ -39,6 +39,7 @@
 mod block;
 #[cfg(test)]
 mod engine_tests;
+mod fault;
 mod fiber;
 pub mod image;
 mod schedule;
@@ -57,9 +58,12 @@ use block::{Entry, GridJob};
 /// Layout version of `include/dcpemu.h`'s `dcpemu_thread` / `dcpemu_kernel_info`.
 pub(crate) const ABI_VERSION: u32 = 1;
 
-/// Static shared memory a block may use without opting in (and the default limit of
-/// static + dynamic shared memory at launch).
+/// Static shared memory a kernel may declare (ptxas refuses more).
 pub const SHARED_LIMIT: usize = 48 * 1024;
+/// Static + dynamic shared memory of one block at most (an H100/H200's 227 KiB). The
+/// default 48 KiB limit of dynamic shared memory without
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` is the driver's to enforce.
+pub const MAX_SHARED_PER_BLOCK: usize = 227 * 1024;
 
 /// One kernel parameter: its size in bytes and whether it is a pointer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,9 +295,9 @@ impl Kernel {
             ));
         }
         let shared = self.static_shared_bytes() + dims.dynamic_shared_bytes as usize;
-        if shared > SHARED_LIMIT {
+        if shared > MAX_SHARED_PER_BLOCK {
             return Err(format!(
-                "launch of {name}: {} bytes of static and {} of dynamic shared memory exceed {SHARED_LIMIT} (the opt-in to more is not emulated)",
+                "launch of {name}: {} bytes of static and {} of dynamic shared memory exceed the device's {MAX_SHARED_PER_BLOCK} per block",
                 self.static_shared_bytes(),
                 dims.dynamic_shared_bytes
             ));

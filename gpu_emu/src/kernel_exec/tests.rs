@@ -247,8 +247,10 @@ extern "C" __global__ void reverse(float* x) {
             assert_eq!(x[b * 128 + t], (b * 128 + 127 - t) as f32);
         }
     }
-    // Over the limit of shared memory without the opt-in.
-    let e = launch(&k, 1, 128, 64 * 1024, &mut [arg(&mut xp)]).unwrap_err();
+    // Past the 48 KiB default (the driver's to refuse without the opt-in), and past
+    // the device's maximum per block.
+    launch(&k, 3, 128, 64 * 1024, &mut [arg(&mut xp)]).unwrap();
+    let e = launch(&k, 1, 128, 228 * 1024, &mut [arg(&mut xp)]).unwrap_err();
     assert!(e.contains("shared memory"), "{e}");
 }
 
@@ -394,4 +396,44 @@ extern "C" __global__ void warp_racy(int* out) {
     assert_eq!(rev[0], 2);
     let sync_fwd = run("warp_racy", Schedule::Forward);
     assert_eq!(sync_fwd, run("warp_racy", Schedule::Reverse));
+}
+
+#[test]
+fn faults_in_kernels_are_launch_errors() {
+    let m = load(
+        r#"
+extern "C" __global__ void wild_store(int* x) {
+    if (threadIdx.x == 5) *(volatile int*)(unsigned long long)0x10 = 1;
+    x[threadIdx.x] = 2;
+}
+__device__ __noinline__ int deep(int n) {
+    volatile char buf[1024];
+    buf[0] = (char)n;
+    return n == 0 ? 0 : deep(n - 1) + buf[0];
+}
+extern "C" __global__ void recursion(int* x, int n) { x[threadIdx.x] = deep(n); }
+"#,
+    );
+    let mut x = [0i32; 64];
+    let mut xp = x.as_mut_ptr();
+    let e = launch(
+        &m.function("wild_store").unwrap(),
+        2,
+        32,
+        0,
+        &mut [arg(&mut xp)],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("thread (5, 0, 0)") && e.contains("invalid memory access at 0x10"),
+        "{e}"
+    );
+    let rec = m.function("recursion").unwrap();
+    let mut n = 10_000i32;
+    let e = launch(&rec, 1, 32, 0, &mut [arg(&mut xp), arg(&mut n)]).unwrap_err();
+    assert!(e.contains("stack overflow"), "{e}");
+    // The same OS thread runs kernels as before.
+    let mut n = 3i32;
+    launch(&rec, 1, 32, 0, &mut [arg(&mut xp), arg(&mut n)]).unwrap();
+    assert_eq!(x[0], 6);
 }
