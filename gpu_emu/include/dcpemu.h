@@ -16,7 +16,7 @@
 
 // Bumped whenever the layout of `dcpemu_thread` or `dcpemu_kernel_info` changes; the
 // loader refuses a module built against another layout.
-#define DCPEMU_ABI_VERSION 1u
+#define DCPEMU_ABI_VERSION 2u
 // Size and alignment of one fiber's stack slot (control block, guard page, stack).
 #define DCPEMU_STACK_SLOT 65536u
 
@@ -50,10 +50,14 @@ struct dcpemu_thread {
 #define DCPEMU_OP_BALLOT 32u
 #define DCPEMU_OP_SYNCWARP 33u
 
+// The control block sits in the slot's first page at a per-slot offset (a multiple of
+// 64 bytes from the slot's address), so that the control blocks of a block's threads,
+// 64 KiB apart, do not all fall into the same cache sets (`kernel_exec::fiber::color`).
 static inline __attribute__((always_inline)) dcpemu_thread* dcpemu_self() {
     uintptr_t sp;
     __asm__("mov %%rsp, %0" : "=r"(sp));
-    return (dcpemu_thread*)(sp & ~(uintptr_t)(DCPEMU_STACK_SLOT - 1u));
+    uintptr_t base = sp & ~(uintptr_t)(DCPEMU_STACK_SLOT - 1u);
+    return (dcpemu_thread*)(base + (((base >> 16) & 31u) << 6));
 }
 
 // What the loader reads from each module (`dcpemu_kernels`, `dcpemu_kernel_count`).

@@ -15,6 +15,38 @@ use super::shared_poison::TlsBlock;
 /// A module's kernel entry: unpacks `params` and runs one CUDA thread.
 pub(crate) type Entry = unsafe extern "C" fn(*mut *mut c_void);
 
+/// The device's floating-point mode for the fibers of a block: round to nearest, no
+/// flush of subnormals (NVRTC's `--ftz=false`), whatever the host thread had set;
+/// restored when dropped.
+struct DeviceFpMode {
+    saved: u32,
+}
+
+/// MXCSR with every exception masked, round to nearest, no FTZ / DAZ.
+const DEVICE_MXCSR: u32 = 0x1F80;
+
+impl DeviceFpMode {
+    fn enter() -> DeviceFpMode {
+        let mut saved = 0u32;
+        // SAFETY: stores MXCSR into a local.
+        unsafe { std::arch::asm!("stmxcsr [{}]", in(reg) &mut saved, options(nostack)) };
+        if saved & !0x3F != DEVICE_MXCSR {
+            // SAFETY: loads a valid MXCSR value.
+            unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &DEVICE_MXCSR, options(nostack)) };
+        }
+        DeviceFpMode { saved }
+    }
+}
+
+impl Drop for DeviceFpMode {
+    fn drop(&mut self) {
+        if self.saved & !0x3F != DEVICE_MXCSR {
+            // SAFETY: restores the value read in `enter`.
+            unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &self.saved, options(nostack)) };
+        }
+    }
+}
+
 /// One warp's pending collective.
 #[derive(Default, Clone)]
 struct Warp {
@@ -208,8 +240,10 @@ impl BlockRun {
                 });
             }
         }
+        let fp_mode = DeviceFpMode::enter();
         // SAFETY: every fiber is initialised above.
         let result = unsafe { Self::schedule(self, job.schedule) };
+        drop(fp_mode);
         self.entry = None;
         self.params = ptr::null_mut();
         result.map_err(|e| {
@@ -398,39 +432,39 @@ unsafe extern "C" fn warp_op(abi: *mut ThreadAbi, mask: u32, value: u64, op: u32
     } else {
         (1u32 << lanes_here) - 1
     };
-    let what = match op {
-        OP_BALLOT => "vote".to_owned(),
-        OP_SYNCWARP => "__syncwarp".to_owned(),
-        src => format!("shuffle from lane {src}"),
-    };
-    let problem = if mask & (1 << lane) == 0 {
-        Some(format!(
-            "{what} with mask {mask:#010x}, which does not name the calling lane {lane}"
-        ))
-    } else if mask & !existing != 0 {
-        Some(format!(
-            "{what} with mask {mask:#010x} naming lanes that do not exist (the warp has {lanes_here} threads)"
-        ))
-    } else if mask & run.warps[w].exited != 0 {
-        Some(format!(
-            "{what} with mask {mask:#010x} naming lanes {:#010x} that have exited",
-            mask & run.warps[w].exited
-        ))
-    } else if op < 32 && mask & (1 << op) == 0 {
-        Some(format!(
-            "{what}: lane {op} is not in the mask {mask:#010x} (its value is undefined)"
-        ))
+    let warp = &run.warps[w];
+    let kind = if op < 32 { None } else { Some(op) };
+    let ok = mask & (1 << lane) != 0
+        && mask & !existing == 0
+        && mask & warp.exited == 0
+        && (op >= 32 || mask & (1 << op) != 0)
+        && (warp.arrived == 0 || (warp.mask == mask && warp.vote_op == kind));
+    // The checks above are the fast path; the message is built only for a failure.
+    let problem = if ok {
+        None
     } else {
-        let warp = &run.warps[w];
-        let kind = if op < 32 { None } else { Some(op) };
-        if warp.arrived != 0 && (warp.mask != mask || warp.vote_op != kind) {
-            Some(format!(
+        let what = match op {
+            OP_BALLOT => "vote".to_owned(),
+            OP_SYNCWARP => "__syncwarp".to_owned(),
+            src => format!("shuffle from lane {src}"),
+        };
+        Some(if mask & (1 << lane) == 0 {
+            format!("{what} with mask {mask:#010x}, which does not name the calling lane {lane}")
+        } else if mask & !existing != 0 {
+            format!("{what} with mask {mask:#010x} naming lanes that do not exist (the warp has {lanes_here} threads)")
+        } else if mask & warp.exited != 0 {
+            format!(
+                "{what} with mask {mask:#010x} naming lanes {:#010x} that have exited",
+                mask & warp.exited
+            )
+        } else if op < 32 && mask & (1 << op) == 0 {
+            format!("{what}: lane {op} is not in the mask {mask:#010x} (its value is undefined)")
+        } else {
+            format!(
                 "{what} with mask {mask:#010x} while lanes {:#010x} of the warp wait at another warp collective (mask {:#010x})",
                 warp.arrived, warp.mask
-            ))
-        } else {
-            None
-        }
+            )
+        })
     };
     if let Some(p) = problem {
         // SAFETY: f is running.

@@ -932,3 +932,84 @@ fn fp8_kv_rows_round_trip_with_their_scales() {
         }
     }
 }
+
+/// Timings of typical launches (`cargo test --release -p dcpserve-gpu-emu -- --ignored
+/// --nocapture launch_timings`).
+#[test]
+#[ignore]
+fn launch_timings() {
+    let ew = engine_module("elementwise");
+    let fill = ew.function("fill_f32").unwrap();
+    let n = 1usize << 20;
+    let mut x = vec![0f32; n];
+    let (mut xp, mut nn, mut v) = (x.as_mut_ptr(), n as u64, 1.5f32);
+    let t = std::time::Instant::now();
+    launch(
+        &fill,
+        4096,
+        256,
+        0,
+        &mut [arg(&mut xp), arg(&mut nn), arg(&mut v)],
+    )
+    .unwrap();
+    println!("fill_f32 of 1M floats, 4096 x 256: {:?}", t.elapsed());
+    let mm = engine_module("matmul")
+        .function("matmul_bf16_exact")
+        .unwrap();
+    let (m, nf, k) = (1u32, 2048u32, 2048u32);
+    let xs = vec![0.5f32; (m * k) as usize];
+    let w = vec![0x3F80u16; (nf * k) as usize];
+    let mut out = vec![0f32; (m * nf) as usize];
+    for vec in [1i32, 0] {
+        let (mut a, mut b, mut c, mut d, mut e, mut f, mut g) =
+            (xs.as_ptr(), w.as_ptr(), out.as_mut_ptr(), m, nf, k, vec);
+        let dims = LaunchDims {
+            grid: [nf.div_ceil(8), m.div_ceil(4), 1],
+            block: [256, 1, 1],
+            dynamic_shared_bytes: 0,
+        };
+        let mut args = [
+            arg(&mut a),
+            arg(&mut b),
+            arg(&mut c),
+            arg(&mut d),
+            arg(&mut e),
+            arg(&mut f),
+            arg(&mut g),
+        ];
+        let t = std::time::Instant::now();
+        unsafe { mm.launch_counted(&dims, &mut args) }.unwrap();
+        println!(
+            "matmul_bf16_exact 1 x 2048 x 2048 (vec {vec}): {:?}",
+            t.elapsed()
+        );
+        assert_eq!(out[0], 1024.0);
+    }
+    let rms = ew.function("rms_norm_f32").unwrap();
+    let (rows, d) = (64usize, 4096usize);
+    let xs = vec![1f32; rows * d];
+    let mut out = vec![0f32; rows * d];
+    let (mut a, mut b, mut c, mut dd, mut eps) = (
+        xs.as_ptr(),
+        xs.as_ptr(),
+        out.as_mut_ptr(),
+        d as u64,
+        1e-5f32,
+    );
+    let t = std::time::Instant::now();
+    launch(
+        &rms,
+        rows as u32,
+        256,
+        0,
+        &mut [
+            arg(&mut a),
+            arg(&mut b),
+            arg(&mut c),
+            arg(&mut dd),
+            arg(&mut eps),
+        ],
+    )
+    .unwrap();
+    println!("rms_norm_f32 64 x 4096: {:?}", t.elapsed());
+}
