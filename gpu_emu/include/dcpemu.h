@@ -98,6 +98,13 @@ struct dcpemu_kernel_info {
     t->fail(t, msg);
     __builtin_unreachable();
 }
+// A failed device assert (see the stand-in <assert.h>) fails the launch, as CUDA's
+// "device-side assert triggered" does, instead of aborting the process.
+[[noreturn]] static inline void dcpemu_assert_fail(const char* expr, const char* file, int line) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "device-side assert triggered: %s (%s:%d)", expr, file, line);
+    dcpemu_fail(msg);
+}
 #define __trap() dcpemu_fail("__trap() called")
 #define __brkpt() dcpemu_fail("__brkpt() called")
 

@@ -288,6 +288,7 @@ fn wrong_parameter_count_and_null_parameter_fail() {
 fn collective_misuse_is_reported_not_hung() {
     let m = load(
         r#"
+#include <assert.h>
 extern "C" __global__ void exited_lanes(int* x) {
     if ((threadIdx.x & 31) >= 16) return;
     x[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, x[threadIdx.x], 1);
@@ -297,6 +298,10 @@ extern "C" __global__ void split_barriers(int* x) {
     if ((threadIdx.x & 31) < 16) v = __shfl_xor_sync(0xFFFFFFFFu, v, 1);
     __syncthreads();
     x[threadIdx.x] = v;
+}
+extern "C" __global__ void asserting(int* x) {
+    assert(threadIdx.x < 5);
+    x[threadIdx.x] = 1;
 }
 extern "C" __global__ void trapping(int* x) {
     if (threadIdx.x == 3) __trap();

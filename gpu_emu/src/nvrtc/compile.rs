@@ -24,6 +24,7 @@ const HEADERS: &[(&str, &str)] = &[
     ("cuda_bf16.h", include_str!("../../include/cuda_bf16.h")),
     ("cuda_fp16.h", include_str!("../../include/cuda_fp16.h")),
     ("cuda_fp8.h", include_str!("../../include/cuda_fp8.h")),
+    ("assert.h", include_str!("../../include/assert.h")),
 ];
 
 /// Changes whenever the generated code changes shape (part of the cache key).
