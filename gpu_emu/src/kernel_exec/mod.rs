@@ -41,6 +41,7 @@ mod block;
 mod engine_tests;
 mod fault;
 mod fiber;
+mod grid;
 pub mod image;
 mod schedule;
 mod shared_poison;
@@ -48,12 +49,11 @@ mod shared_poison;
 mod tests;
 
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use schedule::Schedule;
 
-use block::{Entry, GridJob};
+use block::Entry;
 
 /// Layout version of `include/dcpemu.h`'s `dcpemu_thread` / `dcpemu_kernel_info`.
 pub(crate) const ABI_VERSION: u32 = 2;
@@ -241,15 +241,6 @@ fn schedule() -> &'static Mutex<Schedule> {
     S.get_or_init(|| Mutex::new(Schedule::from_env()))
 }
 
-/// The parameter array, shared read-only by the worker threads of one launch.
-#[derive(Clone, Copy)]
-struct Params(*mut *mut c_void);
-// SAFETY: the launch reads the array and the values it points to only while the caller
-// waits for it, and never writes them.
-unsafe impl Send for Params {}
-// SAFETY: as above.
-unsafe impl Sync for Params {}
-
 impl Kernel {
     pub fn name(&self) -> &str {
         &self.inner.name
@@ -330,7 +321,6 @@ impl Kernel {
                 ));
             }
         }
-        let total = u64::from(dims.grid[0]) * u64::from(dims.grid[1]) * u64::from(dims.grid[2]);
         let over = OVERRIDE.with(|o| o.borrow().clone());
         let global = over.is_none();
         let (base, threads) = over.unwrap_or_else(|| {
@@ -339,76 +329,14 @@ impl Kernel {
                 block_threads(),
             )
         });
-        let workers = (threads as u64).min(total) as usize;
-        let params = Params(params);
-        let result = if workers <= 1 {
-            self.run_blocks(
-                dims,
-                params,
-                &base,
-                &AtomicU64::new(0),
-                total,
-                &AtomicBool::new(false),
-            )
-        } else {
-            let next = AtomicU64::new(0);
-            let stop = AtomicBool::new(false);
-            let first_error = Mutex::new(None);
-            std::thread::scope(|s| {
-                for w in 0..workers {
-                    let sched = base.for_worker(w as u64);
-                    let (next, stop, first_error) = (&next, &stop, &first_error);
-                    s.spawn(move || {
-                        if let Err(e) = self.run_blocks(dims, params, &sched, next, total, stop) {
-                            first_error
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .get_or_insert(e);
-                        }
-                    });
-                }
-            });
-            match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            }
-        };
+        let info = &self.inner;
+        let job = grid::Grid::new(info.entry, params, *dims, info.shared_tls, base.clone());
+        let result = grid::run(Arc::new(job), threads);
         if let (true, Schedule::Random(_)) = (global, &base) {
             // Advance the shared seed so that the next launch draws other orders.
             *schedule().lock().unwrap_or_else(|p| p.into_inner()) = base.for_worker(0x5EED);
         }
         result.map_err(|e| format!("kernel {}: {e}", self.name()))
-    }
-
-    /// Takes blocks from `next` until all are done or one fails.
-    fn run_blocks(
-        &self,
-        dims: &LaunchDims,
-        params: Params,
-        schedule: &Schedule,
-        next: &AtomicU64,
-        total: u64,
-        stop: &AtomicBool,
-    ) -> Result<(), String> {
-        let job = GridJob {
-            entry: self.inner.entry,
-            params: params.0,
-            grid: dims.grid,
-            block: dims.block,
-            dynamic_shared_bytes: dims.dynamic_shared_bytes as usize,
-            schedule,
-            shared_tls: self.inner.shared_tls,
-        };
-        loop {
-            let b = next.fetch_add(1, Ordering::Relaxed);
-            if b >= total || stop.load(Ordering::Relaxed) {
-                return Ok(());
-            }
-            if let Err(e) = block::run_block(&job, b) {
-                stop.store(true, Ordering::Relaxed);
-                return Err(e);
-            }
-        }
     }
 
     /// [`Kernel::launch`] with the parameter count checked: `params` must hold exactly
