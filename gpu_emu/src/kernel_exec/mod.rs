@@ -135,7 +135,19 @@ impl Module {
     /// `image` points to an image (or to readable bytes that differ from one early).
     pub unsafe fn load(image: *const c_void) -> Result<Module, String> {
         // SAFETY: the caller's contract.
-        let path = unsafe { image::decode(image.cast()) }?;
+        let path = match unsafe { image::decode(image.cast()) }? {
+            image::Source::Path(p) => p,
+            image::Source::Elf(bytes) => {
+                // Content-addressed, so loading one image again opens the same object.
+                let dir = crate::nvrtc::compile::cache_dir();
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                let name = format!("image-{}.so", crate::nvrtc::compile::hash_hex(&[bytes]));
+                let p = dir.join(name);
+                crate::nvrtc::compile::write_once(&p, bytes)?;
+                p.to_str().ok_or("cache path is not UTF-8")?.to_owned()
+            }
+        };
         let c_path =
             CString::new(path.clone()).map_err(|_| "module path holds a NUL".to_owned())?;
         // SAFETY: a C string path; RTLD_LOCAL keeps each module's symbols to itself.

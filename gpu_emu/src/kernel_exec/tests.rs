@@ -442,3 +442,46 @@ extern "C" __global__ void recursion(int* x, int n) { x[threadIdx.x] = deep(n); 
     launch(&rec, 1, 32, 0, &mut [arg(&mut xp), arg(&mut n)]).unwrap();
     assert_eq!(x[0], 6);
 }
+
+#[test]
+fn ptx_and_cubin_images_both_load() {
+    let src = "extern \"C\" __global__ void k(int* x) { x[threadIdx.x] = 7; }\n";
+    let cubin = compile(src, "k.cu", &["--gpu-architecture=sm_90"]).unwrap();
+    assert_eq!(&cubin[..4], b"\x7fELF");
+    // The PTX form: a text listing the target and the entries.
+    let c = CString::new(src).unwrap();
+    let mut prog: NvrtcProgram = ptr::null_mut();
+    let opt = CString::new("--gpu-architecture=compute_90").unwrap();
+    let ptx = unsafe {
+        assert_eq!(
+            nvrtcCreateProgram(
+                &mut prog,
+                c.as_ptr(),
+                ptr::null(),
+                0,
+                ptr::null(),
+                ptr::null()
+            ),
+            0
+        );
+        assert_eq!(nvrtcCompileProgram(prog, 1, &opt.as_ptr()), 0);
+        let mut size = 0;
+        assert_eq!(nvrtcGetPTXSize(prog, &mut size), 0);
+        let mut ptx = vec![0u8; size];
+        assert_eq!(nvrtcGetPTX(prog, ptx.as_mut_ptr().cast()), 0);
+        assert_eq!(nvrtcDestroyProgram(&mut prog), 0);
+        ptx
+    };
+    let text = String::from_utf8_lossy(&ptx[..ptx.len() - 1]).into_owned();
+    assert!(
+        text.contains(".target sm_90") && text.contains(".entry k("),
+        "{text}"
+    );
+    for image in [cubin, ptx] {
+        let m = unsafe { Module::load(image.as_ptr().cast()) }.unwrap();
+        let mut x = [0i32; 4];
+        let mut xp = x.as_mut_ptr();
+        launch(&m.function("k").unwrap(), 1, 4, 0, &mut [arg(&mut xp)]).unwrap();
+        assert_eq!(x, [7; 4]);
+    }
+}
