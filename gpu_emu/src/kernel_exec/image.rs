@@ -130,7 +130,7 @@ unsafe fn decode_elf<'a>(image: *const u8) -> Result<Source<'a>, String> {
     let (phoff, shoff) = (u64_at(32), u64_at(40));
     let (phentsize, phnum, shentsize, shnum) = (u16_at(54), u16_at(56), u16_at(58), u16_at(60));
     let end = (phoff + phentsize * phnum).max(shoff + shentsize * shnum);
-    if end < 64 || end > MAX_ELF {
+    if !(64..=MAX_ELF).contains(&end) {
         return Err(format!("module image: implausible ELF length {end}"));
     }
     // SAFETY: the object is `end` bytes long (its headers lie within it).
