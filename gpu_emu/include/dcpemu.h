@@ -81,7 +81,7 @@ struct dcpemu_kernel_info {
 #define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 // Static shared memory: one instance per OS thread, and every thread of a block runs
 // on the same OS thread, one block at a time, so the block's threads share it.
 // (`extern __shared__` is rewritten by the compile step into a `dcpemu::DynShared`.)

@@ -485,3 +485,50 @@ fn ptx_and_cubin_images_both_load() {
         assert_eq!(x, [7; 4]);
     }
 }
+
+#[test]
+fn shared_declaration_forms_and_their_sizes() {
+    let m = load(
+        r#"
+struct __align__(16) Foo { float a[4]; };
+extern "C" __global__ void k(float* x) {
+    __shared__ __align__(16) float s[8];
+    __shared__ Foo f;
+    volatile __shared__ int v[4];
+    s[threadIdx.x] = x[0];
+    f.a[threadIdx.x] = 1.0f;
+    v[threadIdx.x] = 2;
+    __syncthreads();
+    x[threadIdx.x] = s[3 - threadIdx.x] + f.a[3 - threadIdx.x] + (float)v[3 - threadIdx.x];
+}
+"#,
+    );
+    let k = m.function("k").unwrap();
+    assert_eq!(k.static_shared_bytes(), 32 + 16 + 16);
+    let mut x = [5f32; 4];
+    let mut xp = x.as_mut_ptr();
+    launch(&k, 1, 4, 0, &mut [arg(&mut xp)]).unwrap();
+    assert_eq!(x, [8.0; 4]);
+}
+
+#[test]
+fn schedule_settings_parse() {
+    assert!(matches!(Schedule::parse("").unwrap(), Schedule::Forward));
+    assert!(matches!(
+        Schedule::parse("reverse").unwrap(),
+        Schedule::Reverse
+    ));
+    assert!(matches!(
+        Schedule::parse("random:42").unwrap(),
+        Schedule::Random(_)
+    ));
+    assert!(Schedule::parse("random:x").is_err());
+    assert!(Schedule::parse("sideways").is_err());
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let r = Schedule::parse("random:5").unwrap();
+    r.order(100, &mut a);
+    r.order(100, &mut b);
+    assert_ne!(a, b, "each round draws a new order");
+    a.sort_unstable();
+    assert_eq!(a, (0..100).collect::<Vec<u32>>());
+}
