@@ -33,6 +33,13 @@
 //! pointer is refused; [`Kernel::launch_counted`] also checks the count where the caller
 //! knows it.
 //!
+//! Beyond the contract: [`Kernel::launch_counted`] (the count checked too),
+//! [`with_settings`] (schedule and block threads for one OS thread's launches, for tests)
+//! and [`Module::kernels`]. A launch error names the kernel, block and thread: a barrier
+//! that would hang, a misused warp collective, `__trap()` or a failed `assert`, and a
+//! fault in kernel code (an illegal address or a thread's stack overflow), which does
+//! not take the process down. `gpu_emu/NOTES.md` lists what is checked and what is not.
+//!
 //! Environment: `DCPEMU_SCHEDULE` (see [`Schedule`]) and `DCPEMU_BLOCK_THREADS` (OS
 //! threads running blocks in parallel, default 1).
 
