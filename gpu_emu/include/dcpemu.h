@@ -143,9 +143,8 @@ static inline unsigned int __ballot_sync(unsigned int mask, int pred) {
     return (unsigned int)t->warp_op(t, mask, pred ? 1u : 0u, DCPEMU_OP_BALLOT);
 }
 static inline int __any_sync(unsigned int mask, int pred) { return __ballot_sync(mask, pred) != 0; }
-static inline int __all_sync(unsigned int mask, int pred) {
-    return __ballot_sync(mask, pred) == (mask & __ballot_sync(mask, 1));
-}
+// Every lane of `mask` takes part (the emulator refuses a mask naming absent lanes).
+static inline int __all_sync(unsigned int mask, int pred) { return __ballot_sync(mask, pred) == mask; }
 static inline unsigned int __lanemask_lt() { return (1u << dcpemu_self()->lane) - 1u; }
 
 namespace dcpemu {
