@@ -16,7 +16,7 @@
 
 // Bumped whenever the layout of `dcpemu_thread` or `dcpemu_kernel_info` changes; the
 // loader refuses a module built against another layout.
-#define DCPEMU_ABI_VERSION 1u
+#define DCPEMU_ABI_VERSION 2u
 // Size and alignment of one fiber's stack slot (control block, guard page, stack).
 #define DCPEMU_STACK_SLOT 65536u
 
@@ -50,10 +50,14 @@ struct dcpemu_thread {
 #define DCPEMU_OP_BALLOT 32u
 #define DCPEMU_OP_SYNCWARP 33u
 
+// The control block sits in the slot's first page at a per-slot offset (a multiple of
+// 64 bytes from the slot's address), so that the control blocks of a block's threads,
+// 64 KiB apart, do not all fall into the same cache sets (`kernel_exec::fiber::color`).
 static inline __attribute__((always_inline)) dcpemu_thread* dcpemu_self() {
     uintptr_t sp;
     __asm__("mov %%rsp, %0" : "=r"(sp));
-    return (dcpemu_thread*)(sp & ~(uintptr_t)(DCPEMU_STACK_SLOT - 1u));
+    uintptr_t base = sp & ~(uintptr_t)(DCPEMU_STACK_SLOT - 1u);
+    return (dcpemu_thread*)(base + (((base >> 16) & 31u) << 6));
 }
 
 // What the loader reads from each module (`dcpemu_kernels`, `dcpemu_kernel_count`).
@@ -77,7 +81,7 @@ struct dcpemu_kernel_info {
 #define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 // Static shared memory: one instance per OS thread, and every thread of a block runs
 // on the same OS thread, one block at a time, so the block's threads share it.
 // (`extern __shared__` is rewritten by the compile step into a `dcpemu::DynShared`.)
@@ -93,6 +97,13 @@ struct dcpemu_kernel_info {
     dcpemu_thread* t = dcpemu_self();
     t->fail(t, msg);
     __builtin_unreachable();
+}
+// A failed device assert (see the stand-in <assert.h>) fails the launch, as CUDA's
+// "device-side assert triggered" does, instead of aborting the process.
+[[noreturn]] static inline void dcpemu_assert_fail(const char* expr, const char* file, int line) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "device-side assert triggered: %s (%s:%d)", expr, file, line);
+    dcpemu_fail(msg);
 }
 #define __trap() dcpemu_fail("__trap() called")
 #define __brkpt() dcpemu_fail("__brkpt() called")
@@ -132,9 +143,8 @@ static inline unsigned int __ballot_sync(unsigned int mask, int pred) {
     return (unsigned int)t->warp_op(t, mask, pred ? 1u : 0u, DCPEMU_OP_BALLOT);
 }
 static inline int __any_sync(unsigned int mask, int pred) { return __ballot_sync(mask, pred) != 0; }
-static inline int __all_sync(unsigned int mask, int pred) {
-    return __ballot_sync(mask, pred) == (mask & __ballot_sync(mask, 1));
-}
+// Every lane of `mask` takes part (the emulator refuses a mask naming absent lanes).
+static inline int __all_sync(unsigned int mask, int pred) { return __ballot_sync(mask, pred) == mask; }
 static inline unsigned int __lanemask_lt() { return (1u << dcpemu_self()->lane) - 1u; }
 
 namespace dcpemu {

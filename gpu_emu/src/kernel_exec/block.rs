@@ -7,12 +7,45 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
 
+use super::fault::{self, AltStack};
 use super::fiber::{self, Fiber, Stacks, State, ThreadAbi, Uint3};
 use super::schedule::Schedule;
 use super::shared_poison::TlsBlock;
 
 /// A module's kernel entry: unpacks `params` and runs one CUDA thread.
 pub(crate) type Entry = unsafe extern "C" fn(*mut *mut c_void);
+
+/// The device's floating-point mode for the fibers of a block: round to nearest, no
+/// flush of subnormals (NVRTC's `--ftz=false`), whatever the host thread had set;
+/// restored when dropped.
+struct DeviceFpMode {
+    saved: u32,
+}
+
+/// MXCSR with every exception masked, round to nearest, no FTZ / DAZ.
+const DEVICE_MXCSR: u32 = 0x1F80;
+
+impl DeviceFpMode {
+    fn enter() -> DeviceFpMode {
+        let mut saved = 0u32;
+        // SAFETY: stores MXCSR into a local.
+        unsafe { std::arch::asm!("stmxcsr [{}]", in(reg) &mut saved, options(nostack)) };
+        if saved & !0x3F != DEVICE_MXCSR {
+            // SAFETY: loads a valid MXCSR value.
+            unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &DEVICE_MXCSR, options(nostack)) };
+        }
+        DeviceFpMode { saved }
+    }
+}
+
+impl Drop for DeviceFpMode {
+    fn drop(&mut self) {
+        if self.saved & !0x3F != DEVICE_MXCSR {
+            // SAFETY: restores the value read in `enter`.
+            unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &self.saved, options(nostack)) };
+        }
+    }
+}
 
 /// One warp's pending collective.
 #[derive(Default, Clone)]
@@ -38,6 +71,11 @@ pub(crate) struct BlockRun {
     params: *mut *mut c_void,
     dyn_shared: Vec<u128>,
     order: Vec<u32>,
+    /// The fiber running now (for a fault's report).
+    current: usize,
+    /// Where a faulting fiber goes to report (see `fault`).
+    landing: Vec<u128>,
+    _alt_stack: AltStack,
 }
 
 thread_local! {
@@ -81,11 +119,52 @@ impl BlockRun {
             params: ptr::null_mut(),
             dyn_shared: Vec::new(),
             order: Vec::new(),
+            current: 0,
+            landing: vec![0; 16 * 1024 / 16],
+            _alt_stack: AltStack::for_this_thread(),
         }
     }
 
     fn fiber(&self, i: usize) -> *mut Fiber {
         self.stacks.fiber(i)
+    }
+
+    /// The landing stack pointer for a fault at stack pointer `sp`, if `sp` is on one of
+    /// this block's fiber stacks (a fault elsewhere is not a kernel's).
+    pub(crate) fn landing_for(&self, sp: usize) -> Option<usize> {
+        if !self.stacks.contains(sp) {
+            return None;
+        }
+        let top = (self.landing.as_ptr() as usize + self.landing.len() * 16) & !15;
+        // As if called: the return address slot below a 16-byte aligned top.
+        Some(top - 8)
+    }
+
+    /// Records a fault of the running fiber at `addr` and leaves for the scheduler.
+    ///
+    /// # Safety
+    /// Called on the landing stack, for the fiber that faulted.
+    pub(crate) unsafe fn fault(&mut self, addr: usize, sig: std::ffi::c_int) -> ! {
+        let f = self.fiber(self.current);
+        let what = if self.stacks.is_guard(self.current, addr) {
+            format!(
+                "stack overflow (a thread's stack here is {} KiB)",
+                fiber::STACK_BYTES / 1024
+            )
+        } else if addr == 0 && sig == libc::SIGSEGV {
+            "invalid memory access (a null or non-canonical address: a device pointer not translated?)".to_owned()
+        } else {
+            format!(
+                "invalid memory access at {addr:#x} ({})",
+                if sig == libc::SIGBUS {
+                    "SIGBUS"
+                } else {
+                    "SIGSEGV"
+                }
+            )
+        };
+        // SAFETY: f is the fiber that faulted; it never runs again.
+        unsafe { fail_with(self, f, what) }
     }
 
     fn run(&mut self, job: &GridJob<'_>, linear: u64) -> Result<(), String> {
@@ -161,8 +240,10 @@ impl BlockRun {
                 });
             }
         }
+        let fp_mode = DeviceFpMode::enter();
         // SAFETY: every fiber is initialised above.
         let result = unsafe { Self::schedule(self, job.schedule) };
+        drop(fp_mode);
         self.entry = None;
         self.params = ptr::null_mut();
         result.map_err(|e| {
@@ -180,6 +261,8 @@ impl BlockRun {
     /// # Safety
     /// `this` is the block's run, initialised by [`BlockRun::run`].
     unsafe fn schedule(this: *mut BlockRun, schedule: &Schedule) -> Result<(), String> {
+        fault::install();
+        let previous = fault::set_current(this);
         // SAFETY (whole body): `this` is live; fibers only run inside `switch`.
         let mut order = std::mem::take(unsafe { &mut (*this).order });
         let result = loop {
@@ -192,6 +275,7 @@ impl BlockRun {
                     continue;
                 }
                 ran = true;
+                unsafe { (*this).current = i as usize };
                 unsafe { fiber::switch(ptr::addr_of_mut!((*this).sched_sp), (*f).sp) };
                 if unsafe { (*this).error.is_some() } {
                     break;
@@ -208,6 +292,7 @@ impl BlockRun {
             }
         };
         unsafe { (*this).order = order };
+        fault::set_current(previous);
         result
     }
 
@@ -257,7 +342,7 @@ unsafe fn yield_to_scheduler(run: *mut BlockRun, f: *mut Fiber) {
 }
 
 /// Records `msg` as the launch's error and leaves the fiber for good.
-unsafe fn fail_with(run: &mut BlockRun, f: *mut Fiber, msg: String) -> ! {
+pub(crate) unsafe fn fail_with(run: &mut BlockRun, f: *mut Fiber, msg: String) -> ! {
     // SAFETY: f is running.
     let t = unsafe { &(*f).abi.thread_idx };
     run.error = Some(format!("thread ({}, {}, {}): {msg}", t.x, t.y, t.z));
@@ -347,39 +432,39 @@ unsafe extern "C" fn warp_op(abi: *mut ThreadAbi, mask: u32, value: u64, op: u32
     } else {
         (1u32 << lanes_here) - 1
     };
-    let what = match op {
-        OP_BALLOT => "vote".to_owned(),
-        OP_SYNCWARP => "__syncwarp".to_owned(),
-        src => format!("shuffle from lane {src}"),
-    };
-    let problem = if mask & (1 << lane) == 0 {
-        Some(format!(
-            "{what} with mask {mask:#010x}, which does not name the calling lane {lane}"
-        ))
-    } else if mask & !existing != 0 {
-        Some(format!(
-            "{what} with mask {mask:#010x} naming lanes that do not exist (the warp has {lanes_here} threads)"
-        ))
-    } else if mask & run.warps[w].exited != 0 {
-        Some(format!(
-            "{what} with mask {mask:#010x} naming lanes {:#010x} that have exited",
-            mask & run.warps[w].exited
-        ))
-    } else if op < 32 && mask & (1 << op) == 0 {
-        Some(format!(
-            "{what}: lane {op} is not in the mask {mask:#010x} (its value is undefined)"
-        ))
+    let warp = &run.warps[w];
+    let kind = if op < 32 { None } else { Some(op) };
+    let ok = mask & (1 << lane) != 0
+        && mask & !existing == 0
+        && mask & warp.exited == 0
+        && (op >= 32 || mask & (1 << op) != 0)
+        && (warp.arrived == 0 || (warp.mask == mask && warp.vote_op == kind));
+    // The checks above are the fast path; the message is built only for a failure.
+    let problem = if ok {
+        None
     } else {
-        let warp = &run.warps[w];
-        let kind = if op < 32 { None } else { Some(op) };
-        if warp.arrived != 0 && (warp.mask != mask || warp.vote_op != kind) {
-            Some(format!(
+        let what = match op {
+            OP_BALLOT => "vote".to_owned(),
+            OP_SYNCWARP => "__syncwarp".to_owned(),
+            src => format!("shuffle from lane {src}"),
+        };
+        Some(if mask & (1 << lane) == 0 {
+            format!("{what} with mask {mask:#010x}, which does not name the calling lane {lane}")
+        } else if mask & !existing != 0 {
+            format!("{what} with mask {mask:#010x} naming lanes that do not exist (the warp has {lanes_here} threads)")
+        } else if mask & warp.exited != 0 {
+            format!(
+                "{what} with mask {mask:#010x} naming lanes {:#010x} that have exited",
+                mask & warp.exited
+            )
+        } else if op < 32 && mask & (1 << op) == 0 {
+            format!("{what}: lane {op} is not in the mask {mask:#010x} (its value is undefined)")
+        } else {
+            format!(
                 "{what} with mask {mask:#010x} while lanes {:#010x} of the warp wait at another warp collective (mask {:#010x})",
                 warp.arrived, warp.mask
-            ))
-        } else {
-            None
-        }
+            )
+        })
     };
     if let Some(p) = problem {
         // SAFETY: f is running.

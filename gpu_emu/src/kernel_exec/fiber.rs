@@ -11,6 +11,17 @@ pub(crate) const SLOT: usize = 65536;
 const PAGE: usize = 4096;
 /// Where the stack begins in a slot (above the control page and the guard page).
 const STACK_START: usize = 2 * PAGE;
+/// Stack bytes of one thread.
+pub(crate) const STACK_BYTES: usize = SLOT - STACK_START;
+
+/// A slot's offset of its control block and stack top: slots are 64 KiB apart, so
+/// without it every thread's control block and hot stack frames would map to the same
+/// cache sets.
+fn color(slot_base: usize) -> usize {
+    ((slot_base >> 16) & 31) << 6
+}
+
+const _: () = assert!(31 * 64 + std::mem::size_of::<Fiber>() <= PAGE);
 
 /// `uint3` of the header.
 #[repr(C)]
@@ -63,15 +74,15 @@ pub(crate) struct Fiber {
     pub coll_result: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<Fiber>() <= PAGE);
-
 std::arch::global_asm!(
     ".text",
     ".globl dcpemu_fiber_switch",
     ".hidden dcpemu_fiber_switch",
     ".type dcpemu_fiber_switch,@function",
     // (save: *mut *mut u8 in rdi, next stack pointer in rsi): pushes the callee-saved
-    // registers and the FP control words, parks rsp in *save, resumes the other stack.
+    // registers, parks rsp in *save, resumes the other stack. The FP control words are
+    // not switched (loading them costs more than the rest together): every fiber of a
+    // block runs under the MXCSR the block runner sets (see `block::DeviceFpMode`).
     "dcpemu_fiber_switch:",
     "push rbp",
     "push rbx",
@@ -79,14 +90,8 @@ std::arch::global_asm!(
     "push r13",
     "push r14",
     "push r15",
-    "sub rsp, 8",
-    "stmxcsr [rsp]",
-    "fnstcw [rsp + 4]",
     "mov [rdi], rsp",
     "mov rsp, rsi",
-    "ldmxcsr [rsp]",
-    "fldcw [rsp + 4]",
-    "add rsp, 8",
     "pop r15",
     "pop r14",
     "pop r13",
@@ -177,9 +182,23 @@ impl Stacks {
         (aligned + i * SLOT) as *mut u8
     }
 
-    /// The control block of slot `i`.
+    /// Whether `addr` lies in the mapping of the slots.
+    pub(crate) fn contains(&self, addr: usize) -> bool {
+        let base = self.base as usize;
+        !self.base.is_null() && addr >= base && addr < base + self.map_len
+    }
+
+    /// Whether `addr` lies in slot `i`'s guard page.
+    pub(crate) fn is_guard(&self, i: usize, addr: usize) -> bool {
+        let guard = self.slot(i) as usize + PAGE;
+        addr >= guard && addr < guard + PAGE
+    }
+
+    /// The control block of slot `i` (at the slot's colour offset, as `dcpemu_self()`
+    /// computes it).
     pub(crate) fn fiber(&self, i: usize) -> *mut Fiber {
-        self.slot(i).cast()
+        let base = self.slot(i);
+        base.wrapping_add(color(base as usize)).cast()
     }
 
     /// A fresh stack in slot `i` whose first switch calls `entry(fiber)`.
@@ -191,13 +210,13 @@ impl Stacks {
         i: usize,
         entry: unsafe extern "C" fn(*mut Fiber) -> !,
     ) -> *mut u8 {
-        let top = self.slot(i) as usize + SLOT - 16;
+        let base = self.slot(i) as usize;
+        let top = base + SLOT - 16 - color(base);
         debug_assert!(top >= self.slot(i) as usize + STACK_START);
-        // The frame `dcpemu_fiber_switch` pops: FP control words, r15..rbp, then `ret`
-        // into dcpemu_fiber_start with rsp 16-byte aligned for its call.
-        let sp = (top - 64) as *mut u64;
-        let words: [u64; 8] = [
-            0x037F_0000_1F80, // mxcsr (default, no flush to zero) | x87 control word << 32
+        // The frame `dcpemu_fiber_switch` pops: r15..rbp, then `ret` into
+        // dcpemu_fiber_start with rsp 16-byte aligned for its call.
+        let sp = (top - 56) as *mut u64;
+        let words: [u64; 7] = [
             0,
             0,
             entry as usize as u64,         // r13

@@ -33,13 +33,22 @@
 //! pointer is refused; [`Kernel::launch_counted`] also checks the count where the caller
 //! knows it.
 //!
+//! Beyond the contract: [`Kernel::launch_counted`] (the count checked too),
+//! [`with_settings`] (schedule and block threads for one OS thread's launches, for tests)
+//! and [`Module::kernels`]. A launch error names the kernel, block and thread: a barrier
+//! that would hang, a misused warp collective, `__trap()` or a failed `assert`, and a
+//! fault in kernel code (an illegal address or a thread's stack overflow), which does
+//! not take the process down. `gpu_emu/NOTES.md` lists what is checked and what is not.
+//!
 //! Environment: `DCPEMU_SCHEDULE` (see [`Schedule`]) and `DCPEMU_BLOCK_THREADS` (OS
 //! threads running blocks in parallel, default 1).
 
 mod block;
 #[cfg(test)]
 mod engine_tests;
+mod fault;
 mod fiber;
+mod grid;
 pub mod image;
 mod schedule;
 mod shared_poison;
@@ -47,19 +56,21 @@ mod shared_poison;
 mod tests;
 
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use schedule::Schedule;
 
-use block::{Entry, GridJob};
+use block::Entry;
 
 /// Layout version of `include/dcpemu.h`'s `dcpemu_thread` / `dcpemu_kernel_info`.
-pub(crate) const ABI_VERSION: u32 = 1;
+pub(crate) const ABI_VERSION: u32 = 2;
 
-/// Static shared memory a block may use without opting in (and the default limit of
-/// static + dynamic shared memory at launch).
+/// Static shared memory a kernel may declare (ptxas refuses more).
 pub const SHARED_LIMIT: usize = 48 * 1024;
+/// Static + dynamic shared memory of one block at most (an H100/H200's 227 KiB). The
+/// default 48 KiB limit of dynamic shared memory without
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` is the driver's to enforce.
+pub const MAX_SHARED_PER_BLOCK: usize = 227 * 1024;
 
 /// One kernel parameter: its size in bytes and whether it is a pointer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,7 +142,19 @@ impl Module {
     /// `image` points to an image (or to readable bytes that differ from one early).
     pub unsafe fn load(image: *const c_void) -> Result<Module, String> {
         // SAFETY: the caller's contract.
-        let path = unsafe { image::decode(image.cast()) }?;
+        let path = match unsafe { image::decode(image.cast()) }? {
+            image::Source::Path(p) => p,
+            image::Source::Elf(bytes) => {
+                // Content-addressed, so loading one image again opens the same object.
+                let dir = crate::nvrtc::compile::cache_dir();
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                let name = format!("image-{}.so", crate::nvrtc::compile::hash_hex(&[bytes]));
+                let p = dir.join(name);
+                crate::nvrtc::compile::write_once(&p, bytes)?;
+                p.to_str().ok_or("cache path is not UTF-8")?.to_owned()
+            }
+        };
         let c_path =
             CString::new(path.clone()).map_err(|_| "module path holds a NUL".to_owned())?;
         // SAFETY: a C string path; RTLD_LOCAL keeps each module's symbols to itself.
@@ -237,15 +260,6 @@ fn schedule() -> &'static Mutex<Schedule> {
     S.get_or_init(|| Mutex::new(Schedule::from_env()))
 }
 
-/// The parameter array, shared read-only by the worker threads of one launch.
-#[derive(Clone, Copy)]
-struct Params(*mut *mut c_void);
-// SAFETY: the launch reads the array and the values it points to only while the caller
-// waits for it, and never writes them.
-unsafe impl Send for Params {}
-// SAFETY: as above.
-unsafe impl Sync for Params {}
-
 impl Kernel {
     pub fn name(&self) -> &str {
         &self.inner.name
@@ -291,9 +305,9 @@ impl Kernel {
             ));
         }
         let shared = self.static_shared_bytes() + dims.dynamic_shared_bytes as usize;
-        if shared > SHARED_LIMIT {
+        if shared > MAX_SHARED_PER_BLOCK {
             return Err(format!(
-                "launch of {name}: {} bytes of static and {} of dynamic shared memory exceed {SHARED_LIMIT} (the opt-in to more is not emulated)",
+                "launch of {name}: {} bytes of static and {} of dynamic shared memory exceed the device's {MAX_SHARED_PER_BLOCK} per block",
                 self.static_shared_bytes(),
                 dims.dynamic_shared_bytes
             ));
@@ -326,7 +340,6 @@ impl Kernel {
                 ));
             }
         }
-        let total = u64::from(dims.grid[0]) * u64::from(dims.grid[1]) * u64::from(dims.grid[2]);
         let over = OVERRIDE.with(|o| o.borrow().clone());
         let global = over.is_none();
         let (base, threads) = over.unwrap_or_else(|| {
@@ -335,76 +348,14 @@ impl Kernel {
                 block_threads(),
             )
         });
-        let workers = (threads as u64).min(total) as usize;
-        let params = Params(params);
-        let result = if workers <= 1 {
-            self.run_blocks(
-                dims,
-                params,
-                &base,
-                &AtomicU64::new(0),
-                total,
-                &AtomicBool::new(false),
-            )
-        } else {
-            let next = AtomicU64::new(0);
-            let stop = AtomicBool::new(false);
-            let first_error = Mutex::new(None);
-            std::thread::scope(|s| {
-                for w in 0..workers {
-                    let sched = base.for_worker(w as u64);
-                    let (next, stop, first_error) = (&next, &stop, &first_error);
-                    s.spawn(move || {
-                        if let Err(e) = self.run_blocks(dims, params, &sched, next, total, stop) {
-                            first_error
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .get_or_insert(e);
-                        }
-                    });
-                }
-            });
-            match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            }
-        };
+        let info = &self.inner;
+        let job = grid::Grid::new(info.entry, params, *dims, info.shared_tls, base.clone());
+        let result = grid::run(Arc::new(job), threads);
         if let (true, Schedule::Random(_)) = (global, &base) {
             // Advance the shared seed so that the next launch draws other orders.
             *schedule().lock().unwrap_or_else(|p| p.into_inner()) = base.for_worker(0x5EED);
         }
         result.map_err(|e| format!("kernel {}: {e}", self.name()))
-    }
-
-    /// Takes blocks from `next` until all are done or one fails.
-    fn run_blocks(
-        &self,
-        dims: &LaunchDims,
-        params: Params,
-        schedule: &Schedule,
-        next: &AtomicU64,
-        total: u64,
-        stop: &AtomicBool,
-    ) -> Result<(), String> {
-        let job = GridJob {
-            entry: self.inner.entry,
-            params: params.0,
-            grid: dims.grid,
-            block: dims.block,
-            dynamic_shared_bytes: dims.dynamic_shared_bytes as usize,
-            schedule,
-            shared_tls: self.inner.shared_tls,
-        };
-        loop {
-            let b = next.fetch_add(1, Ordering::Relaxed);
-            if b >= total || stop.load(Ordering::Relaxed) {
-                return Ok(());
-            }
-            if let Err(e) = block::run_block(&job, b) {
-                stop.store(true, Ordering::Relaxed);
-                return Err(e);
-            }
-        }
     }
 
     /// [`Kernel::launch`] with the parameter count checked: `params` must hold exactly

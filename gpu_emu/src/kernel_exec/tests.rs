@@ -247,8 +247,10 @@ extern "C" __global__ void reverse(float* x) {
             assert_eq!(x[b * 128 + t], (b * 128 + 127 - t) as f32);
         }
     }
-    // Over the limit of shared memory without the opt-in.
-    let e = launch(&k, 1, 128, 64 * 1024, &mut [arg(&mut xp)]).unwrap_err();
+    // Past the 48 KiB default (the driver's to refuse without the opt-in), and past
+    // the device's maximum per block.
+    launch(&k, 3, 128, 64 * 1024, &mut [arg(&mut xp)]).unwrap();
+    let e = launch(&k, 1, 128, 228 * 1024, &mut [arg(&mut xp)]).unwrap_err();
     assert!(e.contains("shared memory"), "{e}");
 }
 
@@ -286,6 +288,7 @@ fn wrong_parameter_count_and_null_parameter_fail() {
 fn collective_misuse_is_reported_not_hung() {
     let m = load(
         r#"
+#include <assert.h>
 extern "C" __global__ void exited_lanes(int* x) {
     if ((threadIdx.x & 31) >= 16) return;
     x[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, x[threadIdx.x], 1);
@@ -295,6 +298,10 @@ extern "C" __global__ void split_barriers(int* x) {
     if ((threadIdx.x & 31) < 16) v = __shfl_xor_sync(0xFFFFFFFFu, v, 1);
     __syncthreads();
     x[threadIdx.x] = v;
+}
+extern "C" __global__ void asserting(int* x) {
+    assert(threadIdx.x < 5);
+    x[threadIdx.x] = 1;
 }
 extern "C" __global__ void trapping(int* x) {
     if (threadIdx.x == 3) __trap();
@@ -394,4 +401,134 @@ extern "C" __global__ void warp_racy(int* out) {
     assert_eq!(rev[0], 2);
     let sync_fwd = run("warp_racy", Schedule::Forward);
     assert_eq!(sync_fwd, run("warp_racy", Schedule::Reverse));
+}
+
+#[test]
+fn faults_in_kernels_are_launch_errors() {
+    let m = load(
+        r#"
+extern "C" __global__ void wild_store(int* x) {
+    if (threadIdx.x == 5) *(volatile int*)(unsigned long long)0x10 = 1;
+    x[threadIdx.x] = 2;
+}
+__device__ __noinline__ int deep(int n) {
+    volatile char buf[1024];
+    buf[0] = (char)n;
+    return n == 0 ? 0 : deep(n - 1) + buf[0];
+}
+extern "C" __global__ void recursion(int* x, int n) { x[threadIdx.x] = deep(n); }
+"#,
+    );
+    let mut x = [0i32; 64];
+    let mut xp = x.as_mut_ptr();
+    let e = launch(
+        &m.function("wild_store").unwrap(),
+        2,
+        32,
+        0,
+        &mut [arg(&mut xp)],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("thread (5, 0, 0)") && e.contains("invalid memory access at 0x10"),
+        "{e}"
+    );
+    let rec = m.function("recursion").unwrap();
+    let mut n = 10_000i32;
+    let e = launch(&rec, 1, 32, 0, &mut [arg(&mut xp), arg(&mut n)]).unwrap_err();
+    assert!(e.contains("stack overflow"), "{e}");
+    // The same OS thread runs kernels as before.
+    let mut n = 3i32;
+    launch(&rec, 1, 32, 0, &mut [arg(&mut xp), arg(&mut n)]).unwrap();
+    assert_eq!(x[0], 6);
+}
+
+#[test]
+fn ptx_and_cubin_images_both_load() {
+    let src = "extern \"C\" __global__ void k(int* x) { x[threadIdx.x] = 7; }\n";
+    let cubin = compile(src, "k.cu", &["--gpu-architecture=sm_90"]).unwrap();
+    assert_eq!(&cubin[..4], b"\x7fELF");
+    // The PTX form: a text listing the target and the entries.
+    let c = CString::new(src).unwrap();
+    let mut prog: NvrtcProgram = ptr::null_mut();
+    let opt = CString::new("--gpu-architecture=compute_90").unwrap();
+    let ptx = unsafe {
+        assert_eq!(
+            nvrtcCreateProgram(
+                &mut prog,
+                c.as_ptr(),
+                ptr::null(),
+                0,
+                ptr::null(),
+                ptr::null()
+            ),
+            0
+        );
+        assert_eq!(nvrtcCompileProgram(prog, 1, &opt.as_ptr()), 0);
+        let mut size = 0;
+        assert_eq!(nvrtcGetPTXSize(prog, &mut size), 0);
+        let mut ptx = vec![0u8; size];
+        assert_eq!(nvrtcGetPTX(prog, ptx.as_mut_ptr().cast()), 0);
+        assert_eq!(nvrtcDestroyProgram(&mut prog), 0);
+        ptx
+    };
+    let text = String::from_utf8_lossy(&ptx[..ptx.len() - 1]).into_owned();
+    assert!(
+        text.contains(".target sm_90") && text.contains(".entry k("),
+        "{text}"
+    );
+    for image in [cubin, ptx] {
+        let m = unsafe { Module::load(image.as_ptr().cast()) }.unwrap();
+        let mut x = [0i32; 4];
+        let mut xp = x.as_mut_ptr();
+        launch(&m.function("k").unwrap(), 1, 4, 0, &mut [arg(&mut xp)]).unwrap();
+        assert_eq!(x, [7; 4]);
+    }
+}
+
+#[test]
+fn shared_declaration_forms_and_their_sizes() {
+    let m = load(
+        r#"
+struct __align__(16) Foo { float a[4]; };
+extern "C" __global__ void k(float* x) {
+    __shared__ __align__(16) float s[8];
+    __shared__ Foo f;
+    volatile __shared__ int v[4];
+    s[threadIdx.x] = x[0];
+    f.a[threadIdx.x] = 1.0f;
+    v[threadIdx.x] = 2;
+    __syncthreads();
+    x[threadIdx.x] = s[3 - threadIdx.x] + f.a[3 - threadIdx.x] + (float)v[3 - threadIdx.x];
+}
+"#,
+    );
+    let k = m.function("k").unwrap();
+    assert_eq!(k.static_shared_bytes(), 32 + 16 + 16);
+    let mut x = [5f32; 4];
+    let mut xp = x.as_mut_ptr();
+    launch(&k, 1, 4, 0, &mut [arg(&mut xp)]).unwrap();
+    assert_eq!(x, [8.0; 4]);
+}
+
+#[test]
+fn schedule_settings_parse() {
+    assert!(matches!(Schedule::parse("").unwrap(), Schedule::Forward));
+    assert!(matches!(
+        Schedule::parse("reverse").unwrap(),
+        Schedule::Reverse
+    ));
+    assert!(matches!(
+        Schedule::parse("random:42").unwrap(),
+        Schedule::Random(_)
+    ));
+    assert!(Schedule::parse("random:x").is_err());
+    assert!(Schedule::parse("sideways").is_err());
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let r = Schedule::parse("random:5").unwrap();
+    r.order(100, &mut a);
+    r.order(100, &mut b);
+    assert_ne!(a, b, "each round draws a new order");
+    a.sort_unstable();
+    assert_eq!(a, (0..100).collect::<Vec<u32>>());
 }

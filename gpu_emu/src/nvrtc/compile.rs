@@ -24,6 +24,7 @@ const HEADERS: &[(&str, &str)] = &[
     ("cuda_bf16.h", include_str!("../../include/cuda_bf16.h")),
     ("cuda_fp16.h", include_str!("../../include/cuda_fp16.h")),
     ("cuda_fp8.h", include_str!("../../include/cuda_fp8.h")),
+    ("assert.h", include_str!("../../include/assert.h")),
 ];
 
 /// Changes whenever the generated code changes shape (part of the cache key).
@@ -50,11 +51,28 @@ const BASE_FLAGS: &[&str] = &[
 pub struct Options {
     pub flags: Vec<String>,
     pub notes: Vec<String>,
+    /// The XY of `sm_XY` / `compute_XY` (NVRTC's default: 75).
+    pub arch: u32,
+}
+
+/// `sm_90`, `compute_90`, `sm_90a` → 90.
+fn parse_arch(v: &str) -> Result<u32, String> {
+    let digits = v
+        .strip_prefix("sm_")
+        .or_else(|| v.strip_prefix("compute_"))
+        .unwrap_or("");
+    let digits = digits.trim_end_matches(['a', 'f']);
+    digits
+        .parse::<u32>()
+        .map_err(|_| format!("unknown GPU architecture {v:?}"))
 }
 
 /// Translates NVRTC options; an unknown one is an error (NVRTC_ERROR_INVALID_OPTION).
 pub fn translate_options(opts: &[String]) -> Result<Options, String> {
-    let mut out = Options::default();
+    let mut out = Options {
+        arch: 75,
+        ..Options::default()
+    };
     let mut std = "c++17".to_owned();
     let mut contract = true;
     let mut it = opts.iter().peekable();
@@ -73,18 +91,11 @@ pub fn translate_options(opts: &[String]) -> Result<Options, String> {
                 out.notes
                     .push("--ftz=true: the emulator keeps subnormals (no flush to zero)".into());
             }
-        } else if value(&[
-            "--gpu-architecture=",
-            "-arch=",
-            "--prec-div=",
-            "-prec-div=",
-            "--prec-sqrt=",
-            "-prec-sqrt=",
-        ])
-        .is_some()
-        {
+        } else if let Some(v) = value(&["--gpu-architecture=", "-arch="]) {
+            out.arch = parse_arch(v)?;
         } else if o == "--gpu-architecture" || o == "-arch" {
-            it.next();
+            out.arch = parse_arch(it.next().map_or("", |s| s.as_str()))?;
+        } else if value(&["--prec-div=", "-prec-div=", "--prec-sqrt=", "-prec-sqrt="]).is_some() {
         } else if let Some(v) = value(&["--define-macro=", "-D"]) {
             out.flags.push(format!("-D{v}"));
         } else if o == "--define-macro" {
@@ -135,8 +146,18 @@ pub fn translate_options(opts: &[String]) -> Result<Options, String> {
 
 /// A compiled program: the image to hand out and the compiler's messages.
 pub struct Compiled {
-    pub image: Vec<u8>,
+    /// The shared object in the cache.
+    pub so_path: String,
+    /// The kernels it registers.
+    pub entries: Vec<String>,
     pub log: String,
+}
+
+impl Compiled {
+    /// The text image ("PTX") for `arch`.
+    pub fn text_image(&self, arch: u32) -> Vec<u8> {
+        image::encode(&self.so_path, arch, &self.entries)
+    }
 }
 
 /// Why a compile failed.
@@ -161,7 +182,7 @@ impl From<&str> for CompileError {
 }
 
 /// 128-bit FNV-1a (two 64-bit lanes with different offsets), enough for a cache key.
-fn hash_hex(parts: &[&[u8]]) -> String {
+pub(crate) fn hash_hex(parts: &[&[u8]]) -> String {
     let mut a: u64 = 0xcbf2_9ce4_8422_2325;
     let mut b: u64 = 0x6c62_272e_07bb_0142;
     for p in parts {
@@ -197,7 +218,7 @@ fn unique_suffix() -> String {
 
 /// Writes `text` to `path` unless it is there already (via a temporary and a rename, so
 /// concurrent writers of the same content never expose a half-written file).
-fn write_once(path: &Path, text: &[u8]) -> Result<(), String> {
+pub(crate) fn write_once(path: &Path, text: &[u8]) -> Result<(), String> {
     if path.exists() {
         return Ok(());
     }
@@ -287,6 +308,12 @@ pub fn compile(
     let scanned = scan(src);
     let mut notes = options.notes.clone();
     let tramp = trampolines(&scanned.kernels, &mut notes);
+    let entries: Vec<String> = scanned
+        .kernels
+        .iter()
+        .filter(|k| k.extern_c && !k.templated)
+        .map(|k| k.name.clone())
+        .collect();
     let file_name = name.replace(['"', '\\', '\n'], "_");
     let tu = format!("#line 1 \"{file_name}\"\n{}\n{tramp}", scanned.rewritten);
 
@@ -316,7 +343,8 @@ pub fn compile(
     let note_log = notes.join("\n");
     if so.exists() {
         return Ok(Compiled {
-            image: image::encode(&so_text),
+            so_path: so_text,
+            entries,
             log: note_log,
         });
     }
@@ -361,7 +389,8 @@ pub fn compile(
     }
     std::fs::rename(&tmp_so, &so).map_err(|e| format!("renaming to {}: {e}", so.display()))?;
     Ok(Compiled {
-        image: image::encode(&so_text),
+        so_path: so_text,
+        entries,
         log,
     })
 }

@@ -1,7 +1,8 @@
 //! NVRTC's C ABI (the functions cudarc 0.19 calls with the `cuda-13000` bindings):
 //! programs are compiled by the host C++ compiler with the emulation headers
-//! ([`compile`]), and the "PTX" / "CUBIN" handed out is the same module image, which
-//! the emulated driver's `cuModuleLoadData` understands ([`crate::kernel_exec::image`]).
+//! ([`compile`]); the "PTX" handed out is a text naming the compiled shared object, the
+//! "CUBIN" the shared object itself, both of which the emulated driver's
+//! `cuModuleLoadData` loads ([`crate::kernel_exec::image`]).
 
 pub mod compile;
 pub mod scan;
@@ -27,7 +28,11 @@ pub struct Program {
     name: String,
     headers: Vec<(String, String)>,
     log: Vec<u8>,
+    /// The text image ("PTX") once compiled, and the shared object it names.
     image: Option<Vec<u8>>,
+    so_path: Option<String>,
+    /// The shared object's bytes ("CUBIN"), read on first request.
+    cubin: Option<Vec<u8>>,
 }
 
 /// `nvrtcProgram`.
@@ -77,6 +82,8 @@ pub unsafe extern "C" fn nvrtcCreateProgram(
         headers: hdrs,
         log: Vec::new(),
         image: None,
+        so_path: None,
+        cubin: None,
     };
     // SAFETY: prog is a valid out-pointer.
     unsafe { *prog = Box::into_raw(Box::new(program)) };
@@ -129,8 +136,10 @@ pub unsafe extern "C" fn nvrtcCompileProgram(
     };
     match compile::compile(&p.src, &p.name, &p.headers, &options) {
         Ok(c) => {
+            p.image = Some(c.text_image(options.arch));
+            p.so_path = Some(c.so_path);
             p.log = c.log.into_bytes();
-            p.image = Some(c.image);
+            p.cubin = None;
             NVRTC_SUCCESS
         }
         Err(compile::CompileError::Source(log)) => {
@@ -181,8 +190,7 @@ pub unsafe extern "C" fn nvrtcGetProgramLog(prog: NvrtcProgram, log: *mut c_char
     NVRTC_SUCCESS
 }
 
-/// The image of a compiled program (the same bytes as "PTX" and as "CUBIN"; it ends
-/// with its own NUL).
+/// The text image of a compiled program (it ends with its own NUL).
 unsafe fn image_of<'a>(prog: NvrtcProgram, what: &str) -> Result<&'a [u8], NvrtcResult> {
     if prog.is_null() {
         return Err(NVRTC_ERROR_INVALID_PROGRAM);
@@ -247,16 +255,60 @@ pub unsafe extern "C" fn nvrtcGetPTX(prog: NvrtcProgram, ptx: *mut c_char) -> Nv
 /// `prog` a live program, `size` a valid out-pointer.
 #[no_mangle]
 pub unsafe extern "C" fn nvrtcGetCUBINSize(prog: NvrtcProgram, size: *mut usize) -> NvrtcResult {
+    if size.is_null() {
+        return NVRTC_ERROR_INVALID_INPUT;
+    }
     // SAFETY: the caller's contract.
-    unsafe { image_size(prog, size, "nvrtcGetCUBINSize") }
+    match unsafe { cubin_of(prog) } {
+        Ok(c) => {
+            // SAFETY: a valid out-pointer.
+            unsafe { *size = c.len() };
+            NVRTC_SUCCESS
+        }
+        Err(e) => e,
+    }
 }
 
 /// # Safety
 /// `prog` a live compiled program, `cubin` holds [`nvrtcGetCUBINSize`] bytes.
 #[no_mangle]
 pub unsafe extern "C" fn nvrtcGetCUBIN(prog: NvrtcProgram, cubin: *mut c_char) -> NvrtcResult {
+    if cubin.is_null() {
+        return NVRTC_ERROR_INVALID_INPUT;
+    }
     // SAFETY: the caller's contract.
-    unsafe { image_copy(prog, cubin, "nvrtcGetCUBIN") }
+    match unsafe { cubin_of(prog) } {
+        Ok(c) => {
+            // SAFETY: `cubin` holds the size nvrtcGetCUBINSize gave.
+            unsafe { ptr::copy_nonoverlapping(c.as_ptr(), cubin.cast::<u8>(), c.len()) };
+            NVRTC_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// The "CUBIN" of a compiled program: its shared object's bytes (an x86-64 ELF, which
+/// the emulated driver loads as it is; see `kernel_exec::image`).
+unsafe fn cubin_of<'a>(prog: NvrtcProgram) -> Result<&'a [u8], NvrtcResult> {
+    if prog.is_null() {
+        return Err(NVRTC_ERROR_INVALID_PROGRAM);
+    }
+    // SAFETY: a live program, one thread at a time.
+    let p = unsafe { &mut *prog };
+    if p.cubin.is_none() {
+        let Some(path) = &p.so_path else {
+            eprintln!("dcpemu nvrtc: a CUBIN asked of a program that has not compiled");
+            return Err(NVRTC_ERROR_INVALID_PROGRAM);
+        };
+        match std::fs::read(path) {
+            Ok(bytes) => p.cubin = Some(bytes),
+            Err(e) => {
+                eprintln!("dcpemu nvrtc: reading the compiled module {path}: {e}");
+                return Err(NVRTC_ERROR_INTERNAL_ERROR);
+            }
+        }
+    }
+    Ok(p.cubin.as_deref().unwrap_or_default())
 }
 
 /// # Safety

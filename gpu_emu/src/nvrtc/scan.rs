@@ -209,9 +209,12 @@ fn decl_tokens<'a>(s: &Scanner<'a>, first: usize, last: usize) -> Vec<(Kind, &'a
     out
 }
 
+/// One declarator: its prefix (such as `*`), name and array suffix (such as `[4][8]`).
+type Declarator = (String, String, String);
+
 /// Splits a declaration (tokens after `__shared__`, before `;`) into its base type and
 /// each declarator's (prefix such as `*`, name, array suffix).
-fn split_declarators(toks: &[(Kind, &str)]) -> Option<(String, Vec<(String, String, String)>)> {
+fn split_declarators(toks: &[(Kind, &str)]) -> Option<(String, Vec<Declarator>)> {
     let mut segments: Vec<Vec<(Kind, &str)>> = vec![Vec::new()];
     let mut depth = 0;
     for &(k, t) in toks {
