@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use super::context::tri;
-use super::memory::{resolve, Fault};
+use super::memory::{describe, resolve, Fault};
 use super::registry::Registry;
 use super::stream::lookup;
 use super::{codes, refuse, write_out, CUdeviceptr, CUresult, Handle};
@@ -226,6 +226,23 @@ impl Params {
     }
 }
 
+/// A kernel's failure as a fault; an invalid access that hit emulated device memory (a
+/// guard gap, a freed allocation) says which allocation, as `compute-sanitizer` would.
+fn launch_fault(what: &str, e: String) -> Fault {
+    const MARK: &str = "invalid memory access at 0x";
+    let addr = e.find(MARK).map(|i| &e[i + MARK.len()..]).and_then(|rest| {
+        let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+        u64::from_str_radix(&hex, 16).ok()
+    });
+    match addr.and_then(describe) {
+        Some(d) => Fault::new(codes::ILLEGAL_ADDRESS, format!("{what}: {e}: {d}")),
+        None if e.contains("invalid memory access") => {
+            Fault::new(codes::ILLEGAL_ADDRESS, format!("{what}: {e}"))
+        }
+        None => Fault::new(codes::LAUNCH_FAILED, format!("{what}: {e}")),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchKernel(
     f: Handle,
@@ -297,8 +314,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 values.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
             // SAFETY: one pointer per parameter of the kernel's signature, each to a copy of
             // the value with device addresses translated to live host buffers.
-            unsafe { kernel.launch(&dims, ptrs.as_mut_ptr()) }
-                .map_err(|e| Fault::new(codes::LAUNCH_FAILED, format!("{what}: {e}")))
+            unsafe { kernel.launch(&dims, ptrs.as_mut_ptr()) }.map_err(|e| launch_fault(&what, e))
         }),
     );
     codes::SUCCESS

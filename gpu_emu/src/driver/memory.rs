@@ -314,6 +314,33 @@ pub unsafe fn zero(p: *mut u8, len: usize) {
     }
 }
 
+/// Where `addr` lies relative to the emulated allocations, for a kernel's fault message:
+/// past the end of one (in its guard), or inside a freed one. `None` if it is nowhere near.
+pub fn describe(addr: u64) -> Option<String> {
+    let table = read();
+    let (base, r) = table.range(..=addr).next_back()?;
+    let end = base + r.size as u64;
+    if addr < end {
+        return r.freed_by.map(|by| {
+            format!(
+                "{} bytes into the {}-byte allocation at {base:#x} (device {}), freed by {by}",
+                addr - base,
+                r.size,
+                r.device
+            )
+        });
+    }
+    (addr < r.map_start + r.map_len + GUARD).then(|| {
+        format!(
+            "{} bytes past the end of the {}-byte allocation at {base:#x} (device {}{})",
+            addr - end,
+            r.size,
+            r.device,
+            if r.freed_by.is_some() { ", freed" } else { "" }
+        )
+    })
+}
+
 fn not_device(addr: u64, len: usize, op: &str) -> Fault {
     Fault::new(
         codes::ILLEGAL_ADDRESS,

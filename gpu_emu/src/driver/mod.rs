@@ -20,6 +20,8 @@ pub mod stream_api;
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod launch_tests;
 
 /// `CUresult`: a `#[repr(u32)]` enum in cudarc's bindings, a `u32` on the C ABI.
 pub type CUresult = u32;
