@@ -108,14 +108,12 @@ fn launch_copies_parameters_and_checks_pointers() {
             codes::SUCCESS
         );
         // The values are copied at the call: changing them afterwards changes nothing.
-        a = 100.0;
-        let _ = a;
+        params[1].cast::<f32>().write(100.0);
         assert_eq!(cuStreamSynchronize(s), codes::SUCCESS);
         let got: Vec<f32> = download(x, n as usize);
         assert_eq!(got, (0..n).map(|i| 2.0 * i as f32).collect::<Vec<_>>());
         // A pointer parameter that is no device memory is refused at the call.
-        p = 0xdead_0000;
-        params[0] = (&mut p as *mut u64).cast();
+        params[0].cast::<u64>().write(0xdead_0000);
         assert_eq!(
             cuLaunchKernel(
                 scale,
@@ -133,7 +131,7 @@ fn launch_copies_parameters_and_checks_pointers() {
             codes::ILLEGAL_ADDRESS
         );
         // Too many threads, too much dynamic shared memory.
-        p = x;
+        params[0].cast::<u64>().write(x);
         assert_eq!(
             cuLaunchKernel(
                 scale,
