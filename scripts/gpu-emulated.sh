@@ -27,7 +27,7 @@ LIB="$TARGET/release/libdcpserve_gpu_emu.so"
 stale() {
     [ ! -f "$LIB" ] && return 0
     [ -n "$(find "$ROOT/gpu_emu/src" "$ROOT/gpu_emu/include" "$ROOT/gpu_emu/Cargo.toml" \
-        "$ROOT/Cargo.lock" -newer "$LIB" -type f -print -quit 2>/dev/null)" ]
+        -newer "$LIB" -type f -print -quit 2>/dev/null)" ]
 }
 if stale; then
     echo "gpu-emulated: building the emulator (cargo build --release -p dcpserve-gpu-emu)" >&2
