@@ -131,6 +131,14 @@ pub unsafe extern "C" fn ncclGetUniqueId(out: *mut UniqueId) -> NcclResult {
 struct Forming {
     group: Arc<Group>,
     joined: usize,
+    /// The device of each rank that joined.
+    devices: Arc<Mutex<Vec<usize>>>,
+}
+
+/// NCCL refuses a communicator with two ranks on one GPU ("Duplicate GPU detected").
+fn duplicate_device(devices: &[usize]) -> Option<usize> {
+    let mut seen = std::collections::HashSet::new();
+    devices.iter().copied().find(|d| !seen.insert(*d))
 }
 
 static FORMING: Mutex<Option<HashMap<[u8; UNIQUE_ID_BYTES], Forming>>> = Mutex::new(None);
@@ -175,6 +183,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
     let f = table.entry(id.internal).or_insert_with(|| Forming {
         group: Arc::new(Group::new(size)),
         joined: 0,
+        devices: Arc::new(Mutex::new(Vec::new())),
     });
     if f.group.size != size {
         return refuse(
@@ -184,6 +193,11 @@ pub unsafe extern "C" fn ncclCommInitRank(
         );
     }
     f.joined += 1;
+    f.devices
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(device);
+    let devices = f.devices.clone();
     let group = f.group.clone();
     FORMED.notify_all();
     loop {
@@ -197,6 +211,16 @@ pub unsafe extern "C" fn ncclCommInitRank(
     // The last to see the group complete forgets the id (an id names one group).
     if let Some(table) = forming.as_mut() {
         table.remove(&id.internal);
+    }
+    drop(forming);
+    if let Some(d) = duplicate_device(&devices.lock().unwrap_or_else(|p| p.into_inner())) {
+        return refuse(
+            result::INVALID_USAGE,
+            op,
+            format!(
+                "two ranks of the communicator are on device {d} (NCCL: duplicate GPU detected)"
+            ),
+        );
     }
     *out = COMMS.insert(Arc::new(Comm {
         group,
@@ -218,6 +242,24 @@ pub unsafe extern "C" fn ncclCommInitAll(
         return refuse(result::INVALID_ARGUMENT, op, format!("{ndev} devices"));
     }
     let n = crate::driver::config::get().devices;
+    let devices: Vec<usize> = (0..ndev as usize)
+        .map(|r| {
+            if devlist.is_null() {
+                r
+            } else {
+                *devlist.add(r) as usize
+            }
+        })
+        .collect();
+    if let Some(d) = duplicate_device(&devices) {
+        return refuse(
+            result::INVALID_USAGE,
+            op,
+            format!(
+                "two ranks of the communicator are on device {d} (NCCL: duplicate GPU detected)"
+            ),
+        );
+    }
     let group = Arc::new(Group::new(ndev as usize));
     for r in 0..ndev as usize {
         let dev = if devlist.is_null() {

@@ -186,3 +186,33 @@ fn abort_releases_a_waiting_rank() {
         assert_eq!(ncclCommDestroy(comms[1]), result::SUCCESS);
     }
 }
+
+#[test]
+fn two_ranks_on_one_device_are_refused() {
+    init();
+    let mut comms = vec![null_mut(); 2];
+    let devs = [1i32, 1];
+    unsafe {
+        assert_eq!(
+            ncclCommInitAll(comms.as_mut_ptr(), 2, devs.as_ptr()),
+            result::INVALID_USAGE
+        );
+    }
+    let mut id = UniqueId {
+        internal: [0; UNIQUE_ID_BYTES],
+    };
+    unsafe { assert_eq!(ncclGetUniqueId(&mut id), result::SUCCESS) };
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            std::thread::spawn(move || unsafe {
+                init();
+                on_device(1);
+                let mut comm = null_mut();
+                ncclCommInitRank(&mut comm, 2, id, r)
+            })
+        })
+        .collect();
+    for h in ranks {
+        assert_eq!(h.join().unwrap(), result::INVALID_USAGE);
+    }
+}
