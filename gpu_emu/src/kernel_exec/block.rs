@@ -230,6 +230,7 @@ impl BlockRun {
                         warp_op,
                         fail,
                         active_mask,
+                        sync_block_count,
                     },
                     sp: self.stacks.prepare(i, fiber_entry),
                     state: State::Runnable,
@@ -391,13 +392,27 @@ unsafe fn thread_exit(run: &mut BlockRun, f: *mut Fiber) {
     }
 }
 
+/// Lets every thread waiting at `__syncthreads` go on, each with the count of the
+/// waiting threads that brought a non-zero predicate (`__syncthreads_count`; a plain
+/// `__syncthreads` brings 0).
 fn release_block_barrier(run: &mut BlockRun) {
+    let mut count = 0u64;
     for i in 0..run.threads {
         let g = run.fiber(i);
         // SAFETY: initialised control blocks; only the running fiber touches them.
         unsafe {
+            if (*g).state == State::AtBlockBarrier && (*g).coll_value != 0 {
+                count += 1;
+            }
+        }
+    }
+    for i in 0..run.threads {
+        let g = run.fiber(i);
+        // SAFETY: as above.
+        unsafe {
             if (*g).state == State::AtBlockBarrier {
                 (*g).state = State::Runnable;
+                (*g).coll_result = count;
             }
         }
     }
@@ -405,16 +420,27 @@ fn release_block_barrier(run: &mut BlockRun) {
 }
 
 unsafe extern "C" fn sync_block(abi: *mut ThreadAbi) {
+    // SAFETY: the caller's.
+    unsafe { sync_block_count(abi, 0) };
+}
+
+unsafe extern "C" fn sync_block_count(abi: *mut ThreadAbi, pred: std::ffi::c_int) -> u32 {
     // SAFETY: called by a running fiber with its own control block.
     let (run, f) = unsafe { parts(abi) };
     // SAFETY: f is running.
-    unsafe { (*f).state = State::AtBlockBarrier };
+    unsafe {
+        (*f).state = State::AtBlockBarrier;
+        (*f).coll_value = u64::from(pred != 0);
+    }
     run.at_barrier += 1;
     if run.at_barrier + run.exited == run.threads {
         release_block_barrier(run);
     }
-    // SAFETY: on f's stack.
-    unsafe { yield_to_scheduler(run, f) }
+    // SAFETY: on f's stack; the release set the count.
+    unsafe {
+        yield_to_scheduler(run, f);
+        (*f).coll_result as u32
+    }
 }
 
 const OP_BALLOT: u32 = 32;

@@ -63,7 +63,7 @@ pub use schedule::Schedule;
 use block::Entry;
 
 /// Layout version of `include/dcpemu.h`'s `dcpemu_thread` / `dcpemu_kernel_info`.
-pub(crate) const ABI_VERSION: u32 = 2;
+pub(crate) const ABI_VERSION: u32 = 3;
 
 /// Static shared memory a kernel may declare (ptxas refuses more).
 pub const SHARED_LIMIT: usize = 48 * 1024;
