@@ -539,3 +539,10 @@ fn schedule_settings_parse() {
     a.sort_unstable();
     assert_eq!(a, (0..100).collect::<Vec<u32>>());
 }
+
+#[test]
+fn module_and_kernel_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Module>();
+    check::<Kernel>();
+}
