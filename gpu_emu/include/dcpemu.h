@@ -16,7 +16,7 @@
 
 // Bumped whenever the layout of `dcpemu_thread` or `dcpemu_kernel_info` changes; the
 // loader refuses a module built against another layout.
-#define DCPEMU_ABI_VERSION 2u
+#define DCPEMU_ABI_VERSION 3u
 // Size and alignment of one fiber's stack slot (control block, guard page, stack).
 #define DCPEMU_STACK_SLOT 65536u
 
@@ -46,6 +46,8 @@ struct dcpemu_thread {
                                   unsigned int op);
     void (*fail)(dcpemu_thread*, const char* msg);
     unsigned int (*active_mask)(dcpemu_thread*);
+    // __syncthreads that also counts the threads whose predicate is non-zero.
+    unsigned int (*sync_block_count)(dcpemu_thread*, int pred);
 };
 #define DCPEMU_OP_BALLOT 32u
 #define DCPEMU_OP_SYNCWARP 33u
@@ -126,9 +128,15 @@ static inline void __syncthreads() {
     dcpemu_thread* t = dcpemu_self();
     t->sync_block(t);
 }
+// Exited threads count as arrived with a zero predicate.
 static inline int __syncthreads_count(int p) {
-    (void)p;
-    dcpemu_fail("__syncthreads_count is not emulated");
+    dcpemu_thread* t = dcpemu_self();
+    return (int)t->sync_block_count(t, p);
+}
+static inline int __syncthreads_or(int p) { return __syncthreads_count(p) != 0; }
+static inline int __syncthreads_and(int p) {
+    dcpemu_thread* t = dcpemu_self();
+    return (int)t->sync_block_count(t, !p) == 0;
 }
 static inline void __syncwarp(unsigned int mask = 0xFFFFFFFFu) {
     dcpemu_thread* t = dcpemu_self();

@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
 
+use super::error::{LaunchError, LaunchErrorKind, ASSERT_PREFIX};
 use super::fault::{self, AltStack};
 use super::fiber::{self, Fiber, Stacks, State, ThreadAbi, Uint3};
 use super::schedule::Schedule;
@@ -66,7 +67,7 @@ pub(crate) struct BlockRun {
     at_barrier: usize,
     exited: usize,
     sched_sp: *mut u8,
-    error: Option<String>,
+    error: Option<LaunchError>,
     entry: Option<Entry>,
     params: *mut *mut c_void,
     dyn_shared: Vec<u128>,
@@ -96,11 +97,14 @@ pub(crate) struct GridJob<'a> {
 }
 
 /// Runs block `linear` of `job` on the calling OS thread.
-pub(crate) fn run_block(job: &GridJob<'_>, linear: u64) -> Result<(), String> {
+pub(crate) fn run_block(job: &GridJob<'_>, linear: u64) -> Result<(), LaunchError> {
     RUN.with(|r| {
-        let mut run = r
-            .try_borrow_mut()
-            .map_err(|_| "a kernel launched from inside a kernel".to_owned())?;
+        let mut run = r.try_borrow_mut().map_err(|_| {
+            LaunchError::new(
+                LaunchErrorKind::Failed,
+                "a kernel launched from inside a kernel",
+            )
+        })?;
         run.run(job, linear)
     })
 }
@@ -164,13 +168,15 @@ impl BlockRun {
             )
         };
         // SAFETY: f is the fiber that faulted; it never runs again.
-        unsafe { fail_with(self, f, what) }
+        unsafe { fail_with(self, f, LaunchErrorKind::IllegalAddress, what) }
     }
 
-    fn run(&mut self, job: &GridJob<'_>, linear: u64) -> Result<(), String> {
+    fn run(&mut self, job: &GridJob<'_>, linear: u64) -> Result<(), LaunchError> {
         let [bx, by, bz] = job.block;
         let n = (bx as usize) * (by as usize) * (bz as usize);
-        self.stacks.reserve(n)?;
+        self.stacks
+            .reserve(n)
+            .map_err(|e| LaunchError::new(LaunchErrorKind::OutOfResources, e))?;
         self.threads = n;
         self.warps.clear();
         self.warps.resize(n.div_ceil(32), Warp::default());
@@ -230,6 +236,7 @@ impl BlockRun {
                         warp_op,
                         fail,
                         active_mask,
+                        sync_block_count,
                     },
                     sp: self.stacks.prepare(i, fiber_entry),
                     state: State::Runnable,
@@ -247,10 +254,10 @@ impl BlockRun {
         self.entry = None;
         self.params = ptr::null_mut();
         result.map_err(|e| {
-            format!(
-                "block ({}, {}, {}): {e}",
+            e.context(format_args!(
+                "block ({}, {}, {})",
                 block_idx.x, block_idx.y, block_idx.z
-            )
+            ))
         })
     }
 
@@ -260,7 +267,7 @@ impl BlockRun {
     ///
     /// # Safety
     /// `this` is the block's run, initialised by [`BlockRun::run`].
-    unsafe fn schedule(this: *mut BlockRun, schedule: &Schedule) -> Result<(), String> {
+    unsafe fn schedule(this: *mut BlockRun, schedule: &Schedule) -> Result<(), LaunchError> {
         fault::install();
         let previous = fault::set_current(this);
         // SAFETY (whole body): `this` is live; fibers only run inside `switch`.
@@ -288,7 +295,8 @@ impl BlockRun {
                 break Ok(());
             }
             if !ran {
-                break Err(unsafe { (*this).deadlock_report() });
+                let report = unsafe { (*this).deadlock_report() };
+                break Err(LaunchError::new(LaunchErrorKind::Failed, report));
             }
         };
         unsafe { (*this).order = order };
@@ -342,10 +350,16 @@ unsafe fn yield_to_scheduler(run: *mut BlockRun, f: *mut Fiber) {
 }
 
 /// Records `msg` as the launch's error and leaves the fiber for good.
-pub(crate) unsafe fn fail_with(run: &mut BlockRun, f: *mut Fiber, msg: String) -> ! {
+pub(crate) unsafe fn fail_with(
+    run: &mut BlockRun,
+    f: *mut Fiber,
+    kind: LaunchErrorKind,
+    msg: String,
+) -> ! {
     // SAFETY: f is running.
     let t = unsafe { &(*f).abi.thread_idx };
-    run.error = Some(format!("thread ({}, {}, {}): {msg}", t.x, t.y, t.z));
+    let msg = format!("thread ({}, {}, {}): {msg}", t.x, t.y, t.z);
+    run.error = Some(LaunchError::new(kind, msg));
     // SAFETY: as above.
     unsafe {
         (*f).state = State::Failed;
@@ -381,7 +395,7 @@ unsafe fn thread_exit(run: &mut BlockRun, f: *mut Fiber) {
             warp.arrived
         );
         // SAFETY: f is running.
-        unsafe { fail_with(run, f, msg) };
+        unsafe { fail_with(run, f, LaunchErrorKind::Failed, msg) };
     }
     // SAFETY: f is running.
     unsafe { (*f).state = State::Exited };
@@ -391,13 +405,27 @@ unsafe fn thread_exit(run: &mut BlockRun, f: *mut Fiber) {
     }
 }
 
+/// Lets every thread waiting at `__syncthreads` go on, each with the count of the
+/// waiting threads that brought a non-zero predicate (`__syncthreads_count`; a plain
+/// `__syncthreads` brings 0).
 fn release_block_barrier(run: &mut BlockRun) {
+    let mut count = 0u64;
     for i in 0..run.threads {
         let g = run.fiber(i);
         // SAFETY: initialised control blocks; only the running fiber touches them.
         unsafe {
+            if (*g).state == State::AtBlockBarrier && (*g).coll_value != 0 {
+                count += 1;
+            }
+        }
+    }
+    for i in 0..run.threads {
+        let g = run.fiber(i);
+        // SAFETY: as above.
+        unsafe {
             if (*g).state == State::AtBlockBarrier {
                 (*g).state = State::Runnable;
+                (*g).coll_result = count;
             }
         }
     }
@@ -405,16 +433,27 @@ fn release_block_barrier(run: &mut BlockRun) {
 }
 
 unsafe extern "C" fn sync_block(abi: *mut ThreadAbi) {
+    // SAFETY: the caller's.
+    unsafe { sync_block_count(abi, 0) };
+}
+
+unsafe extern "C" fn sync_block_count(abi: *mut ThreadAbi, pred: std::ffi::c_int) -> u32 {
     // SAFETY: called by a running fiber with its own control block.
     let (run, f) = unsafe { parts(abi) };
     // SAFETY: f is running.
-    unsafe { (*f).state = State::AtBlockBarrier };
+    unsafe {
+        (*f).state = State::AtBlockBarrier;
+        (*f).coll_value = u64::from(pred != 0);
+    }
     run.at_barrier += 1;
     if run.at_barrier + run.exited == run.threads {
         release_block_barrier(run);
     }
-    // SAFETY: on f's stack.
-    unsafe { yield_to_scheduler(run, f) }
+    // SAFETY: on f's stack; the release set the count.
+    unsafe {
+        yield_to_scheduler(run, f);
+        (*f).coll_result as u32
+    }
 }
 
 const OP_BALLOT: u32 = 32;
@@ -468,7 +507,7 @@ unsafe extern "C" fn warp_op(abi: *mut ThreadAbi, mask: u32, value: u64, op: u32
     };
     if let Some(p) = problem {
         // SAFETY: f is running.
-        unsafe { fail_with(run, f, p) };
+        unsafe { fail_with(run, f, LaunchErrorKind::Failed, p) };
     }
     // SAFETY: f is running.
     unsafe {
@@ -533,8 +572,13 @@ unsafe extern "C" fn fail(abi: *mut ThreadAbi, msg: *const c_char) {
             .to_string_lossy()
             .into_owned()
     };
+    let kind = if text.starts_with(ASSERT_PREFIX) {
+        LaunchErrorKind::Assert
+    } else {
+        LaunchErrorKind::Failed
+    };
     // SAFETY: f is running.
-    unsafe { fail_with(run, f, text) }
+    unsafe { fail_with(run, f, kind, text) }
 }
 
 /// The lanes of the caller's warp that have not exited (the emulator's threads never

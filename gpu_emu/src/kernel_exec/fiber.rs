@@ -47,6 +47,7 @@ pub(crate) struct ThreadAbi {
     pub warp_op: unsafe extern "C" fn(*mut ThreadAbi, u32, u64, u32) -> u64,
     pub fail: unsafe extern "C" fn(*mut ThreadAbi, *const std::ffi::c_char),
     pub active_mask: unsafe extern "C" fn(*mut ThreadAbi) -> u32,
+    pub sync_block_count: unsafe extern "C" fn(*mut ThreadAbi, std::ffi::c_int) -> u32,
 }
 
 /// Where a thread of the block stands.

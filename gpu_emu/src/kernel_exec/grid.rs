@@ -10,6 +10,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::block::{self, Entry, GridJob};
+use super::error::LaunchError;
 use super::schedule::Schedule;
 use super::shared_poison::TlsBlock;
 use super::LaunchDims;
@@ -24,7 +25,7 @@ pub(crate) struct Grid {
     pub total: u64,
     next: AtomicU64,
     stop: AtomicBool,
-    error: Mutex<Option<String>>,
+    error: Mutex<Option<LaunchError>>,
     helpers_left: Mutex<usize>,
     helpers_done: Condvar,
 }
@@ -141,7 +142,7 @@ fn submit(grid: &Arc<Grid>, helpers: usize) -> usize {
 }
 
 /// Runs every block of `grid` on the calling thread and up to `threads - 1` helpers.
-pub(crate) fn run(grid: Arc<Grid>, threads: usize) -> Result<(), String> {
+pub(crate) fn run(grid: Arc<Grid>, threads: usize) -> Result<(), LaunchError> {
     let helpers = (threads.saturating_sub(1) as u64).min(grid.total.saturating_sub(1)) as usize;
     if helpers > 0 {
         submit(&grid, helpers);

@@ -33,7 +33,8 @@
 //! pointer is refused; [`Kernel::launch_counted`] also checks the count where the caller
 //! knows it.
 //!
-//! Beyond the contract: [`Kernel::launch_counted`] (the count checked too),
+//! Beyond the contract: [`Kernel::launch_detailed`] (the error with its class, for
+//! the CUDA error code), [`Kernel::launch_counted`] (the count checked too),
 //! [`with_settings`] (schedule and block threads for one OS thread's launches, for tests)
 //! and [`Module::kernels`]. A launch error names the kernel, block and thread: a barrier
 //! that would hang, a misused warp collective, `__trap()` or a failed `assert`, and a
@@ -46,6 +47,7 @@
 mod block;
 #[cfg(test)]
 mod engine_tests;
+mod error;
 mod fault;
 mod fiber;
 mod grid;
@@ -58,12 +60,13 @@ mod tests;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
+pub use error::{LaunchError, LaunchErrorKind};
 pub use schedule::Schedule;
 
 use block::Entry;
 
 /// Layout version of `include/dcpemu.h`'s `dcpemu_thread` / `dcpemu_kernel_info`.
-pub(crate) const ABI_VERSION: u32 = 2;
+pub(crate) const ABI_VERSION: u32 = 3;
 
 /// Static shared memory a kernel may declare (ptxas refuses more).
 pub const SHARED_LIMIT: usize = 48 * 1024;
@@ -281,35 +284,48 @@ impl Kernel {
     }
 
     /// What a GPU would refuse about `dims` before running anything.
-    fn check_dims(&self, dims: &LaunchDims) -> Result<(), String> {
+    fn check_dims(&self, dims: &LaunchDims) -> Result<(), LaunchError> {
+        use LaunchErrorKind::{InvalidValue, OutOfResources};
         let [bx, by, bz] = dims.block;
         let [gx, gy, gz] = dims.grid;
         let name = self.name();
         if dims.block.contains(&0) || dims.grid.contains(&0) {
-            return Err(format!(
-                "launch of {name} with a zero dimension: grid {:?}, block {:?}",
-                dims.grid, dims.block
+            return Err(LaunchError::new(
+                InvalidValue,
+                format!(
+                    "launch of {name} with a zero dimension: grid {:?}, block {:?}",
+                    dims.grid, dims.block
+                ),
             ));
         }
         if bx > 1024 || by > 1024 || bz > 64 || gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
-            return Err(format!(
-                "launch of {name}: grid {:?} / block {:?} exceed the device's limits",
-                dims.grid, dims.block
+            return Err(LaunchError::new(
+                InvalidValue,
+                format!(
+                    "launch of {name}: grid {:?} / block {:?} exceed the device's limits",
+                    dims.grid, dims.block
+                ),
             ));
         }
         let threads = u64::from(bx) * u64::from(by) * u64::from(bz);
         if threads > u64::from(self.max_threads_per_block()) {
-            return Err(format!(
-                "launch of {name}: {threads} threads per block, more than its maximum {} (too many resources requested for launch)",
-                self.max_threads_per_block()
+            return Err(LaunchError::new(
+                OutOfResources,
+                format!(
+                    "launch of {name}: {threads} threads per block, more than its maximum {} (too many resources requested for launch)",
+                    self.max_threads_per_block()
+                ),
             ));
         }
         let shared = self.static_shared_bytes() + dims.dynamic_shared_bytes as usize;
         if shared > MAX_SHARED_PER_BLOCK {
-            return Err(format!(
-                "launch of {name}: {} bytes of static and {} of dynamic shared memory exceed the device's {MAX_SHARED_PER_BLOCK} per block",
-                self.static_shared_bytes(),
-                dims.dynamic_shared_bytes
+            return Err(LaunchError::new(
+                OutOfResources,
+                format!(
+                    "launch of {name}: {} bytes of static and {} of dynamic shared memory exceed the device's {MAX_SHARED_PER_BLOCK} per block",
+                    self.static_shared_bytes(),
+                    dims.dynamic_shared_bytes
+                ),
             ));
         }
         Ok(())
@@ -321,22 +337,42 @@ impl Kernel {
     /// # Safety
     /// `params` holds one pointer per kernel parameter, each to a value of the
     /// parameter's size; every device pointer among them must be valid for what the
-    /// kernel accesses (an invalid one faults the process, not only the launch).
+    /// kernel accesses (an access outside mapped memory fails the launch, see
+    /// [`LaunchErrorKind::IllegalAddress`]).
     pub unsafe fn launch(&self, dims: &LaunchDims, params: *mut *mut c_void) -> Result<(), String> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_detailed(dims, params) }.map_err(|e| e.message)
+    }
+
+    /// [`Kernel::launch`] with the error's class, for the driver's error code.
+    ///
+    /// # Safety
+    /// As [`Kernel::launch`].
+    pub unsafe fn launch_detailed(
+        &self,
+        dims: &LaunchDims,
+        params: *mut *mut c_void,
+    ) -> Result<(), LaunchError> {
         self.check_dims(dims)?;
         let n = self.params().len();
         if n > 0 && params.is_null() {
-            return Err(format!(
-                "launch of {}: no parameters given, the kernel takes {n}",
-                self.name()
+            return Err(LaunchError::new(
+                LaunchErrorKind::InvalidValue,
+                format!(
+                    "launch of {}: no parameters given, the kernel takes {n}",
+                    self.name()
+                ),
             ));
         }
         for i in 0..n {
             // SAFETY: the caller's contract (one pointer per parameter).
             if unsafe { *params.add(i) }.is_null() {
-                return Err(format!(
-                    "launch of {}: parameter {i} (of {n}) is a null pointer (fewer arguments than parameters?)",
-                    self.name()
+                return Err(LaunchError::new(
+                    LaunchErrorKind::InvalidValue,
+                    format!(
+                        "launch of {}: parameter {i} (of {n}) is a null pointer (fewer arguments than parameters?)",
+                        self.name()
+                    ),
                 ));
             }
         }
@@ -355,7 +391,7 @@ impl Kernel {
             // Advance the shared seed so that the next launch draws other orders.
             *schedule().lock().unwrap_or_else(|p| p.into_inner()) = base.for_worker(0x5EED);
         }
-        result.map_err(|e| format!("kernel {}: {e}", self.name()))
+        result.map_err(|e| e.context(format_args!("kernel {}", self.name())))
     }
 
     /// [`Kernel::launch`] with the parameter count checked: `params` must hold exactly

@@ -303,6 +303,13 @@ extern "C" __global__ void asserting(int* x) {
     assert(threadIdx.x < 5);
     x[threadIdx.x] = 1;
 }
+extern "C" __global__ void counting(int* x) {
+    int c = __syncthreads_count(threadIdx.x % 3 == 0);
+    int a = __syncthreads_and(threadIdx.x < 100);
+    int o = __syncthreads_or(threadIdx.x == 17);
+    int n = __syncthreads_and(threadIdx.x != 5);
+    x[threadIdx.x] = c * 1000 + a * 100 + o * 10 + n;
+}
 extern "C" __global__ void trapping(int* x) {
     if (threadIdx.x == 3) __trap();
     x[threadIdx.x] = 1;
@@ -531,4 +538,11 @@ fn schedule_settings_parse() {
     assert_ne!(a, b, "each round draws a new order");
     a.sort_unstable();
     assert_eq!(a, (0..100).collect::<Vec<u32>>());
+}
+
+#[test]
+fn module_and_kernel_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Module>();
+    check::<Kernel>();
 }
