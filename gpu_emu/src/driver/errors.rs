@@ -19,6 +19,7 @@ pub mod codes {
     pub const NOT_READY: u32 = 600;
     pub const ILLEGAL_ADDRESS: u32 = 700;
     pub const LAUNCH_OUT_OF_RESOURCES: u32 = 701;
+    pub const ASSERT: u32 = 710;
     pub const LAUNCH_FAILED: u32 = 719;
     pub const NOT_PERMITTED: u32 = 800;
     pub const NOT_SUPPORTED: u32 = 801;
@@ -92,6 +93,11 @@ const TABLE: &[(u32, &str, &str)] = &[
         codes::LAUNCH_OUT_OF_RESOURCES,
         "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES\0",
         "too many resources requested for launch\0",
+    ),
+    (
+        codes::ASSERT,
+        "CUDA_ERROR_ASSERT\0",
+        "device-side assert triggered\0",
     ),
     (
         codes::LAUNCH_FAILED,

@@ -16,7 +16,7 @@ use super::memory::{describe, resolve, Fault};
 use super::registry::Registry;
 use super::stream::lookup;
 use super::{codes, refuse, write_out, CUdeviceptr, CUresult, Handle};
-use crate::kernel_exec::{Kernel, LaunchDims, Module};
+use crate::kernel_exec::{Kernel, LaunchDims, LaunchError, LaunchErrorKind, Module};
 
 /// Shared memory a block may use without opting in (`cuFuncSetAttribute`).
 const DEFAULT_DYNAMIC_SHARED_LIMIT: usize = 48 * 1024;
@@ -226,20 +226,32 @@ impl Params {
     }
 }
 
-/// A kernel's failure as a fault; an invalid access that hit emulated device memory (a
-/// guard gap, a freed allocation) says which allocation, as `compute-sanitizer` would.
-fn launch_fault(what: &str, e: String) -> Fault {
+/// A kernel's failure as a fault with CUDA's code for its class; an invalid access that
+/// hit emulated device memory (a guard gap, a freed allocation) also says which allocation,
+/// as `compute-sanitizer` would.
+fn launch_fault(what: &str, e: LaunchError) -> Fault {
+    let code = match e.kind {
+        LaunchErrorKind::InvalidValue => codes::INVALID_VALUE,
+        LaunchErrorKind::OutOfResources => codes::LAUNCH_OUT_OF_RESOURCES,
+        LaunchErrorKind::IllegalAddress => codes::ILLEGAL_ADDRESS,
+        LaunchErrorKind::Assert => codes::ASSERT,
+        LaunchErrorKind::Failed => codes::LAUNCH_FAILED,
+    };
     const MARK: &str = "invalid memory access at 0x";
-    let addr = e.find(MARK).map(|i| &e[i + MARK.len()..]).and_then(|rest| {
-        let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
-        u64::from_str_radix(&hex, 16).ok()
-    });
-    match addr.and_then(describe) {
-        Some(d) => Fault::new(codes::ILLEGAL_ADDRESS, format!("{what}: {e}: {d}")),
-        None if e.contains("invalid memory access") => {
-            Fault::new(codes::ILLEGAL_ADDRESS, format!("{what}: {e}"))
-        }
-        None => Fault::new(codes::LAUNCH_FAILED, format!("{what}: {e}")),
+    let m = &e.message;
+    let place = m
+        .find(MARK)
+        .and_then(|i| {
+            let hex: String = m[i + MARK.len()..]
+                .chars()
+                .take_while(char::is_ascii_hexdigit)
+                .collect();
+            u64::from_str_radix(&hex, 16).ok()
+        })
+        .and_then(describe);
+    match place {
+        Some(d) => Fault::new(code, format!("{what}: {m}: {d}")),
+        None => Fault::new(code, format!("{what}: {m}")),
     }
 }
 
@@ -314,7 +326,8 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 values.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
             // SAFETY: one pointer per parameter of the kernel's signature, each to a copy of
             // the value with device addresses translated to live host buffers.
-            unsafe { kernel.launch(&dims, ptrs.as_mut_ptr()) }.map_err(|e| launch_fault(&what, e))
+            unsafe { kernel.launch_detailed(&dims, ptrs.as_mut_ptr()) }
+                .map_err(|e| launch_fault(&what, e))
         }),
     );
     codes::SUCCESS

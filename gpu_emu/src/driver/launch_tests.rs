@@ -191,8 +191,8 @@ fn launch_copies_parameters_and_checks_pointers() {
 #[test]
 fn a_kernel_writing_past_an_allocation_faults_naming_it() {
     init();
-    // Device 3 only: the fault breaks the device's context, as on a GPU.
-    unsafe { assert_eq!(cuCtxSetCurrent(ctx_handle(3)), 0) };
+    // Device 4, which no other test uses: the fault breaks the device's context, as on a GPU.
+    unsafe { assert_eq!(cuCtxSetCurrent(ctx_handle(4)), 0) };
     let (_, poke) = functions();
     let s = new_stream();
     let x = alloc(64 * 4);
@@ -218,7 +218,7 @@ fn a_kernel_writing_past_an_allocation_faults_naming_it() {
         );
         assert_eq!(cuStreamSynchronize(s), codes::ILLEGAL_ADDRESS);
     }
-    let f = super::stream::device_fault(3).expect("device 3 broken");
+    let f = super::stream::device_fault(4).expect("device 4 broken");
     assert!(
         f.msg
             .contains("0 bytes past the end of the 256-byte allocation"),

@@ -19,9 +19,9 @@ pub mod stream;
 pub mod stream_api;
 
 #[cfg(test)]
-pub(crate) mod tests;
-#[cfg(test)]
 mod launch_tests;
+#[cfg(test)]
+pub(crate) mod tests;
 
 /// `CUresult`: a `#[repr(u32)]` enum in cudarc's bindings, a `u32` on the C ABI.
 pub type CUresult = u32;

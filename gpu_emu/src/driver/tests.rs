@@ -15,10 +15,11 @@ use super::stream::lookup;
 use super::stream_api::*;
 use super::{CUdeviceptr, Handle};
 
-/// Four devices for every test of the crate (the settings are read once per process).
+/// Five devices for every test of the crate, the settings being read once per process
+/// (device 4 is broken on purpose by a fault test).
 pub(crate) fn init() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| std::env::set_var("DCPEMU_DEVICES", "4"));
+    ONCE.call_once(|| std::env::set_var("DCPEMU_DEVICES", "5"));
     unsafe {
         assert_eq!(cuInit(0), codes::SUCCESS);
         let mut ctx = null_mut();
@@ -63,11 +64,11 @@ fn devices_and_attributes() {
     unsafe {
         let mut n = 0;
         assert_eq!(cuDeviceGetCount(&mut n), codes::SUCCESS);
-        assert_eq!(n, 4);
+        assert_eq!(n, 5);
         let mut v = 0;
         assert_eq!(cuDeviceGetAttribute(&mut v, 75, 0), codes::SUCCESS);
         assert_eq!(v, 9);
-        assert_eq!(cuDeviceGetAttribute(&mut v, 75, 4), codes::INVALID_DEVICE);
+        assert_eq!(cuDeviceGetAttribute(&mut v, 75, 5), codes::INVALID_DEVICE);
         let mut name = [0i8; 64];
         assert_eq!(cuDeviceGetName(name.as_mut_ptr(), 64, 1), codes::SUCCESS);
     }
