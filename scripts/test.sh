@@ -16,6 +16,22 @@ cargo clippy --workspace --all-targets --release --features mpi -- -D warnings
 DCPSERVE_NVRTC_LIB_DIR="$(bash scripts/install-nvrtc.sh)"
 export DCPSERVE_NVRTC_LIB_DIR
 cargo test --workspace --release --features mpi
+# The CUDA backend on the emulated CUDA device (gpu_emu/: stand-in driver, NVRTC, cuBLAS and
+# NCCL that cudarc loads as it loads the real ones): every `cuda` arm of
+# test_on_every_backend! and the device-local collectives, on one emulated device and on
+# four. A `cuda` arm that finds no device skips, so a skip here is a failure.
+emulated_cuda_tests() {
+    local log
+    log=$(mktemp)
+    bash scripts/gpu-emulated.sh cargo test --release --features mpi -p dcpserve-kernels \
+        --lib cuda 2>&1 | tee "$log"
+    if grep -q "skipped: no CUDA device" "$log"; then
+        echo "the emulated CUDA device was not found" >&2
+        exit 1
+    fi
+}
+emulated_cuda_tests
+DCPEMU_DEVICES=4 emulated_cuda_tests
 # Every CPU kernel level the machine has, whatever its best: the kernel tests compare
 # each level explicitly; these runs cap the level process-wide (DCPSERVE_CPU_ISA), so the
 # backend and the default model (against transformers) also run on the AVX2 paths an
