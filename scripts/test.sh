@@ -32,6 +32,11 @@ emulated_cuda_tests() {
 }
 emulated_cuda_tests
 DCPEMU_DEVICES=4 emulated_cuda_tests
+# gpu-check on four emulated devices: op comparisons with the CPU backend, the engine cases
+# (tp=4 dcp=2, MLA tp=2 dcp=2, ...) against the CPU engine, micro-batch streams, device-local
+# collectives, graphs vs eager launches (about 90 s).
+DCPEMU_DEVICES=4 bash scripts/gpu-emulated.sh target/release/dcpserve gpu-check \
+    --report target/gpu-check-emulated --contexts 1024 --copy-mib 16
 # Every CPU kernel level the machine has, whatever its best: the kernel tests compare
 # each level explicitly; these runs cap the level process-wide (DCPSERVE_CPU_ISA), so the
 # backend and the default model (against transformers) also run on the AVX2 paths an
