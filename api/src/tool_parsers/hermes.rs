@@ -66,13 +66,25 @@ impl ToolCallParser for Hermes {
                     match read_call(body, true) {
                         Some(c) => calls.push(c),
                         None if done => return Parsed::content_only(text),
-                        // A bad call is reported whole at the end; meanwhile nothing more.
-                        None => break,
+                        // A bad call is reported whole at the end; meanwhile the stream
+                        // stays where it was (the call as read while open, nothing more),
+                        // so no snapshot takes back what an earlier one sent.
+                        None => {
+                            calls.extend(read_call(body, false));
+                            break;
+                        }
                     }
                     pos = body_start + e + END.len();
                 }
                 None => {
                     let body = &text[body_start..];
+                    // While streaming, a tail that may begin the closing tag is held back:
+                    // once the tag completes it is not part of the body.
+                    let body = if done {
+                        body
+                    } else {
+                        &body[..body.len() - partial_marker_len(body, END)]
+                    };
                     // A last call whose closing tag never came is read as complete.
                     match read_call(body, done) {
                         Some(c) => calls.push(c),
