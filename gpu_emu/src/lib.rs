@@ -23,6 +23,7 @@
 // contract and its argument list are those of the C API it emulates.
 #![allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
 
+pub mod cache;
 pub mod cublas;
 pub mod driver;
 pub mod kernel_exec;

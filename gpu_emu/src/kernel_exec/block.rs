@@ -133,44 +133,6 @@ impl BlockRun {
         self.stacks.fiber(i)
     }
 
-    /// The landing stack pointer for a fault at stack pointer `sp`, if `sp` is on one of
-    /// this block's fiber stacks (a fault elsewhere is not a kernel's).
-    pub(crate) fn landing_for(&self, sp: usize) -> Option<usize> {
-        if !self.stacks.contains(sp) {
-            return None;
-        }
-        let top = (self.landing.as_ptr() as usize + self.landing.len() * 16) & !15;
-        // As if called: the return address slot below a 16-byte aligned top.
-        Some(top - 8)
-    }
-
-    /// Records a fault of the running fiber at `addr` and leaves for the scheduler.
-    ///
-    /// # Safety
-    /// Called on the landing stack, for the fiber that faulted.
-    pub(crate) unsafe fn fault(&mut self, addr: usize, sig: std::ffi::c_int) -> ! {
-        let f = self.fiber(self.current);
-        let what = if self.stacks.is_guard(self.current, addr) {
-            format!(
-                "stack overflow (a thread's stack here is {} KiB)",
-                fiber::STACK_BYTES / 1024
-            )
-        } else if addr == 0 && sig == libc::SIGSEGV {
-            "invalid memory access (a null or non-canonical address: a device pointer not translated?)".to_owned()
-        } else {
-            format!(
-                "invalid memory access at {addr:#x} ({})",
-                if sig == libc::SIGBUS {
-                    "SIGBUS"
-                } else {
-                    "SIGSEGV"
-                }
-            )
-        };
-        // SAFETY: f is the fiber that faulted; it never runs again.
-        unsafe { fail_with(self, f, LaunchErrorKind::IllegalAddress, what) }
-    }
-
     fn run(&mut self, job: &GridJob<'_>, linear: u64) -> Result<(), LaunchError> {
         let [bx, by, bz] = job.block;
         let n = (bx as usize) * (by as usize) * (bz as usize);
@@ -269,7 +231,7 @@ impl BlockRun {
     /// `this` is the block's run, initialised by [`BlockRun::run`].
     unsafe fn schedule(this: *mut BlockRun, schedule: &Schedule) -> Result<(), LaunchError> {
         fault::install();
-        let previous = fault::set_current(this);
+        let previous = fault::set_current(Some(this as *mut dyn fault::FaultSink));
         // SAFETY (whole body): `this` is live; fibers only run inside `switch`.
         let mut order = std::mem::take(unsafe { &mut (*this).order });
         let result = loop {
@@ -328,6 +290,40 @@ impl BlockRun {
             self.exited,
             if waits.is_empty() { "no warp collective pending".to_owned() } else { waits.join("; ") }
         )
+    }
+}
+
+impl fault::FaultSink for BlockRun {
+    fn landing_for(&self, sp: usize) -> Option<usize> {
+        if !self.stacks.contains(sp) {
+            return None;
+        }
+        let top = (self.landing.as_ptr() as usize + self.landing.len() * 16) & !15;
+        // As if called: the return address slot below a 16-byte aligned top.
+        Some(top - 8)
+    }
+
+    unsafe fn fault(&mut self, addr: usize, sig: std::ffi::c_int) -> ! {
+        let f = self.fiber(self.current);
+        let what = if self.stacks.is_guard(self.current, addr) {
+            format!(
+                "stack overflow (a thread's stack here is {} KiB)",
+                fiber::STACK_BYTES / 1024
+            )
+        } else if addr == 0 && sig == libc::SIGSEGV {
+            "invalid memory access (a null or non-canonical address: a device pointer not translated?)".to_owned()
+        } else {
+            format!(
+                "invalid memory access at {addr:#x} ({})",
+                if sig == libc::SIGBUS {
+                    "SIGBUS"
+                } else {
+                    "SIGSEGV"
+                }
+            )
+        };
+        // SAFETY: f is the fiber that faulted; it never runs again.
+        unsafe { fail_with(self, f, LaunchErrorKind::IllegalAddress, what) }
     }
 }
 

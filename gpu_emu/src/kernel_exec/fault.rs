@@ -10,15 +10,30 @@ use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::OnceLock;
 
-use super::block::BlockRun;
+/// What the handler needs from the block a thread runs (the block's scheduler,
+/// `block::BlockRun`, implements it; the trait keeps this file from naming it).
+pub(crate) trait FaultSink {
+    /// The landing stack pointer for a fault at stack pointer `sp`, if `sp` is on one of
+    /// the block's fiber stacks (a fault elsewhere is not a kernel's).
+    fn landing_for(&self, sp: usize) -> Option<usize>;
+
+    /// Records a fault of the running fiber at `addr` and leaves for the scheduler.
+    ///
+    /// # Safety
+    /// Called on the landing stack, for the fiber that faulted.
+    unsafe fn fault(&mut self, addr: usize, sig: c_int) -> !;
+}
+
+/// The block a thread runs, if any.
+pub(crate) type Current = Option<*mut dyn FaultSink>;
 
 thread_local! {
-    /// The block this OS thread is running (null outside a block).
-    static CURRENT: Cell<*mut BlockRun> = const { Cell::new(ptr::null_mut()) };
+    /// The block this OS thread is running (none outside a block).
+    static CURRENT: Cell<Current> = const { Cell::new(None) };
 }
 
 /// Sets the block the calling thread runs; returns the previous one.
-pub(crate) fn set_current(run: *mut BlockRun) -> *mut BlockRun {
+pub(crate) fn set_current(run: Current) -> Current {
     CURRENT.with(|c| c.replace(run))
 }
 
@@ -99,7 +114,7 @@ impl Drop for AltStack {
 unsafe extern "C" fn handler(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     let run = CURRENT.with(|c| c.get());
     let uc = ctx.cast::<libc::ucontext_t>();
-    if !run.is_null() && !uc.is_null() {
+    if let (Some(run), false) = (run, uc.is_null()) {
         // SAFETY: the kernel's context of this signal; `run` is this thread's live block.
         unsafe {
             let gregs = &mut (*uc).uc_mcontext.gregs;
@@ -140,6 +155,10 @@ unsafe extern "C" fn handler(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c
 /// error and leaves for the scheduler.
 unsafe extern "C" fn fault_landing(addr: usize, sig: c_int) -> ! {
     let run = CURRENT.with(|c| c.get());
-    // SAFETY: the handler only lands here while `run` runs one of its fibers.
+    // The handler only lands here while a block runs one of its fibers.
+    let Some(run) = run else {
+        std::process::abort()
+    };
+    // SAFETY: `run` is this thread's live block, which the faulting fiber belongs to.
     unsafe { (*run).fault(addr, sig) }
 }

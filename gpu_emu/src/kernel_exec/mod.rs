@@ -1,6 +1,6 @@
 //! Loads a module image produced by the emulated NVRTC and runs kernels of it.
 //!
-//! The contract between [`crate::nvrtc`] / this module (the kernel side) and
+//! The contract between the emulated NVRTC (`nvrtc`) / this module (the kernel side) and
 //! [`crate::driver`] (the API side) is the following; the driver only uses these items:
 //!
 //! ```ignore
@@ -149,12 +149,12 @@ impl Module {
             image::Source::Path(p) => p,
             image::Source::Elf(bytes) => {
                 // Content-addressed, so loading one image again opens the same object.
-                let dir = crate::nvrtc::compile::cache_dir();
+                let dir = crate::cache::cache_dir();
                 std::fs::create_dir_all(&dir)
                     .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-                let name = format!("image-{}.so", crate::nvrtc::compile::hash_hex(&[bytes]));
+                let name = format!("image-{}.so", crate::cache::hash_hex(&[bytes]));
                 let p = dir.join(name);
-                crate::nvrtc::compile::write_once(&p, bytes)?;
+                crate::cache::write_once(&p, bytes)?;
                 p.to_str().ok_or("cache path is not UTF-8")?.to_owned()
             }
         };

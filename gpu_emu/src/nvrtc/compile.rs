@@ -5,9 +5,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::scan::{scan, KernelDecl};
+use crate::cache::{cache_dir, hash_hex, unique_suffix, write_once};
 use crate::kernel_exec::{image, SHARED_LIMIT};
 
 /// The emulation headers, written next to each other into the cache.
@@ -179,52 +179,6 @@ impl From<&str> for CompileError {
     fn from(e: &str) -> Self {
         CompileError::Internal(e.to_owned())
     }
-}
-
-/// 128-bit FNV-1a (two 64-bit lanes with different offsets), enough for a cache key.
-pub(crate) fn hash_hex(parts: &[&[u8]]) -> String {
-    let mut a: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut b: u64 = 0x6c62_272e_07bb_0142;
-    for p in parts {
-        for &x in p.iter().chain(&(p.len() as u64).to_le_bytes()) {
-            a = (a ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
-            b = (b ^ u64::from(x)).wrapping_mul(0x0000_0100_0000_01b3 ^ 0x10);
-        }
-    }
-    format!("{a:016x}{b:016x}")
-}
-
-/// `$DCPEMU_CACHE_DIR`, else `$TMPDIR/dcpemu-cache`, else `/tmp/dcpemu-cache`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("DCPEMU_CACHE_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    std::env::var_os("TMPDIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join("dcpemu-cache")
-}
-
-/// A name suffix no other writer (thread or process) uses at the same time.
-fn unique_suffix() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "tmp{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Writes `text` to `path` unless it is there already (via a temporary and a rename, so
-/// concurrent writers of the same content never expose a half-written file).
-pub(crate) fn write_once(path: &Path, text: &[u8]) -> Result<(), String> {
-    if path.exists() {
-        return Ok(());
-    }
-    let tmp = PathBuf::from(format!("{}.{}", path.display(), unique_suffix()));
-    std::fs::write(&tmp, text).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("renaming to {}: {e}", path.display()))
 }
 
 /// The trampolines and the table the loader reads, appended to the source.
