@@ -32,11 +32,17 @@ emulated_cuda_tests() {
 }
 emulated_cuda_tests
 DCPEMU_DEVICES=4 emulated_cuda_tests
-# gpu-check on four emulated devices: op comparisons with the CPU backend, the engine cases
-# (tp=4 dcp=2, MLA tp=2 dcp=2, ...) against the CPU engine, micro-batch streams, device-local
-# collectives, graphs vs eager launches (about 90 s).
-DCPEMU_DEVICES=4 bash scripts/gpu-emulated.sh target/release/dcpserve gpu-check \
-    --report target/gpu-check-emulated --contexts 1024 --copy-mib 16
+# gpu-check on one emulated device (every rank on it: device-local collectives within one
+# GPU) and on four (a rank per GPU): op comparisons with the CPU backend, the engine cases
+# (tp=4 dcp=2, MLA tp=2 dcp=2, ...) against the CPU engine, micro-batch streams, graphs vs
+# eager launches; the bandwidth section says it is emulated (about 90 s each).
+for devices in 1 4; do
+    DCPEMU_DEVICES=$devices bash scripts/gpu-emulated.sh target/release/dcpserve gpu-check \
+        --report "target/gpu-check-emulated-$devices" --contexts 1024 --copy-mib 16
+done
+# The default model served with --device cuda on the emulated device answers the README's
+# question with Paris (the KV budget needs more than the emulator's default 4 GiB).
+DCPEMU_MEMORY_MIB=16384 bash scripts/gpu-emulated.sh bash scripts/chat-check.sh --device cuda
 # Every CPU kernel level the machine has, whatever its best: the kernel tests compare
 # each level explicitly; these runs cap the level process-wide (DCPSERVE_CPU_ISA), so the
 # backend and the default model (against transformers) also run on the AVX2 paths an

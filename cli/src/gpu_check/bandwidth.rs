@@ -54,6 +54,15 @@ pub fn decode_attention_gb_s<B: Backend>(
     context: usize,
     seqs: usize,
 ) -> Result<(f64, f64)> {
+    decode_attention_gb_s_reps(dev, context, seqs, 7)
+}
+
+fn decode_attention_gb_s_reps<B: Backend>(
+    dev: &B,
+    context: usize,
+    seqs: usize,
+    reps: usize,
+) -> Result<(f64, f64)> {
     let dtype = KvCacheDType::BF16;
     let blocks_per = context.div_ceil(BS);
     let row = NKV * HD;
@@ -85,7 +94,7 @@ pub fn decode_attention_gb_s<B: Backend>(
     let mut out = dev.zeros(seqs * NQ * HD)?;
     let mut lse = dev.zeros(seqs * NQ)?;
     let (kn, vn) = (dev.kv_len(&kc), dev.kv_len(&vc));
-    let secs = median_secs(7, || {
+    let secs = median_secs(reps, || {
         dev.paged_attention(
             dev.view(&q, 0..seqs * NQ * HD)?,
             &p,
@@ -118,6 +127,20 @@ pub fn report<B: Backend>(dev: &B, contexts: &[usize], copy_bytes: usize) -> Res
     Ok(s)
 }
 
+/// Runs the copy and the decode attention of [`report`] once each, without timing them
+/// (for a device whose timings mean nothing, such as the emulated one).
+pub fn run_once<B: Backend>(dev: &B, contexts: &[usize], copy_bytes: usize) -> Result<()> {
+    let n = copy_bytes / 4;
+    let src = dev.zeros(n)?;
+    let mut dst = dev.alloc(n)?;
+    dev.copy(dev.view(&src, 0..n)?, dev.view_mut(&mut dst, 0..n)?)?;
+    sync(dev, &dst)?;
+    for &c in contexts {
+        decode_attention_gb_s_reps(dev, c, 1, 1)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +153,6 @@ mod tests {
         assert!(s.contains("GB/s = "), "{s}");
         let (gb_s, ms) = decode_attention_gb_s(&dev, 300, 2).unwrap();
         assert!(gb_s > 0.0 && ms > 0.0);
+        run_once(&dev, &[300], 1 << 20).unwrap();
     }
 }

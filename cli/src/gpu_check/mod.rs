@@ -93,10 +93,28 @@ fn kernel_section<B: Backend>(dev: &B) -> Result<Section> {
     })
 }
 
-fn bandwidth_section<B: Backend>(dev: &B, args: &GpuCheckArgs) -> Result<Section> {
+/// Whether the CUDA device is the emulated one (`gpu_emu/`, which names its devices
+/// "dcpemu emulated CUDA device N"): its timings are the host CPU's, not a GPU's.
+fn is_emulated(device_name: &str) -> bool {
+    device_name.starts_with("dcpemu ")
+}
+
+fn bandwidth_section<B: Backend>(dev: &B, args: &GpuCheckArgs, emulated: bool) -> Result<Section> {
+    let body = if emulated {
+        // The kernels still run (so this section's code paths execute), but a figure
+        // would be the CPU's speed under emulation and could be mistaken for a GPU's.
+        bandwidth::run_once(dev, &args.contexts, args.copy_mib << 20)?;
+        format!(
+            "emulated: the copy ({} MiB) and decode attention at {:?} tokens ran; no bandwidth \
+             figure, since the emulated device's timings are the host CPU's, not a GPU's\n",
+            args.copy_mib, args.contexts
+        )
+    } else {
+        bandwidth::report(dev, &args.contexts, args.copy_mib << 20)?
+    };
     Ok(Section {
         title: "decode attention bandwidth",
-        body: bandwidth::report(dev, &args.contexts, args.copy_mib << 20)?,
+        body,
         // A figure to read (the aim is 70% of the copy), not a pass/fail gate.
         passed: true,
     })
@@ -134,9 +152,13 @@ fn graphs_section<B: Backend>(
 async fn sections_on<B: Backend>(
     dev: &B,
     args: &GpuCheckArgs,
+    emulated: bool,
     checked: &dyn Fn(EngineConfig) -> EngineConfig,
 ) -> Result<Vec<Section>> {
-    let mut v = vec![kernel_section(dev)?, bandwidth_section(dev, args)?];
+    let mut v = vec![
+        kernel_section(dev)?,
+        bandwidth_section(dev, args, emulated)?,
+    ];
     if !args.skip_engine {
         v.push(engine_section(args, checked).await?);
     }
@@ -157,7 +179,7 @@ pub async fn run(args: &GpuCheckArgs) -> Result<()> {
                     dev.pool().n_threads()
                 ),
                 {
-                    let mut v = sections_on(&dev, args, &|c| c).await?;
+                    let mut v = sections_on(&dev, args, false, &|c| c).await?;
                     let none = |_: &CpuBackend| {
                         (
                             0,
@@ -202,8 +224,14 @@ async fn cuda_sections(args: &GpuCheckArgs) -> Result<(String, Vec<Section>)> {
                 .with_cuda_graphs(args.cuda_graphs)
         })
         .map_err(|e| anyhow::anyhow!("gpu-check --device cuda: {e}"))?;
+    let emulated = is_emulated(&dev.device_name());
     let line = format!(
-        "device: cuda, GPU 0 of {}: {} ({:.1} GiB, {:.1} GiB free), CUDA graphs {}",
+        "device: cuda{}, GPU 0 of {}: {} ({:.1} GiB, {:.1} GiB free), CUDA graphs {}",
+        if emulated {
+            " (emulated: not a GPU run; timings are not a GPU's)"
+        } else {
+            ""
+        },
         dcpserve_kernels::cuda_device_count().unwrap_or(0),
         dev.device_name(),
         dev.total_memory().unwrap_or(0) as f64 / (1u64 << 30) as f64,
@@ -218,7 +246,7 @@ async fn cuda_sections(args: &GpuCheckArgs) -> Result<(String, Vec<Section>)> {
         },
         ..c
     };
-    let mut sections = sections_on(&dev, args, &checked).await?;
+    let mut sections = sections_on(&dev, args, emulated, &checked).await?;
     let open = |g: CudaGraphs| {
         CudaBackend::new(0)
             .map(|d| d.with_cuda_graphs(g))
@@ -256,5 +284,11 @@ mod tests {
         assert_eq!(op_tolerance("paged_attention out (bfloat16)"), 2e-2);
         assert_eq!(op_tolerance("paged_attention out (fp8_e4m3)"), 0.07);
         assert_eq!(op_tolerance("embedding (Q8_0 table)"), 2e-2);
+    }
+
+    #[test]
+    fn the_emulated_device_is_told_from_a_gpu() {
+        assert!(is_emulated("dcpemu emulated CUDA device 0"));
+        assert!(!is_emulated("NVIDIA H100 80GB HBM3"));
     }
 }
