@@ -224,7 +224,7 @@ async fn cuda_sections(args: &GpuCheckArgs) -> Result<(String, Vec<Section>)> {
                 .with_cuda_graphs(args.cuda_graphs)
         })
         .map_err(|e| anyhow::anyhow!("gpu-check --device cuda: {e}"))?;
-    let emulated = is_emulated(&dev.device_name());
+    let emulated = is_emulated(dev.device_name());
     let line = format!(
         "device: cuda{}, GPU 0 of {}: {} ({:.1} GiB, {:.1} GiB free), CUDA graphs {}",
         if emulated {

@@ -3,7 +3,6 @@
 //! a shared object in a cache directory keyed by a hash of everything that goes in.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::scan::{scan, KernelDecl};
