@@ -104,15 +104,15 @@ fn malformed(text: &str, mut calls: Vec<PartialCall>, scan: &CallScan, done: boo
     if done {
         return Parsed::content_only(text);
     }
-    if scan.name.is_some() {
-        calls.push(PartialCall {
-            arguments: scan.args_prefix(text).to_string(),
-            name: scan.name.clone(),
-        });
-    }
-    if calls.is_empty() {
-        return Parsed::content_only(text);
-    }
+    // As the open call read before it went wrong (nameless while its name was unread).
+    calls.push(PartialCall {
+        arguments: if scan.name.is_some() {
+            scan.args_prefix(text).to_string()
+        } else {
+            String::new()
+        },
+        name: scan.name.clone(),
+    });
     Parsed {
         content: String::new(),
         calls,
