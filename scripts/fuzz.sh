@@ -57,6 +57,10 @@ for t in "${targets[@]}"; do
     mkdir -p "fuzz/corpus-work/$t" "fuzz/artifacts/$t"
     dict=()
     [ -f "fuzz/dicts/$t.dict" ] && dict=(-dict="fuzz/dicts/$t.dict")
+    # The inputs that once crashed are read first too, so each is replayed under the
+    # allocation and time bounds (the unit tests replay them without those bounds).
+    regressions=()
+    [ -d "fuzz/regressions/$t" ] && regressions=("fuzz/regressions/$t")
     echo "== $t: ${seconds} s"
     # -timeout: seconds per input; -rss_limit_mb: the whole process; the allocation bound
     # per input is fuzz/src/lib.rs's. -close_fd_mask=1 keeps the targets' stdout quiet.
@@ -64,7 +68,7 @@ for t in "${targets[@]}"; do
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -max_len="$(max_len "$t")" -close_fd_mask=1 -print_final_stats=1 \
         -artifact_prefix="fuzz/artifacts/$t/" "${dict[@]}" \
-        "fuzz/corpus-work/$t" "fuzz/corpus/$t" 2>"fuzz/artifacts/$t.log"; then
+        "fuzz/corpus-work/$t" "fuzz/corpus/$t" "${regressions[@]}" 2>"fuzz/artifacts/$t.log"; then
         failed+=("$t")
         tail -n 60 "fuzz/artifacts/$t.log"
     fi

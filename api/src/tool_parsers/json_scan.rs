@@ -11,8 +11,8 @@ pub enum Scan {
     Complete(usize),
     /// The text ends inside the value.
     Incomplete,
-    /// Not a JSON value.
-    Invalid,
+    /// Not a JSON value: the byte at this offset cannot continue it.
+    Invalid(usize),
 }
 
 /// The first offset at or after `i` that is not JSON whitespace.
@@ -48,7 +48,7 @@ pub fn scan_value(s: &[u8], i: usize) -> Scan {
                     b'[' => stack.push(b']'),
                     c @ (b'}' | b']') => {
                         if stack.pop() != Some(c) {
-                            return Scan::Invalid;
+                            return Scan::Invalid(j);
                         }
                         if stack.is_empty() {
                             return Scan::Complete(j + 1);
@@ -73,7 +73,7 @@ pub fn scan_value(s: &[u8], i: usize) -> Scan {
                 Scan::Complete(j)
             }
         }
-        _ => Scan::Invalid,
+        _ => Scan::Invalid(i),
     }
 }
 
@@ -110,7 +110,8 @@ impl CallScan {
     }
 
     /// The arguments text that is certain to begin the final arguments: the whole value once
-    /// complete, the text so far inside an object or array, nothing of an unfinished scalar.
+    /// complete, the text so far inside an object or array, nothing of an unfinished scalar;
+    /// for arguments that turned out invalid, the text before the byte that broke them.
     pub fn args_prefix<'a>(&self, s: &'a str) -> &'a str {
         match self.args {
             Some((start, Some(end))) => &s[start..end],
@@ -186,7 +187,14 @@ pub fn scan_call(s: &str, start: usize, arg_keys: &[&str]) -> CallScan {
                 }
                 return out;
             }
-            Scan::Invalid => return out.invalid(),
+            Scan::Invalid(at) => {
+                if is_args {
+                    // As far as the arguments went before the error (what streaming
+                    // snapshots of shorter text showed of them).
+                    out.args = Some((i, Some(at)));
+                }
+                return out.invalid();
+            }
         }
     }
 }
@@ -215,8 +223,8 @@ mod tests {
         assert_eq!(scan_value(b"123", 0), Scan::Incomplete);
         assert_eq!(scan_value(b"123,", 0), Scan::Complete(3));
         assert_eq!(scan_value(b"{\"a\": [1", 0), Scan::Incomplete);
-        assert_eq!(scan_value(b"{]", 0), Scan::Invalid);
-        assert_eq!(scan_value(b"?", 0), Scan::Invalid);
+        assert_eq!(scan_value(b"{]", 0), Scan::Invalid(1));
+        assert_eq!(scan_value(b"?", 0), Scan::Invalid(0));
     }
 
     #[test]
@@ -241,6 +249,11 @@ mod tests {
         let c = scan_call(s, 0, &["parameters"]);
         assert_eq!((c.name.as_deref(), c.args_prefix(s)), (Some("f"), "5"));
         assert!(scan_call("[1]", 0, &["arguments"]).invalid);
+        // Arguments broken by a mismatched bracket keep what came before it.
+        let s = r#"{"name": "f", "arguments": ["a", 1}"#;
+        let c = scan_call(s, 0, &["arguments"]);
+        assert!(c.invalid);
+        assert_eq!(c.args_prefix(s), r#"["a", 1"#);
         assert!(scan_call(r#"{"name": 3}"#, 0, &["arguments"]).invalid);
     }
 

@@ -50,6 +50,11 @@ pub(super) fn composite_entries(info: &GgufTensorInfo) -> Option<Vec<(String, En
     // A 2-D "stack" would be a single expert's matrix: not what llama.cpp writes.
     // An empty stack holds no expert (its count could be anything, e.g. 2^62: found by the
     // gguf fuzzer, which made the loader allocate an entry per claimed expert).
+    // Its expert count is bounded by the file's size only when its type is one the reader
+    // checks the data of (an unsupported type, e.g. I16 claiming 2^21 experts in a 14 KB
+    // file, was found by the gguf fuzzer); such a tensor stays under its GGUF name and
+    // fails as an unsupported type if a model asks for it.
+    info.dtype()?;
     let n_expert = match info.shape.as_slice() {
         [e, r, c] if *r > 0 && *c > 0 => *e,
         _ => return None,
@@ -144,4 +149,32 @@ pub(super) fn kv_b_from_split(
         offset: 0,
         len,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(shape: Vec<usize>, ggml_type: u32) -> GgufTensorInfo {
+        GgufTensorInfo {
+            name: "blk.1.ffn_gate_exps.weight".into(),
+            shape,
+            ggml_type,
+            offset: 0,
+        }
+    }
+
+    #[test]
+    fn stacked_experts_of_a_checked_type_are_split() {
+        // F32 (type 0): its data was checked against the file, so its count is real.
+        let e = composite_entries(&info(vec![3, 16, 32], 0)).unwrap();
+        assert_eq!(e.len(), 3);
+        assert_eq!(e[2].0, "model.layers.1.mlp.experts.2.gate_proj.weight");
+    }
+
+    #[test]
+    fn an_unsupported_type_claims_no_experts() {
+        // I16 (type 25) with 2^21 "experts": the gguf fuzzer's input (an entry each).
+        assert!(composite_entries(&info(vec![2_294_020, 16, 32], 25)).is_none());
+    }
 }
