@@ -106,7 +106,10 @@ impl ToolCallParser for DeepSeekV3 {
                     }
                 },
                 None => {
-                    match read_call(body, false) {
+                    // While streaming, a tail that may begin the call's end token is held
+                    // back: once the token completes it is not part of the call.
+                    let open = &body[..body.len() - partial_marker_len(body, CALL_END)];
+                    match read_call(open, false) {
                         Some(c) if !done => calls.push(c),
                         _ => return Parsed::content_only(text),
                     }
