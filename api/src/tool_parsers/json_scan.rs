@@ -163,6 +163,11 @@ pub fn scan_call(s: &str, start: usize, arg_keys: &[&str]) -> CallScan {
         match scan_value(b, i) {
             Scan::Complete(e) => {
                 if key == "name" {
+                    if out.name.is_some() {
+                        // Two names: ambiguous, so not a call (the first one stays, as
+                        // streamed before the second was read).
+                        return out.invalid();
+                    }
                     match serde_json::from_str::<String>(&s[i..e]) {
                         Ok(n) => out.name = Some(n),
                         Err(_) => return out.invalid(),
@@ -255,6 +260,9 @@ mod tests {
         assert!(c.invalid);
         assert_eq!(c.args_prefix(s), r#"["a", 1"#);
         assert!(scan_call(r#"{"name": 3}"#, 0, &["arguments"]).invalid);
+        let c = scan_call(r#"{"name": "f", "name": "g"}"#, 0, &["arguments"]);
+        assert!(c.invalid);
+        assert_eq!(c.name.as_deref(), Some("f"));
     }
 
     #[test]
