@@ -5,48 +5,23 @@
 #
 #   DCPEMU_MEMORY_MIB=16384 scripts/gpu-emulated.sh scripts/chat-check.sh --device cuda
 #
-# DCPSERVE_BIN picks the binary (default target/release/dcpserve); CHAT_CHECK_PORT the port
-# (default 18231); CHAT_CHECK_TIMEOUT the seconds allowed for loading (default 600).
+# DCPSERVE_BIN picks the binary (default target/release/dcpserve).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 BIN=${DCPSERVE_BIN:-target/release/dcpserve}
-PORT=${CHAT_CHECK_PORT:-18231}
-TIMEOUT=${CHAT_CHECK_TIMEOUT:-600}
 [ -x "$BIN" ] || cargo build --release --quiet --bin dcpserve
 bash scripts/fetch-default-model.sh >/dev/null
-LOG=$(mktemp)
+. "$ROOT/scripts/lib/server.sh"
+PORT=$(free_port)
+mkdir -p target && LOG=target/chat-check.log
 
 "$BIN" serve models/SmolLM2-135M-Instruct.Q4_1.gguf --port "$PORT" --threads 2 "$@" \
     >"$LOG" 2>&1 &
-PID=$!
-cleanup() {
-    kill "$PID" 2>/dev/null || true
-    wait "$PID" 2>/dev/null || true
-    rm -f "$LOG"
-}
-trap cleanup EXIT
+SERVER_PID=$!
+wait_ready "$PORT" "$LOG"
 
-ready=0
-for _ in $(seq 1 "$TIMEOUT"); do
-    if ! kill -0 "$PID" 2>/dev/null; then
-        echo "chat-check: the server exited while loading:" >&2
-        tail -n 40 "$LOG" >&2
-        exit 1
-    fi
-    if curl -sf "localhost:$PORT/health" >/dev/null 2>&1; then
-        ready=1
-        break
-    fi
-    sleep 1
-done
-if [ "$ready" != 1 ]; then
-    echo "chat-check: not ready after $TIMEOUT s:" >&2
-    tail -n 40 "$LOG" >&2
-    exit 1
-fi
-
-answer=$(curl -sS --max-time 300 "localhost:$PORT/v1/chat/completions" \
+answer=$(curl -sS --max-time 300 "127.0.0.1:$PORT/v1/chat/completions" \
     -H 'Content-Type: application/json' \
     -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}],
          "max_tokens": 32, "temperature": 0}')
