@@ -71,8 +71,12 @@ pub struct ChatTemplate {
 }
 
 fn template_err(e: Error) -> ModelError {
-    // `{:#}` adds minijinja's location and source excerpt.
-    ModelError::ChatTemplate(format!("{e:#}"))
+    // The kind, detail and "(in name:line)", without minijinja's source excerpt (`{:#}`):
+    // drawing the excerpt subtracts a span's columns, and a span whose end column is before
+    // its start (found by the chat_template fuzzer) overflows there (minijinja 2.24,
+    // debug.rs), a panic in any build with overflow checks and a "^" repeated ~2^64 times
+    // without them.
+    ModelError::ChatTemplate(e.to_string())
 }
 
 impl ChatTemplate {
