@@ -70,6 +70,99 @@ pub struct ChatTemplate {
     max_output_bytes: usize,
 }
 
+/// Jinja2's `indent(width=4, first=false, blank=false)`, as transformers renders it (its
+/// line splitting, and a trailing newline kept, unlike minijinja's own), refusing an indented
+/// text longer than a render may write: minijinja's builds it whole first, so a template
+/// with `indent(4555555555555550)` asked the allocator for 4.5 PB and aborted the process
+/// (found by the chat_template fuzzer).
+fn bounded_indent(
+    max_bytes: usize,
+) -> impl Fn(String, Option<usize>, Option<bool>, Option<bool>, Kwargs) -> Result<String, Error>
+       + Send
+       + Sync
+       + 'static {
+    move |value, width, first, blank, kwargs| {
+        let width = match width {
+            Some(w) => w,
+            None => kwargs.get::<Option<usize>>("width")?.unwrap_or(4),
+        };
+        let first = match first {
+            Some(f) => f,
+            None => kwargs.get::<Option<bool>>("first")?.unwrap_or(false),
+        };
+        let blank = match blank {
+            Some(b) => b,
+            None => kwargs.get::<Option<bool>>("blank")?.unwrap_or(false),
+        };
+        kwargs.assert_all_used()?;
+        // Jinja2 appends "\n" and splits as Python's `str.splitlines`.
+        let text = format!("{value}\n");
+        let lines = python_splitlines(&text);
+        let needed = width
+            .checked_mul(lines.len() + 1)
+            .and_then(|n| n.checked_add(text.len()));
+        if needed.is_none_or(|n| n > max_bytes) {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "indent({width}) of {} lines would exceed the render's {max_bytes} bytes",
+                    lines.len()
+                ),
+            ));
+        }
+        let pad = " ".repeat(width);
+        let mut out = String::with_capacity(needed.unwrap_or(0));
+        if first {
+            out.push_str(&pad);
+        }
+        for (i, line) in lines.iter().enumerate() {
+            if i > 0 {
+                out.push('\n');
+                if blank || !line.is_empty() {
+                    out.push_str(&pad);
+                }
+            }
+            out.push_str(line);
+        }
+        Ok(out)
+    }
+}
+
+/// Python's `str.splitlines()`: the lines without their breaks (`\n`, `\r\n`, `\r`, `\v`,
+/// `\f`, `\x1c`–`\x1e`, `\x85`, U+2028, U+2029), no empty line after a final break.
+fn python_splitlines(s: &str) -> Vec<&str> {
+    let mut lines = Vec::new();
+    let mut start = 0;
+    let mut it = s.char_indices().peekable();
+    while let Some((i, c)) = it.next() {
+        let is_break = matches!(
+            c,
+            '\n' | '\r'
+                | '\x0b'
+                | '\x0c'
+                | '\x1c'
+                | '\x1d'
+                | '\x1e'
+                | '\u{85}'
+                | '\u{2028}'
+                | '\u{2029}'
+        );
+        if is_break {
+            lines.push(&s[start..i]);
+            let mut end = i + c.len_utf8();
+            if c == '\r' && it.peek().is_some_and(|&(_, n)| n == '\n') {
+                it.next();
+                end += 1;
+            }
+            start = end;
+        }
+    }
+    if start < s.len() {
+        lines.push(&s[start..]);
+    }
+    lines
+}
+
 fn template_err(e: Error) -> ModelError {
     // The kind, detail and "(in name:line)", without minijinja's source excerpt (`{:#}`):
     // drawing the excerpt subtracts a span's columns, and a span whose end column is before
@@ -114,6 +207,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        env.add_filter("indent", bounded_indent(limits.max_output_bytes));
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(template_err)?;
         Ok(ChatTemplate {
@@ -480,6 +574,30 @@ mod tests {
         // Found by the chat_template fuzzer: `{%}` made the tag scanner slice backwards.
         assert_eq!(strip_generation_tags("{%}x"), "{%}x");
         assert!(ChatTemplate::new("{%}{ messages[1|unique }}", None, None).is_err());
+    }
+
+    #[test]
+    fn indent_writes_as_jinja_and_refuses_widths_past_the_output_bound() {
+        let r = |src: &str| {
+            let t = ChatTemplate::new(src, None, None).unwrap();
+            t.render(&[], false).map_err(|e| e.to_string())
+        };
+        // Each expected text is what Jinja2 3.1 renders.
+        assert_eq!(
+            r(r#"{{ "a\nb\n\nc\n" | indent(2) }}"#).unwrap(),
+            "a\n  b\n\n  c\n"
+        );
+        assert_eq!(
+            r(r#"{{ "a\n\nb" | indent(width=1, first=true, blank=true) }}"#).unwrap(),
+            " a\n \n b"
+        );
+        assert_eq!(r(r#"{{ "x\r\ny" | indent }}"#).unwrap(), "x\n    y");
+        assert_eq!(
+            r(r#"{{ "x\n" | indent(2, blank=true) }}"#).unwrap(),
+            "x\n  "
+        );
+        let e = r(r#"{{ "a\nb" | indent(4555555555555550) }}"#).unwrap_err();
+        assert!(e.contains("would exceed"), "{e}");
     }
 
     #[test]
