@@ -260,10 +260,22 @@ impl ChatTemplate {
             limit: self.max_output_bytes,
             overflowed: false,
         };
-        let rendered = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .and_then(|t| t.render_captured_to(ctx, &mut out).map(drop));
+        // minijinja panics on some templates (`range(0)[::-1]`: reversing an empty
+        // sequence indexes past its end, minijinja 2.24 value/ops.rs; found by the
+        // chat_template fuzzer): a template from a downloaded model must fail its request
+        // with an error, not take the thread down.
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.env
+                .get_template(TEMPLATE_NAME)
+                .and_then(|t| t.render_captured_to(ctx, &mut out).map(drop))
+        }))
+        .map_err(|_| {
+            ModelError::ChatTemplate(
+                "the template renderer (minijinja) failed on this template: a defect of \
+                 minijinja, reported instead of crashing"
+                    .into(),
+            )
+        })?;
         if out.overflowed {
             return Err(ModelError::ChatTemplate(format!(
                 "the rendered prompt exceeds {} bytes",
@@ -596,6 +608,9 @@ mod tests {
             r(r#"{{ "x\n" | indent(2, blank=true) }}"#).unwrap(),
             "x\n  "
         );
+        // minijinja panics reversing an empty sequence; the render fails instead.
+        let e = r(r#"{% for i in range(0)[::-1] %}{{ i }}{% endfor %}"#).unwrap_err();
+        assert!(e.contains("minijinja"), "{e}");
         let e = r(r#"{{ "a\nb" | indent(4555555555555550) }}"#).unwrap_err();
         assert!(e.contains("would exceed"), "{e}");
     }
