@@ -12,7 +12,7 @@
 //! Like the tool parsers, [`ReasoningParser::split`] maps the output so far to a snapshot
 //! that later snapshots extend, so streaming and whole outputs agree.
 
-use crate::tool_parsers::json_scan::partial_marker_len;
+use crate::tool_parsers::json_scan::settled;
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -83,17 +83,10 @@ impl ReasoningParser {
                 reasoning: inner[..k].to_string(),
                 content: inner[k + CLOSE.len()..].to_string(),
             },
-            None => {
-                let keep = if done {
-                    inner.len()
-                } else {
-                    inner.len() - partial_marker_len(inner, CLOSE)
-                };
-                Split {
-                    reasoning: inner[..keep].to_string(),
-                    content: String::new(),
-                }
-            }
+            None => Split {
+                reasoning: settled(inner, CLOSE, done).to_string(),
+                content: String::new(),
+            },
         }
     }
 }

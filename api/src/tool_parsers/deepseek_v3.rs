@@ -10,7 +10,7 @@
 //!
 //! These tokens are not "special" in DeepSeek's tokenizer, so they reach the text.
 
-use super::json_scan::partial_marker_len;
+use super::json_scan::settled;
 use super::{finish_content, Parsed, PartialCall, ToolCallParser};
 
 const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
@@ -51,7 +51,7 @@ fn read_call(body: &str, complete: bool) -> Option<PartialCall> {
     let arguments = match args.find(FENCE_END) {
         Some(k) => &args[..k],
         None if complete => return None,
-        None => &args[..args.len() - partial_marker_len(args, FENCE_END)],
+        None => settled(args, FENCE_END, false),
     };
     if complete && serde_json::from_str::<serde_json::Value>(arguments).is_err() {
         return None;
@@ -65,13 +65,8 @@ fn read_call(body: &str, complete: bool) -> Option<PartialCall> {
 impl ToolCallParser for DeepSeekV3 {
     fn parse(&self, text: &str, done: bool) -> Parsed {
         let Some(k) = text.find(CALLS_BEGIN) else {
-            let keep = if done {
-                text.len()
-            } else {
-                text.len() - partial_marker_len(text, CALLS_BEGIN)
-            };
             return Parsed {
-                content: finish_content(text[..keep].to_string(), &[], done),
+                content: finish_content(settled(text, CALLS_BEGIN, done).to_string(), &[], done),
                 calls: Vec::new(),
             };
         };
@@ -107,9 +102,8 @@ impl ToolCallParser for DeepSeekV3 {
                 },
                 None => {
                     // While streaming, a tail that may begin the call's end token is held
-                    // back: once the token completes it is not part of the call.
-                    let open = &body[..body.len() - partial_marker_len(body, CALL_END)];
-                    match read_call(open, false) {
+                    // back (at the end an unclosed call is not a call).
+                    match read_call(settled(body, CALL_END, done), false) {
                         Some(c) if !done => calls.push(c),
                         _ => return Parsed::content_only(text),
                     }

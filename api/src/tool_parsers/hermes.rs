@@ -2,7 +2,7 @@
 //! `<tool_call>\n{"name": "f", "arguments": {..}}\n</tool_call>` (their chat templates'
 //! instructions), possibly several, possibly after some text.
 
-use super::json_scan::{partial_marker_len, scan_call};
+use super::json_scan::{scan_call, settled};
 use super::{finish_content, Parsed, PartialCall, ToolCallParser};
 
 const START: &str = "<tool_call>";
@@ -50,12 +50,7 @@ impl ToolCallParser for Hermes {
         loop {
             let rest = &text[pos..];
             let Some(k) = rest.find(START) else {
-                let keep = if done {
-                    rest.len()
-                } else {
-                    rest.len() - partial_marker_len(rest, START)
-                };
-                content.push_str(&rest[..keep]);
+                content.push_str(settled(rest, START, done));
                 break;
             };
             content.push_str(&rest[..k]);
@@ -77,14 +72,8 @@ impl ToolCallParser for Hermes {
                     pos = body_start + e + END.len();
                 }
                 None => {
-                    let body = &text[body_start..];
-                    // While streaming, a tail that may begin the closing tag is held back:
-                    // once the tag completes it is not part of the body.
-                    let body = if done {
-                        body
-                    } else {
-                        &body[..body.len() - partial_marker_len(body, END)]
-                    };
+                    // While streaming, a tail that may begin the closing tag is held back.
+                    let body = settled(&text[body_start..], END, done);
                     // A last call whose closing tag never came is read as complete.
                     match read_call(body, done) {
                         Some(c) => calls.push(c),

@@ -204,6 +204,16 @@ pub fn scan_call(s: &str, start: usize, arg_keys: &[&str]) -> CallScan {
     }
 }
 
+/// `text` as far as it is settled: while streaming (`done` false), without a tail that may
+/// still become `marker` (whose text is not this part's once the marker completes).
+pub fn settled<'a>(text: &'a str, marker: &str, done: bool) -> &'a str {
+    if done {
+        text
+    } else {
+        &text[..text.len() - partial_marker_len(text, marker)]
+    }
+}
+
 /// The longest suffix of `text` that is a proper prefix of `marker` (text to hold back
 /// while it could still become the marker).
 pub fn partial_marker_len(text: &str, marker: &str) -> usize {
@@ -271,5 +281,7 @@ mod tests {
         assert_eq!(partial_marker_len("abc", "<tool_call>"), 0);
         assert_eq!(partial_marker_len("<tool_call>", "<tool_call>"), 0);
         assert_eq!(partial_marker_len("x<｜tool", "<｜tool▁calls▁begin｜>"), 8);
+        assert_eq!(settled("abc<tool_", "<tool_call>", false), "abc");
+        assert_eq!(settled("abc<tool_", "<tool_call>", true), "abc<tool_");
     }
 }

@@ -37,10 +37,14 @@ fn sync<B: Backend>(dev: &B, buf: &B::Buffer) -> Result<()> {
 /// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), over a
 /// buffer of `bytes` bytes.
 pub fn copy_gb_s<B: Backend>(dev: &B, bytes: usize) -> Result<f64> {
+    copy_gb_s_reps(dev, bytes, 9)
+}
+
+fn copy_gb_s_reps<B: Backend>(dev: &B, bytes: usize, reps: usize) -> Result<f64> {
     let n = bytes / 4;
     let src = dev.zeros(n)?;
     let mut dst = dev.alloc(n)?;
-    let secs = median_secs(9, || {
+    let secs = median_secs(reps, || {
         dev.copy(dev.view(&src, 0..n)?, dev.view_mut(&mut dst, 0..n)?)?;
         sync(dev, &dst)
     })?;
@@ -130,11 +134,7 @@ pub fn report<B: Backend>(dev: &B, contexts: &[usize], copy_bytes: usize) -> Res
 /// Runs the copy and the decode attention of [`report`] once each, without timing them
 /// (for a device whose timings mean nothing, such as the emulated one).
 pub fn run_once<B: Backend>(dev: &B, contexts: &[usize], copy_bytes: usize) -> Result<()> {
-    let n = copy_bytes / 4;
-    let src = dev.zeros(n)?;
-    let mut dst = dev.alloc(n)?;
-    dev.copy(dev.view(&src, 0..n)?, dev.view_mut(&mut dst, 0..n)?)?;
-    sync(dev, &dst)?;
+    copy_gb_s_reps(dev, copy_bytes, 1)?;
     for &c in contexts {
         decode_attention_gb_s_reps(dev, c, 1, 1)?;
     }
