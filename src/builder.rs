@@ -35,7 +35,7 @@ impl Engine {
 ///     .parallel(ParallelConfig {
 ///         tensor_parallel_size: 3,
 ///         decode_context_parallel_size: 3,
-///         cp_kv_cache_interleave_size: 1,
+///         ..Default::default()
 ///     })
 ///     .dtype(DType::Float32)
 ///     .max_model_len(2048)
@@ -147,9 +147,26 @@ impl EngineBuilder {
         self
     }
 
-    /// The (tp, dcp, interleave) layout of the ranks.
+    /// The (tp, dcp, pcp, interleave) layout of the ranks.
     pub fn parallel(mut self, parallel: ParallelConfig) -> Self {
         self.config.parallel = parallel;
+        self
+    }
+
+    /// Copies of the TP group that split each prefill's tokens
+    /// (`--prefill-context-parallel-size`; world = tp × pcp).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dcpserve::Result<()> {
+    /// let engine = dcpserve::Engine::builder("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ///     .prefill_context_parallel_size(2)
+    ///     .build()
+    ///     .await?;
+    /// assert_eq!(engine.layout().world(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn prefill_context_parallel_size(mut self, pcp: usize) -> Self {
+        self.config.parallel.prefill_context_parallel_size = pcp;
         self
     }
 

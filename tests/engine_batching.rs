@@ -205,6 +205,7 @@ async fn a_failed_rank_in_a_dcp_group_restarts_the_group() {
             tensor_parallel_size: 4,
             decode_context_parallel_size: 2,
             cp_kv_cache_interleave_size: 1,
+            ..Default::default()
         },
         ..f32_config()
     };
@@ -266,6 +267,7 @@ async fn the_builder_starts_the_engine_it_describes() {
         tensor_parallel_size: 4,
         decode_context_parallel_size: 2,
         cp_kv_cache_interleave_size: 1,
+        ..Default::default()
     };
     let kv_bytes = f32_config().kv_cache_memory_bytes.unwrap();
     let engine = Engine::builder(fixture("tiny-llama"))
@@ -296,6 +298,7 @@ async fn the_builder_starts_the_engine_it_describes() {
             tensor_parallel_size: 3,
             decode_context_parallel_size: 2,
             cp_kv_cache_interleave_size: 1,
+            ..Default::default()
         })
         .build()
         .await

@@ -383,6 +383,7 @@ fn mtp_layer_sharded_matches_the_torch_reference() {
                 world: Arc::new(HostCollectives::new(Arc::new(w))),
                 dcp: Arc::new(HostCollectives::new(Arc::new(dcps.remove(0)))),
                 dcp_merge: Default::default(),
+                split: dcpserve_kernels::dcp::PrefillSplit::single(),
             })
             .collect();
         let results: Vec<_> = std::thread::scope(|s| {

@@ -15,6 +15,7 @@ fn layout(tp: usize, dcp: usize) -> ParallelConfig {
         tensor_parallel_size: tp,
         decode_context_parallel_size: dcp,
         cp_kv_cache_interleave_size: 1,
+        ..Default::default()
     }
 }
 

@@ -20,7 +20,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use dcpserve_kernels::comm::{connect, CommGroupSpec, GroupId, GroupOwner};
-use dcpserve_kernels::dcp::{Layout, MergeExchange};
+use dcpserve_kernels::dcp::{Layout, MergeExchange, PrefillSplit};
 use dcpserve_kernels::{
     Backend, BatonComm, Communicator, ComputeBaton, CpuBackend, HostCollectives, KernelError,
     LinkModel, ModeledLink,
@@ -64,6 +64,8 @@ pub struct RankCommSpecs {
     pub link: Option<LinkModel>,
     /// How the DCP group exchanges attention partials.
     pub dcp_merge: MergeExchange,
+    /// Which tokens of a step this rank's copy of the TP group computes.
+    pub split: PrefillSplit,
 }
 
 impl RankCommSpecs {
@@ -89,6 +91,7 @@ impl RankCommSpecs {
                     world: Arc::new(HostCollectives::new(handle(&mb.world)?)),
                     dcp: Arc::new(HostCollectives::new(handle(&mb.dcp)?)),
                     dcp_merge: self.dcp_merge,
+                    split: self.split,
                 })
             })
             .collect::<Result<_, KernelError>>()?;
@@ -129,8 +132,10 @@ pub struct GroupLayout {
 /// The groups of one micro-batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct GroupSet {
-    world: CommGroupSpec,
-    /// One per DCP group, in group order.
+    /// One tensor-parallel group per prefill-context-parallel copy.
+    world: Vec<CommGroupSpec>,
+    /// One context-parallel group per DCP group (its DCP groups in every copy), in
+    /// group order.
     dcp: Vec<CommGroupSpec>,
 }
 
@@ -146,9 +151,11 @@ impl GroupLayout {
         let sets = (0..layout.micro_batches())
             .map(|_| {
                 Ok(GroupSet {
-                    world: spec((0..layout.tp()).collect())?,
+                    world: (0..layout.pcp())
+                        .map(|p| spec(layout.tp_group_ranks(p).collect()))
+                        .collect::<Result<_, KernelError>>()?,
                     dcp: (0..layout.num_dcp_groups())
-                        .map(|g| spec(layout.dcp_group_ranks(g).collect()))
+                        .map(|g| spec(layout.cp_group_ranks(g)))
                         .collect::<Result<_, KernelError>>()?,
                 })
             })
@@ -159,9 +166,7 @@ impl GroupLayout {
     /// Every group, in the order every process registers them (MPI communicators are
     /// created collectively, so the order must be the same everywhere).
     pub fn in_order(&self) -> impl Iterator<Item = &CommGroupSpec> {
-        self.sets
-            .iter()
-            .flat_map(|s| std::iter::once(&s.world).chain(&s.dcp))
+        self.sets.iter().flat_map(|s| s.world.iter().chain(&s.dcp))
     }
 
     /// Registers, in order, every group with a member among the global ranks `local`
@@ -177,7 +182,7 @@ impl GroupLayout {
         Ok(owners)
     }
 
-    /// What TP rank `rank` connects with.
+    /// What global rank `rank` connects with.
     pub fn rank_specs(
         &self,
         layout: &Layout,
@@ -191,12 +196,13 @@ impl GroupLayout {
                 .sets
                 .iter()
                 .map(|set| MicroBatchSpecs {
-                    world: set.world.clone(),
+                    world: set.world[layout.pcp_rank(rank)].clone(),
                     dcp: set.dcp[layout.dcp_group_of(rank)].clone(),
                 })
                 .collect(),
             link,
             dcp_merge,
+            split: layout.prefill_split(rank),
         }
     }
 }
@@ -221,8 +227,8 @@ impl CollectiveArgs {
     /// Shared-memory collectives between ranks of this process, the default merge exchange.
     pub fn new(layout: Layout) -> Result<Self, KernelError> {
         Ok(Self {
-            groups: GroupLayout::new(&layout, &ProcessMap::single(layout.tp()))?,
-            local_ranks: 0..layout.tp(),
+            groups: GroupLayout::new(&layout, &ProcessMap::single(layout.world()))?,
+            local_ranks: 0..layout.world(),
             layout,
             link: None,
             dcp_merge: MergeExchange::default(),
@@ -274,7 +280,7 @@ impl Actor for CollectiveActor {
         let layout = st.args.layout;
         match msg {
             CollectiveMsg::Comms(rank, port) => {
-                if rank < layout.tp() {
+                if rank < layout.world() {
                     let _ = port.send(st.args.groups.rank_specs(
                         &layout,
                         rank,
@@ -284,14 +290,14 @@ impl Actor for CollectiveActor {
                 }
             }
             CollectiveMsg::SecondsInCollectives(port) => {
-                let secs = (0..layout.tp())
+                let secs = (0..layout.world())
                     .map(|r| {
                         st.args
                             .groups
                             .sets
                             .iter()
                             .map(|s| {
-                                st.seconds(&s.world, r)
+                                st.seconds(&s.world[layout.pcp_rank(r)], r)
                                     + st.seconds(&s.dcp[layout.dcp_group_of(r)], r)
                             })
                             .sum()

@@ -42,7 +42,7 @@ impl ModelSizing {
         check_max_model_len_fits_model(e, cfg)?;
         // Where the ranks run, checked before any weight is read.
         let executor = executor(e.distributed_executor_backend)?;
-        let local_ranks = executor.process_map(layout.tp())?.ranks_per_process;
+        let local_ranks = executor.process_map(layout.world())?.ranks_per_process;
         let budget = kv_budget(e, cfg, local_ranks)?;
         // The MTP layer keeps its latents in one more layer of the same cache.
         let mut kv_shape = cfg.kv_shape();
@@ -184,6 +184,14 @@ pub(crate) fn check_mtp(files: &ModelFiles, e: &EngineConfig) -> Result<(), Acto
     if e.overlap_micro_batches {
         return Err(
             "Speculative method `mtp` does not combine with overlapped micro-batches: turn `overlap_micro_batches` off."
+                .into(),
+        );
+    }
+    if e.parallel.prefill_context_parallel_size > 1 {
+        // The MTP layer drafts from every token's final hidden state, which with pcp lives
+        // on the copy that computed the token: not implemented yet.
+        return Err(
+            "Speculative method `mtp` with `--prefill-context-parallel-size` above 1 is not implemented: use `ngram` or `draft_model`, or pcp 1."
                 .into(),
         );
     }

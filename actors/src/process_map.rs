@@ -22,23 +22,23 @@ pub struct ProcessMap {
 
 impl ProcessMap {
     /// Every rank in this process.
-    pub fn single(tp: usize) -> Self {
+    pub fn single(world: usize) -> Self {
         Self {
             processes: 1,
-            ranks_per_process: tp.max(1),
+            ranks_per_process: world.max(1),
         }
     }
 
-    /// `tp` ranks over `processes` processes; they must divide evenly.
-    pub fn new(tp: usize, processes: usize) -> Result<Self, String> {
-        if processes == 0 || !tp.is_multiple_of(processes) {
+    /// `world` ranks (tp × pcp) over `processes` processes; they must divide evenly.
+    pub fn new(world: usize, processes: usize) -> Result<Self, String> {
+        if processes == 0 || !world.is_multiple_of(processes) {
             return Err(format!(
-                "--distributed-executor-backend mpi: the {processes} MPI processes must divide the tensor-parallel size {tp} (each process hosts tp / processes ranks)."
+                "--distributed-executor-backend mpi: the {processes} MPI processes must divide the world size {world} (tensor-parallel × prefill-context-parallel size; each process hosts world / processes ranks)."
             ));
         }
         Ok(Self {
             processes,
-            ranks_per_process: tp / processes,
+            ranks_per_process: world / processes,
         })
     }
 

@@ -337,7 +337,8 @@ fn load_model<B: Backend>(args: &RankArgs, backend: B) -> Result<RankModel<B>, S
             args.files.tensors.as_ref(),
             args.precision,
             TpShard {
-                rank: args.rank,
+                // Every prefill-context-parallel copy holds the whole model in TP shards.
+                rank: args.rank % args.tp_size,
                 size: args.tp_size,
             },
         )?;

@@ -85,6 +85,7 @@ pub(crate) fn cuda_rank_backend(
                 world: join(&mb.world, "tensor-parallel", i)?,
                 dcp: join(&mb.dcp, "DCP", i)?,
                 dcp_merge: specs.dcp_merge,
+                split: specs.split,
             })
         })
         .collect::<Result<_, String>>()?;

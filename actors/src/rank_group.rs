@@ -35,11 +35,11 @@ pub enum Executor {
 
 impl Executor {
     /// Which process hosts which of `tp` ranks (checks that the processes divide them).
-    pub fn process_map(&self, tp: usize) -> Result<ProcessMap, String> {
+    pub fn process_map(&self, world: usize) -> Result<ProcessMap, String> {
         match self {
-            Executor::InProcess => Ok(ProcessMap::single(tp)),
+            Executor::InProcess => Ok(ProcessMap::single(world)),
             #[cfg(feature = "mpi")]
-            Executor::Mpi(c) => ProcessMap::new(tp, c.processes()),
+            Executor::Mpi(c) => ProcessMap::new(world, c.processes()),
         }
     }
 }
@@ -93,8 +93,8 @@ impl RankGroup {
         supervisor: ActorCell,
     ) -> Result<Self, ActorProcessingErr> {
         let layout = spec.layout;
-        let tp = layout.tp();
-        let processes = spec.executor.process_map(tp)?;
+        let world = layout.world();
+        let processes = spec.executor.process_map(world)?;
         // A lost process never comes back (and creating an MPI group with it would wait
         // forever).
         #[cfg(feature = "mpi")]
@@ -134,7 +134,7 @@ impl RankGroup {
         };
         let (collective, _) =
             Actor::spawn_linked(None, CollectiveActor, args, supervisor.clone()).await?;
-        let mut spawns = Vec::with_capacity(tp);
+        let mut spawns = Vec::with_capacity(world);
         for rank in processes.ranks_of(0) {
             let args = rank_spec(spec, &groups, rank, generation).into_rank_args(
                 spec.files.clone(),
@@ -148,7 +148,7 @@ impl RankGroup {
                 supervisor.clone(),
             ));
         }
-        let mut ranks = Vec::with_capacity(tp);
+        let mut ranks = Vec::with_capacity(world);
         let mut failure: Option<ActorProcessingErr> = None;
         for r in futures::future::join_all(spawns).await {
             match r {

@@ -172,7 +172,7 @@ fn rank_group_spec(args: &SupervisorArgs, sizing: ModelSizing, threads: usize) -
         kv_cache_dtype: r.kv_dtype,
         max_step_tokens: e.max_num_batched_tokens,
         threads_per_rank: match e.num_threads {
-            Some(n) => (n / r.layout.tp()).max(1),
+            Some(n) => (n / r.layout.world()).max(1),
             None => (threads / sizing.local_ranks).max(1),
         },
         explicit_threads: e.num_threads.is_some(),

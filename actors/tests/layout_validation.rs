@@ -23,6 +23,7 @@ fn layout(tp: usize, dcp: usize, interleave: usize) -> ParallelConfig {
         tensor_parallel_size: tp,
         decode_context_parallel_size: dcp,
         cp_kv_cache_interleave_size: interleave,
+        ..Default::default()
     }
 }
 

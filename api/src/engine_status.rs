@@ -13,6 +13,7 @@
 //! let layout = KvLayout {
 //!     tensor_parallel_size: 2,
 //!     decode_context_parallel_size: 2,
+//!     prefill_context_parallel_size: 1,
 //!     cp_kv_cache_interleave_size: 1,
 //!     block_size: 4,
 //! };
@@ -106,11 +107,12 @@ pub struct KvTotals {
     pub tokens_capacity: usize,
 }
 
-/// One TP rank's KV cache.
+/// One rank's KV cache.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct RankKv {
     pub rank: usize,
-    /// Its index in its DCP group (`rank mod dcp`): which positions it stores.
+    /// Its index in its context-parallel group (`rank mod dcp`, plus `(rank / tp)·dcp`
+    /// with prefill context parallelism): which positions it stores.
     pub dcp_rank: usize,
     /// Physical blocks in use and free on this rank (equal on all ranks: a virtual block
     /// is allocated on every rank at once).
@@ -179,7 +181,7 @@ pub fn model_status(
         };
     };
     let l = kv.layout;
-    let dcp = l.decode_context_parallel_size.max(1);
+    let cp = l.cp_size();
     let used = kv.total_blocks.saturating_sub(kv.free_blocks);
     let sequences: Vec<SequenceStatus> = kv
         .sequences
@@ -194,20 +196,22 @@ pub fn model_status(
             dcp_tokens: l.split(s.kv_tokens),
         })
         .collect();
-    let mut per_dcp = vec![0usize; dcp];
+    let mut per_dcp = vec![0usize; cp];
     for s in &sequences {
         for (acc, n) in per_dcp.iter_mut().zip(&s.dcp_tokens) {
             *acc += n;
         }
     }
-    // TP rank r is DCP rank r mod dcp (vLLM's layout; `dcpserve_kernels::dcp::dcp_rank_of`).
-    let ranks = (0..l.tensor_parallel_size.max(1))
+    // TP rank r is DCP rank r mod dcp (vLLM's layout; `dcpserve_kernels::dcp::dcp_rank_of`),
+    // of context-parallel rank (r / tp)·dcp + r mod dcp with prefill context parallelism.
+    let world = l.tensor_parallel_size.max(1) * l.prefill_context_parallel_size.max(1);
+    let ranks = (0..world)
         .map(|rank| RankKv {
             rank,
-            dcp_rank: rank % dcp,
+            dcp_rank: l.cp_rank(rank),
             blocks_used: used,
             blocks_free: kv.free_blocks,
-            tokens_stored: per_dcp[rank % dcp],
+            tokens_stored: per_dcp[l.cp_rank(rank)],
             tokens_capacity: kv.total_blocks * l.block_size,
         })
         .collect();
@@ -273,6 +277,7 @@ mod tests {
         KvLayout {
             tensor_parallel_size: tp,
             decode_context_parallel_size: dcp,
+            prefill_context_parallel_size: 1,
             cp_kv_cache_interleave_size: i,
             block_size: b,
         }

@@ -13,6 +13,10 @@ pub struct KvLayout {
     /// Ranks sharing one sequence's KV by position (DCP); TP ranks `r` with the same
     /// `r mod dcp` hold the same positions (for different heads).
     pub decode_context_parallel_size: usize,
+    /// Copies of the TP group splitting each prefill (pcp): the KV cache is sharded over
+    /// `pcp × dcp` context-parallel ranks, global rank `r` being context-parallel rank
+    /// `(r / tp) · dcp + r mod dcp`.
+    pub prefill_context_parallel_size: usize,
     /// Consecutive positions stored on one DCP rank before the next rank takes over.
     pub cp_kv_cache_interleave_size: usize,
     /// Positions per physical KV block on one rank.
@@ -20,14 +24,30 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
-    /// Positions per virtual block (the unit blocks are allocated in): block size × DCP.
-    pub fn tokens_per_virtual_block(&self) -> usize {
-        self.block_size * self.decode_context_parallel_size.max(1)
+    /// Ranks sharing one sequence's KV by position: `pcp × dcp`.
+    pub fn cp_size(&self) -> usize {
+        self.decode_context_parallel_size.max(1) * self.prefill_context_parallel_size.max(1)
     }
 
-    /// How many of the first `len` positions of a sequence each DCP rank stores.
+    /// The context-parallel rank of global rank `rank`.
+    pub fn cp_rank(&self, rank: usize) -> usize {
+        let (tp, dcp) = (
+            self.tensor_parallel_size.max(1),
+            self.decode_context_parallel_size.max(1),
+        );
+        (rank / tp) * dcp + rank % dcp
+    }
+
+    /// Positions per virtual block (the unit blocks are allocated in): block size × pcp ×
+    /// DCP.
+    pub fn tokens_per_virtual_block(&self) -> usize {
+        self.block_size * self.cp_size()
+    }
+
+    /// How many of the first `len` positions of a sequence each context-parallel rank
+    /// stores.
     pub fn split(&self, len: usize) -> Vec<usize> {
-        let n = self.decode_context_parallel_size.max(1);
+        let n = self.cp_size();
         (0..n)
             .map(|dcp_rank| {
                 dcpserve_actors::Placement {

@@ -217,6 +217,9 @@ struct EngineArgs {
     /// Ranks sharding the KV cache by position; `-dcp` works too.
     #[arg(long, default_value_t = 1)]
     decode_context_parallel_size: usize,
+    /// Copies of the TP group splitting each prefill's tokens; `-pcp` works too.
+    #[arg(long, default_value_t = 1)]
+    prefill_context_parallel_size: usize,
 }
 
 fn parse_speculative_config(s: &str) -> Result<dcpserve::SpeculativeConfig, String> {
@@ -265,6 +268,7 @@ impl EngineArgs {
             parallel: dcpserve::ParallelConfig {
                 tensor_parallel_size: self.tensor_parallel_size,
                 decode_context_parallel_size: self.decode_context_parallel_size,
+                prefill_context_parallel_size: self.prefill_context_parallel_size,
                 cp_kv_cache_interleave_size: 1,
             },
             ..Default::default()

@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// Ranks sharding the KV cache by position; `-dcp` works too.
     #[arg(long)]
     pub decode_context_parallel_size: Option<usize>,
+    /// Copies of the TP group that split each prefill's tokens (world = tp × pcp); `-pcp`
+    /// works too.
+    #[arg(long)]
+    pub prefill_context_parallel_size: Option<usize>,
     /// Consecutive tokens on one DCP rank.
     #[arg(long)]
     pub cp_kv_cache_interleave_size: Option<usize>,
@@ -144,6 +148,7 @@ pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
             for (short, long) in [
                 ("-tp", "--tensor-parallel-size"),
                 ("-dcp", "--decode-context-parallel-size"),
+                ("-pcp", "--prefill-context-parallel-size"),
             ] {
                 if a == short {
                     return long.to_string();
@@ -166,6 +171,7 @@ impl ServeArgs {
             model_source: self.model_source.clone(),
             tensor_parallel_size: self.tensor_parallel_size,
             decode_context_parallel_size: self.decode_context_parallel_size,
+            prefill_context_parallel_size: self.prefill_context_parallel_size,
             cp_kv_cache_interleave_size: self.cp_kv_cache_interleave_size,
             kv_cache_memory_bytes: self.kv_cache_memory_bytes,
             max_model_len: self.max_model_len,
@@ -336,6 +342,7 @@ impl ModelBackend for EngineBackend {
             let layout = KvLayout {
                 tensor_parallel_size: l.tp(),
                 decode_context_parallel_size: l.dcp(),
+                prefill_context_parallel_size: l.pcp(),
                 cp_kv_cache_interleave_size: l.interleave(),
                 block_size: l.block_size(),
             };

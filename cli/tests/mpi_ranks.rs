@@ -257,6 +257,23 @@ fn two_hosts_tp2_dcp2_equals_in_process() {
     });
 }
 
+/// Prefill context parallelism across processes: pcp=2 (tp=1), one rank per process, so
+/// every attention exchange of a 3,100-token prompt's prefill crosses MPI; prefix hits on
+/// the second round.
+#[test]
+fn np2_pcp2_equals_in_process() {
+    const NAME: &str = "np2_pcp2_equals_in_process";
+    if !is_child() {
+        return under_mpirun(NAME, 2, Launch::Local, Duration::from_secs(240));
+    }
+    as_child(|| async {
+        let model = fixture("tiny-llama");
+        let prompts = prompts(384, 3100);
+        let cfg = cfg(pcp_layout(1, 2, 1, 1), 512, 64 << 20);
+        assert_mpi_equals_in_process(NAME, &model, cfg, &prompts, 8).await;
+    });
+}
+
 /// GQA tp=4 dcp=2 I=16 over two processes (two ranks each: shared memory inside a
 /// process, MPI between), with a KV cache small enough to force preemption.
 #[test]

@@ -8,7 +8,7 @@
 //!
 //! ```
 //! use dcpserve_config::{ParallelConfig, AttentionKind};
-//! let p = ParallelConfig { tensor_parallel_size: 9, decode_context_parallel_size: 3, cp_kv_cache_interleave_size: 1 };
+//! let p = ParallelConfig { tensor_parallel_size: 9, decode_context_parallel_size: 3, ..Default::default() };
 //! p.validate(AttentionKind::Gqa { num_attention_heads: 9, num_key_value_heads: 3 }, 16).unwrap();
 //! ```
 

@@ -29,6 +29,10 @@ pub struct ParallelConfig {
     /// Ranks (inside the TP group) that shard the KV cache by sequence position.
     #[serde(default = "one")]
     pub decode_context_parallel_size: usize,
+    /// Copies of the TP group that split each prefill's tokens (world = tp × pcp); the
+    /// KV cache is sharded by position over the `pcp × dcp` ranks of each head group.
+    #[serde(default = "one")]
+    pub prefill_context_parallel_size: usize,
     /// Consecutive tokens placed on one DCP rank before moving to the next.
     #[serde(default = "one")]
     pub cp_kv_cache_interleave_size: usize,
@@ -43,6 +47,7 @@ impl Default for ParallelConfig {
         Self {
             tensor_parallel_size: 1,
             decode_context_parallel_size: 1,
+            prefill_context_parallel_size: 1,
             cp_kv_cache_interleave_size: 1,
         }
     }
@@ -61,7 +66,7 @@ impl ParallelConfig {
     ///
     /// ```
     /// use dcpserve_config::{AttentionKind, ParallelConfig};
-    /// let p = ParallelConfig { tensor_parallel_size: 4, decode_context_parallel_size: 2, cp_kv_cache_interleave_size: 1 };
+    /// let p = ParallelConfig { tensor_parallel_size: 4, decode_context_parallel_size: 2, ..Default::default() };
     /// let gqa = AttentionKind::Gqa { num_attention_heads: 8, num_key_value_heads: 2 };
     /// assert_eq!(p.layout_for(gqa, 16, 1).unwrap().virtual_block_size(), 32);
     /// ```
@@ -78,7 +83,8 @@ impl ParallelConfig {
             self.cp_kv_cache_interleave_size,
             block_size,
             micro_batches,
-        )?)
+        )?
+        .with_pcp(self.prefill_context_parallel_size)?)
     }
 }
 
@@ -98,6 +104,7 @@ mod tests {
             tensor_parallel_size: tp,
             decode_context_parallel_size: dcp,
             cp_kv_cache_interleave_size: i,
+            ..Default::default()
         }
     }
 

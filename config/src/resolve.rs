@@ -47,7 +47,7 @@ pub struct ResolvedLayout {
 ///     num_layers: 2,
 ///     row_len: 16,
 /// };
-/// let p = ParallelConfig { tensor_parallel_size: 4, decode_context_parallel_size: 2, cp_kv_cache_interleave_size: 1 };
+/// let p = ParallelConfig { tensor_parallel_size: 4, decode_context_parallel_size: 2, ..Default::default() };
 /// let sizing = KvSizing { block_size: 16, micro_batches: 1, dtype: KvCacheDType::F32, budget_per_rank: 1 << 20 };
 /// let r = resolve(&p, &model, sizing).unwrap();
 /// // One replicated KV head per rank: 2 layers × (K + V) × 16 values × 4 bytes.

@@ -86,6 +86,7 @@ pub struct ModelEntry {
     pub model_source: ModelSourceFlags,
     pub tensor_parallel_size: Option<usize>,
     pub decode_context_parallel_size: Option<usize>,
+    pub prefill_context_parallel_size: Option<usize>,
     pub cp_kv_cache_interleave_size: Option<usize>,
     pub kv_cache_memory_bytes: Option<u64>,
     pub max_model_len: Option<usize>,
@@ -145,6 +146,7 @@ impl ModelEntry {
             parallel: ParallelConfig {
                 tensor_parallel_size: self.tensor_parallel_size.unwrap_or(1),
                 decode_context_parallel_size: self.decode_context_parallel_size.unwrap_or(1),
+                prefill_context_parallel_size: self.prefill_context_parallel_size.unwrap_or(1),
                 cp_kv_cache_interleave_size: self.cp_kv_cache_interleave_size.unwrap_or(1),
             },
             dtype: match &self.dtype {

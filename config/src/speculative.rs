@@ -133,7 +133,7 @@ impl SpeculativeConfig {
         ParallelConfig {
             tensor_parallel_size: self.draft_tensor_parallel_size.unwrap_or(1),
             decode_context_parallel_size: self.draft_decode_context_parallel_size.unwrap_or(1),
-            cp_kv_cache_interleave_size: 1,
+            ..Default::default()
         }
     }
 

@@ -10,9 +10,15 @@ pub const TOL: f32 = 1e-4;
 pub type Run = Vec<Vec<TokenOutput>>;
 
 pub fn layout(tp: usize, dcp: usize, interleave: usize) -> ParallelConfig {
+    pcp_layout(tp, 1, dcp, interleave)
+}
+
+/// `tp` × `pcp` ranks (prefill context parallelism), DCP groups of `dcp`, interleave.
+pub fn pcp_layout(tp: usize, pcp: usize, dcp: usize, interleave: usize) -> ParallelConfig {
     ParallelConfig {
         tensor_parallel_size: tp,
         decode_context_parallel_size: dcp,
+        prefill_context_parallel_size: pcp,
         cp_kv_cache_interleave_size: interleave,
     }
 }

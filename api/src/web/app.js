@@ -262,7 +262,8 @@ function renderModel(m) {
   const title = el("h3", "", m.model);
   if (m.layout) {
     const l = m.layout;
-    title.append(el("small", "", "  tp=" + l.tensor_parallel_size + " dcp=" + l.decode_context_parallel_size +
+    const pcp = l.prefill_context_parallel_size > 1 ? " pcp=" + l.prefill_context_parallel_size : "";
+    title.append(el("small", "", "  tp=" + l.tensor_parallel_size + pcp + " dcp=" + l.decode_context_parallel_size +
       " interleave=" + l.cp_kv_cache_interleave_size + " block=" + l.block_size));
   }
   sec.append(title);

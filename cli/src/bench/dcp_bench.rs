@@ -112,6 +112,7 @@ fn engine_config(
             tensor_parallel_size: tp,
             decode_context_parallel_size: dcp,
             cp_kv_cache_interleave_size: 1,
+            ..Default::default()
         },
         dtype: DType::Float32,
         kv_cache_memory_bytes: Some(kv_bytes),
@@ -425,6 +426,7 @@ fn exchange_report(spec: &DcpBenchSpec) -> String {
         heads,
         q_dim: 64,
         v_dim: 64,
+        token_parts: 1,
     };
     let link = LinkModel {
         latency: Duration::from_secs_f64(spec.link.latency_us * 1e-6),

@@ -139,6 +139,7 @@ fn config(case: &EngineCase, dtype: DType) -> EngineConfig {
             tensor_parallel_size: case.tp,
             decode_context_parallel_size: case.dcp,
             cp_kv_cache_interleave_size: case.interleave,
+            ..Default::default()
         },
         dtype,
         kv_cache_memory_bytes: Some(64 << 20),

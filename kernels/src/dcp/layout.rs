@@ -4,6 +4,7 @@ use std::ops::Range;
 
 use super::constraints::{check_interleave, check_model_layout, check_tp_divisible, AttentionKind};
 use super::placement::Placement;
+use super::prefill_split::PrefillSplit;
 use crate::error::KernelError;
 
 /// The DCP group rule: DCP groups are contiguous blocks of `dcp` TP ranks, so TP rank
@@ -30,9 +31,16 @@ pub fn dcp_rank_of(tp_rank: usize, dcp: usize) -> usize {
 /// assert_eq!(layout.placement(3).dcp_rank, 1);
 /// assert_eq!(layout.tokens_total(1000), 2000);
 /// ```
+///
+/// With prefill context parallelism ([`Layout::with_pcp`]) the world is `pcp` copies of
+/// the TP group: global rank `r` is TP rank `r % tp` of prefill-context-parallel rank
+/// `r / tp` (vLLM's order, TP innermost). The KV cache is then sharded over the
+/// *context-parallel group* of `pcp·dcp` ranks, the DCP groups of the same heads in every
+/// copy: context-parallel rank `pcp_rank·dcp + dcp_rank` (see [`Layout::cp_group_ranks`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     tp: usize,
+    pcp: usize,
     dcp: usize,
     interleave: usize,
     block_size: usize,
@@ -64,6 +72,7 @@ impl Layout {
         }
         Ok(Self {
             tp,
+            pcp: 1,
             dcp,
             interleave,
             block_size,
@@ -95,9 +104,63 @@ impl Layout {
         Self::new(tp, dcp, interleave, block_size, micro_batches)
     }
 
-    /// Tensor-parallel ranks (the world of the rank group).
+    /// The same layout with `pcp` prefill-context-parallel copies of the TP group
+    /// (`--prefill-context-parallel-size`); 1 is the layout itself.
+    ///
+    /// ```
+    /// use dcpserve_kernels::dcp::Layout;
+    /// let l = Layout::new(2, 2, 1, 16, 1).unwrap().with_pcp(2).unwrap();
+    /// assert_eq!((l.world(), l.cp_size(), l.virtual_block_size()), (4, 4, 64));
+    /// assert_eq!(l.cp_group_ranks(0), [0, 1, 2, 3]);
+    /// assert_eq!((l.tp_rank(3), l.pcp_rank(3), l.placement(3).dcp_rank), (1, 1, 3));
+    /// ```
+    pub fn with_pcp(self, pcp: usize) -> Result<Self, KernelError> {
+        if pcp == 0 {
+            return Err(KernelError::Shape(format!(
+                "prefill_context_parallel_size ({pcp}) must be at least 1."
+            )));
+        }
+        Ok(Self { pcp, ..self })
+    }
+
+    /// Tensor-parallel ranks (one copy of the model's weights).
     pub fn tp(&self) -> usize {
         self.tp
+    }
+
+    /// Prefill-context-parallel copies of the TP group.
+    pub fn pcp(&self) -> usize {
+        self.pcp
+    }
+
+    /// Every rank of the group: `tp · pcp`.
+    pub fn world(&self) -> usize {
+        self.tp * self.pcp
+    }
+
+    /// Ranks sharing one KV cache by position: `pcp · dcp`.
+    pub fn cp_size(&self) -> usize {
+        self.pcp * self.dcp
+    }
+
+    /// The TP rank of global rank `rank` (its weight shard).
+    pub fn tp_rank(&self, rank: usize) -> usize {
+        rank % self.tp
+    }
+
+    /// The prefill-context-parallel rank of global rank `rank` (its TP group's copy).
+    pub fn pcp_rank(&self, rank: usize) -> usize {
+        rank / self.tp
+    }
+
+    /// How global rank `rank` splits a step's tokens with the other copies.
+    pub fn prefill_split(&self, rank: usize) -> PrefillSplit {
+        PrefillSplit {
+            pcp: self.pcp,
+            pcp_rank: self.pcp_rank(rank),
+            dcp: self.dcp,
+            interleave: self.interleave,
+        }
     }
 
     /// Ranks per DCP group.
@@ -120,45 +183,59 @@ impl Layout {
         self.micro_batches
     }
 
-    /// Tokens per virtual block (B·dcp): the unit the scheduler and the prefix cache
-    /// count in; the same logical block id is used on every DCP rank.
+    /// Tokens per virtual block (B·pcp·dcp): the unit the scheduler and the prefix cache
+    /// count in; the same logical block id is used on every context-parallel rank.
     pub fn virtual_block_size(&self) -> usize {
-        self.block_size * self.dcp
+        self.block_size * self.cp_size()
     }
 
-    /// The DCP rank of TP rank `tp_rank` ([`dcp_rank_of`]).
-    pub fn dcp_rank(&self, tp_rank: usize) -> usize {
-        dcp_rank_of(tp_rank, self.dcp)
+    /// The DCP rank of global rank `rank` ([`dcp_rank_of`] of its TP rank).
+    pub fn dcp_rank(&self, rank: usize) -> usize {
+        dcp_rank_of(self.tp_rank(rank), self.dcp)
     }
 
-    /// The DCP group TP rank `tp_rank` belongs to.
-    pub fn dcp_group_of(&self, tp_rank: usize) -> usize {
-        tp_rank / self.dcp
+    /// The context-parallel rank of global rank `rank`: `pcp_rank · dcp + dcp_rank`.
+    pub fn cp_rank(&self, rank: usize) -> usize {
+        self.pcp_rank(rank) * self.dcp + self.dcp_rank(rank)
     }
 
-    /// Number of DCP groups.
+    /// The DCP group (the heads) global rank `rank` belongs to.
+    pub fn dcp_group_of(&self, rank: usize) -> usize {
+        self.tp_rank(rank) / self.dcp
+    }
+
+    /// Number of DCP groups per TP group (and of context-parallel groups).
     pub fn num_dcp_groups(&self) -> usize {
         self.tp / self.dcp
     }
 
-    /// The TP ranks of DCP group `group`, in DCP-rank order.
-    pub fn dcp_group_ranks(&self, group: usize) -> Range<usize> {
-        group * self.dcp..(group + 1) * self.dcp
+    /// The global ranks of the TP group of copy `pcp_rank`.
+    pub fn tp_group_ranks(&self, pcp_rank: usize) -> Range<usize> {
+        pcp_rank * self.tp..(pcp_rank + 1) * self.tp
     }
 
-    /// The placement rule as TP rank `tp_rank` sees it.
-    pub fn placement(&self, tp_rank: usize) -> Placement {
+    /// The global ranks of context-parallel group `group` (DCP group `group` of every
+    /// copy), in context-parallel-rank order; without pcp, the DCP group's TP ranks.
+    pub fn cp_group_ranks(&self, group: usize) -> Vec<usize> {
+        (0..self.pcp)
+            .flat_map(|p| (0..self.dcp).map(move |d| p * self.tp + group * self.dcp + d))
+            .collect()
+    }
+
+    /// The placement rule as global rank `rank` sees it (over its context-parallel group).
+    pub fn placement(&self, rank: usize) -> Placement {
         Placement {
             block_size: self.block_size,
-            dcp_size: self.dcp,
+            dcp_size: self.cp_size(),
             interleave: self.interleave,
-            dcp_rank: self.dcp_rank(tp_rank),
+            dcp_rank: self.cp_rank(rank),
         }
     }
 
-    /// Tokens a DCP group holds when each of its ranks holds `tokens_per_rank`.
+    /// Tokens a context-parallel group holds when each of its ranks holds
+    /// `tokens_per_rank`.
     pub fn tokens_total(&self, tokens_per_rank: usize) -> usize {
-        tokens_per_rank.saturating_mul(self.dcp)
+        tokens_per_rank.saturating_mul(self.cp_size())
     }
 }
 
@@ -172,7 +249,7 @@ mod tests {
             let l = Layout::new(tp, dcp, 1, 16, 1).unwrap();
             let mut seen = vec![false; tp];
             for g in 0..l.num_dcp_groups() {
-                for (i, r) in l.dcp_group_ranks(g).enumerate() {
+                for (i, r) in l.cp_group_ranks(g).into_iter().enumerate() {
                     assert!(!std::mem::replace(&mut seen[r], true));
                     assert_eq!(l.dcp_group_of(r), g);
                     assert_eq!(l.dcp_rank(r), i);
@@ -182,6 +259,46 @@ mod tests {
             }
             assert!(seen.iter().all(|&s| s));
         }
+    }
+
+    #[test]
+    fn pcp_copies_partition_the_world_into_tp_and_cp_groups() {
+        for (tp, dcp, pcp) in [(2, 1, 2), (4, 2, 2), (1, 1, 4), (4, 1, 3), (8, 2, 2)] {
+            let l = Layout::new(tp, dcp, 2, 16, 1)
+                .unwrap()
+                .with_pcp(pcp)
+                .unwrap();
+            assert_eq!(l.world(), tp * pcp);
+            let mut in_tp = vec![0; l.world()];
+            for p in 0..pcp {
+                for r in l.tp_group_ranks(p) {
+                    in_tp[r] += 1;
+                    assert_eq!((l.pcp_rank(r), l.tp_rank(r)), (p, r - p * tp));
+                }
+            }
+            assert!(in_tp.iter().all(|&c| c == 1));
+            let mut in_cp = vec![0; l.world()];
+            for g in 0..l.num_dcp_groups() {
+                let ranks = l.cp_group_ranks(g);
+                assert_eq!(ranks.len(), pcp * dcp);
+                for (c, &r) in ranks.iter().enumerate() {
+                    in_cp[r] += 1;
+                    assert_eq!(l.cp_rank(r), c);
+                    assert_eq!(l.dcp_group_of(r), g);
+                    assert_eq!(l.placement(r).dcp_rank, c);
+                    assert_eq!(l.placement(r).dcp_size, pcp * dcp);
+                    // A copy computes exactly the positions its ranks store.
+                    let split = l.prefill_split(r);
+                    for pos in 0..200 {
+                        let stored_here = l.placement(r).owner(pos) / dcp == l.pcp_rank(r);
+                        assert_eq!(split.computes(pos), stored_here);
+                    }
+                }
+            }
+            assert!(in_cp.iter().all(|&c| c == 1));
+            assert_eq!(l.virtual_block_size(), 16 * pcp * dcp);
+        }
+        assert!(Layout::new(2, 1, 1, 16, 1).unwrap().with_pcp(0).is_err());
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //! - [`Placement`]: which DCP rank stores a position, at which local slot, and how many
 //!   positions of a sequence a rank stores.
 //! - [`merge`]: the one log-sum-exp merge of attention partials over disjoint KV shards.
+//! - [`PrefillSplit`]: with prefill context parallelism (`pcp` copies of the TP group,
+//!   sharing one context-parallel KV placement over `pcp·dcp` ranks), which copy computes
+//!   which tokens of a step: the copy that stores them.
 //! - [`DcpAttention`]: the one DCP attention step (gather the group's queries, attend the
 //!   local shard, exchange the partials, merge), used by GQA and MLA alike.
 
@@ -20,6 +23,7 @@ pub mod kv_size;
 pub mod layout;
 pub mod merge;
 pub mod placement;
+pub mod prefill_split;
 pub mod step;
 
 pub use constraints::AttentionKind;
@@ -27,4 +31,5 @@ pub use kv_size::{kv_bytes_per_token, KvCapacity, KvShape};
 pub use layout::{dcp_rank_of, Layout};
 pub use merge::merge_partials;
 pub use placement::Placement;
+pub use prefill_split::PrefillSplit;
 pub use step::{DcpAttention, DcpShape, MergeExchange};

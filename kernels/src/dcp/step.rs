@@ -33,6 +33,23 @@ pub struct DcpShape {
     pub q_dim: usize,
     /// Values per output head.
     pub v_dim: usize,
+    /// Blocks of ranks that hold different tokens (prefill context parallelism: the
+    /// group is `token_parts` blocks of `size / token_parts` ranks; a block's ranks hold
+    /// different heads of the same `tokens` tokens, padded alike in every block). 1
+    /// without it: every rank of the group holds the same tokens.
+    pub token_parts: usize,
+}
+
+impl DcpShape {
+    /// Ranks per token block of a group of `ranks` (the ranks that split the heads).
+    fn head_ranks(&self, ranks: usize) -> usize {
+        ranks / self.token_parts.max(1)
+    }
+
+    /// Tokens the group attends: every block's.
+    pub fn group_tokens(&self) -> usize {
+        self.tokens * self.token_parts.max(1)
+    }
 }
 
 /// A buffer of the DCP step, grown to the largest call seen (never per call).
@@ -91,12 +108,14 @@ impl<B: Backend> DcpAttention<B> {
     /// Attention with the KV cache sharded by position over `group`, on `dev`'s buffers.
     ///
     /// `q` holds this rank's `[tokens, heads, q_dim]` queries (in its prefix). `attend(
-    /// q_all, heads_all, out, lse)` must attend the prefix of `q_all` (`[tokens,
-    /// heads_all, q_dim]`, rank r's heads at `r·heads..(r+1)·heads`) to the local shard,
-    /// writing the prefixes of `out` (`[tokens, heads_all, v_dim]`) and `lse` (`[tokens,
-    /// heads_all]`, −inf where the shard holds nothing). The prefix of `out`
-    /// (`[tokens, heads, v_dim]`) then receives this rank's heads merged over all shards.
-    /// With a group of one, `attend` sees `q` itself and writes `out` directly.
+    /// q_all, heads_all, out, lse)` must attend the prefix of `q_all` (`[group_tokens,
+    /// heads_all, q_dim]`: token block p's tokens at rows `p·tokens..(p+1)·tokens`, and
+    /// within a block rank d's heads at `d·heads..(d+1)·heads`) to the local shard,
+    /// writing the prefixes of `out` (`[group_tokens, heads_all, v_dim]`) and `lse`
+    /// (`[group_tokens, heads_all]`, −inf where the shard holds nothing). The prefix of
+    /// `out` (`[tokens, heads, v_dim]`) then receives this rank's tokens and heads merged
+    /// over all shards. With a group of one, `attend` sees `q` itself and writes `out`
+    /// directly.
     ///
     /// `attend` is the only place the caller may touch its KV cache: no collective runs
     /// while it does (micro-batch overlap relies on it).
@@ -118,7 +137,7 @@ impl<B: Backend> DcpAttention<B> {
     ///         let dev = &dev;
     ///         s.spawn(move || {
     ///             let rank = Collectives::<CpuBackend>::rank(g);
-    ///             let shape = DcpShape { tokens: 1, heads: 1, q_dim: 1, v_dim: 1 };
+    ///             let shape = DcpShape { tokens: 1, heads: 1, q_dim: 1, v_dim: 1, token_parts: 1 };
     ///             let mut step = DcpAttention::new(MergeExchange::AllToAll);
     ///             let q = dev.upload(&[1.0]).unwrap();
     ///             let mut out = dev.zeros(1).unwrap();
@@ -149,9 +168,16 @@ impl<B: Backend> DcpAttention<B> {
             heads: h,
             q_dim,
             v_dim,
+            token_parts,
         } = shape;
         let ranks = group.size();
-        let all_h = ranks * h;
+        if token_parts == 0 || !ranks.is_multiple_of(token_parts) {
+            return Err(E::from(KernelError::Shape(format!(
+                "dcp attention: {token_parts} token blocks do not tile a group of {ranks}"
+            ))));
+        }
+        let all_h = shape.head_ranks(ranks) * h;
+        let gn = shape.group_tokens();
         let at_least = |what: &str, want: usize, got: usize| {
             if got < want {
                 Err(E::from(KernelError::Shape(format!(
@@ -163,12 +189,12 @@ impl<B: Backend> DcpAttention<B> {
         };
         at_least("queries", n * h * q_dim, dev.len(q))?;
         at_least("output", n * h * v_dim, dev.len(out))?;
-        let lse_all = self.lse_all.grow(dev, n * all_h)?;
+        let lse_all = self.lse_all.grow(dev, gn * all_h)?;
         if ranks == 1 {
             return attend(q, h, out, lse_all);
         }
         let q_all = gather_queries(dev, group, &mut self.gathered, &mut self.q_all, q, shape)?;
-        let out_all = self.out_all.grow(dev, n * all_h * v_dim)?;
+        let out_all = self.out_all.grow(dev, gn * all_h * v_dim)?;
         attend(q_all, all_h, out_all, lse_all)?;
         let parts = Partials {
             out: out_all,
@@ -183,6 +209,11 @@ impl<B: Backend> DcpAttention<B> {
                 (&mut self.send, &mut self.recv, &mut self.lse_mine),
                 out,
             ),
+            MergeExchange::AllGatherReduceScatter if token_parts > 1 => Err(KernelError::Shape(
+                "the all-gather + reduce-scatter merge is not implemented for token blocks \
+                     (prefill context parallelism); use the all-to-all exchange"
+                    .into(),
+            )),
             MergeExchange::AllGatherReduceScatter => {
                 let mut parts = parts;
                 parts.merge_gather_scatter(dev, group, (&mut self.send, &mut self.recv), out)
@@ -192,8 +223,8 @@ impl<B: Backend> DcpAttention<B> {
     }
 }
 
-/// All-gathers every rank's `[n, h, d]` queries and lays them out as `[n, ranks·h, d]`
-/// in `q_all`.
+/// All-gathers every rank's `[n, h, d]` queries and lays them out as `[parts·n,
+/// (ranks/parts)·h, d]` in `q_all` (rank `p·(ranks/parts) + r` at token block p, heads r).
 fn gather_queries<'a, B: Backend>(
     dev: &B,
     group: &dyn Collectives<B>,
@@ -204,17 +235,19 @@ fn gather_queries<'a, B: Backend>(
 ) -> Result<&'a B::Buffer, KernelError> {
     let (n, h, d) = (shape.tokens, shape.heads, shape.q_dim);
     let ranks = group.size();
-    let (row, all_row) = (h * d, ranks * h * d);
+    let head_ranks = shape.head_ranks(ranks);
+    let (row, all_row) = (h * d, head_ranks * h * d);
     let gathered = gathered.grow(dev, ranks * n * row)?;
     group.all_gather(
         dev,
         dev.view(q, 0..n * row)?,
         dev.view_mut(gathered, 0..ranks * n * row)?,
     )?;
-    let q_all = q_all.grow(dev, n * all_row)?;
-    for r in 0..ranks {
-        let src = dev.view(gathered, r * n * row..(r + 1) * n * row)?;
-        let dst = dev.view_mut(q_all, 0..n * all_row)?;
+    let q_all = q_all.grow(dev, shape.group_tokens() * all_row)?;
+    for c in 0..ranks {
+        let (p, r) = (c / head_ranks, c % head_ranks);
+        let src = dev.view(gathered, c * n * row..(c + 1) * n * row)?;
+        let dst = dev.view_mut(q_all, p * n * all_row..(p + 1) * n * all_row)?;
         let (src, dst) = (
             (src, Strided::packed(row)),
             (dst, Strided::new(all_row, r * row)),
@@ -224,7 +257,8 @@ fn gather_queries<'a, B: Backend>(
     Ok(q_all)
 }
 
-/// The local partials of the whole group's heads, `[n, ranks·h, v_dim]` and their LSEs.
+/// The local partials of the whole group's tokens and heads, `[parts·n, (ranks/parts)·h,
+/// v_dim]`, and their LSEs.
 struct Partials<'a, B: Backend> {
     out: &'a mut B::Buffer,
     lse: &'a B::Buffer,
@@ -233,7 +267,8 @@ struct Partials<'a, B: Backend> {
 }
 
 impl<B: Backend> Partials<'_, B> {
-    /// Copies rank `s`'s heads of the partial outputs, `[n, h, v_dim]`, into `dst`.
+    /// Copies rank `s`'s part of the partial outputs (its token block's rows, its
+    /// heads), `[n, h, v_dim]`, into `dst`.
     fn heads_of(&self, dev: &B, s: usize, dst: B::ViewMut<'_>) -> Result<(), KernelError> {
         let DcpShape {
             tokens: n,
@@ -241,17 +276,20 @@ impl<B: Backend> Partials<'_, B> {
             v_dim: vd,
             ..
         } = self.shape;
-        let all_row = self.ranks * h * vd;
-        let src = dev.view(&*self.out, 0..n * all_row)?;
+        let head_ranks = self.shape.head_ranks(self.ranks);
+        let (p, r) = (s / head_ranks, s % head_ranks);
+        let all_row = head_ranks * h * vd;
+        let src = dev.view(&*self.out, p * n * all_row..(p + 1) * n * all_row)?;
         let (src, dst) = (
-            (src, Strided::new(all_row, s * h * vd)),
+            (src, Strided::new(all_row, r * h * vd)),
             (dst, Strided::packed(h * vd)),
         );
         dev.copy_strided(src, dst, n, h * vd)
     }
 
     /// One all-to-all: chunk s of the send buffer is `[n, h, vd]` partial outputs of
-    /// rank s's heads followed by their `[n, h]` LSEs; each rank merges what it receives.
+    /// rank s's tokens and heads followed by their `[n, h]` LSEs; each rank merges what
+    /// it receives.
     fn merge_all_to_all(
         &self,
         dev: &B,
@@ -265,14 +303,17 @@ impl<B: Backend> Partials<'_, B> {
             v_dim: vd,
             ..
         } = self.shape;
-        let (ranks, all_h) = (self.ranks, self.ranks * h);
+        let ranks = self.ranks;
+        let head_ranks = self.shape.head_ranks(ranks);
+        let all_h = head_ranks * h;
         let (outs, chunk) = (n * h * vd, n * h * (vd + 1));
         let send = send.grow(dev, ranks * chunk)?;
         for s in 0..ranks {
+            let (p, r) = (s / head_ranks, s % head_ranks);
             self.heads_of(dev, s, dev.view_mut(send, s * chunk..s * chunk + outs)?)?;
             let src = (
-                dev.view(self.lse, 0..n * all_h)?,
-                Strided::new(all_h, s * h),
+                dev.view(self.lse, p * n * all_h..(p + 1) * n * all_h)?,
+                Strided::new(all_h, r * h),
             );
             let dst = dev.view_mut(send, s * chunk + outs..(s + 1) * chunk)?;
             dev.copy_strided(src, (dst, Strided::packed(h)), n, h)?;

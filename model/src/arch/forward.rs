@@ -13,6 +13,7 @@ use super::head::{head_logits, take_logits};
 use super::kv_cache::KvCache;
 use super::rank_io::{add_reduced, ForwardOptions, ForwardOutput, RankComms};
 use super::shell::{ModelShell, RopeSpec};
+use super::split_step::{AttendBatch, SplitStep};
 use super::weights::{DecoderWeights, HeadLayout, TpShard, WeightPrecision};
 use super::workspace::{whole, DenseBuffers, DenseWorkspace, Widths};
 use crate::config::{ModelConfig, RopeScaling};
@@ -215,20 +216,32 @@ impl<B: Backend> DecoderModel<B> {
         } else {
             None
         };
+        // With prefill context parallelism this copy computes its share of the tokens.
+        let split = comms
+            .split
+            .is_split()
+            .then(|| SplitStep::new(input, comms.split))
+            .transpose()?;
+        let own = split.as_ref().map(|s| s.input(input));
         self.shell.in_workspace(widths, |ws| {
-            run_step(graphs, || self.step(ws, comms, input, &mut cache))?;
+            let step_input = own.as_ref().unwrap_or(input);
+            run_step(graphs, || {
+                self.step(ws, comms, step_input, split.as_ref(), &mut cache)
+            })?;
             let vocab = self.shell.config.vocab_size;
             take_logits(dev, &ws.head, input.logits_for.len(), vocab)
         })
     }
 
     /// The step itself, in workspace `ws`: logits of `input.logits_for` into
-    /// `ws.head.logits`.
+    /// `ws.head.logits`. With `split`, `input` is this copy's share of the step and
+    /// attention and the logits cover the whole step.
     fn step(
         &self,
         ws: &mut DenseWorkspace<B>,
         comms: &RankComms<B>,
         input: &BatchInput,
+        split: Option<&SplitStep>,
         cache: &mut impl CacheAccess<KvCache<B>>,
     ) -> Result<(), ModelError> {
         let dev = &self.shell.backend;
@@ -245,7 +258,8 @@ impl<B: Backend> DecoderModel<B> {
         let (nh, nqd, nkvd, ni) = (n * h, n * q_dim, n * kv_dim, n * inter);
         let eps = cfg.rms_norm_eps;
         let w = &self.shell.weights;
-        ws.prepare(dev, n, comms.dcp_merge)?;
+        let attend = split.map_or_else(|| AttendBatch::of(input), SplitStep::attend);
+        ws.prepare(dev, n.max(attend.per_part), comms.dcp_merge)?;
 
         input.check_vocab(cfg.vocab_size)?;
         dev.embedding(
@@ -296,10 +310,11 @@ impl<B: Backend> DecoderModel<B> {
             })?;
 
             let shape = DcpShape {
-                tokens: n,
+                tokens: attend.per_part,
                 heads: nq,
                 q_dim: hd,
                 v_dim: hd,
+                token_parts: attend.parts,
             };
             // The cache is only touched inside `with`, never across a collective.
             ws.dcp.run(
@@ -310,7 +325,7 @@ impl<B: Backend> DecoderModel<B> {
                 &mut ws.t.attn,
                 |q_all, heads, out, lse| {
                     let row = heads * hd;
-                    read_in_pieces(cache, n, |c, r| {
+                    read_in_pieces(cache, attend.len(), |c, r| {
                         let (kc, vc) = c.layer(dev, li)?;
                         let p = PagedAttentionParams {
                             n_q_heads: heads,
@@ -319,8 +334,8 @@ impl<B: Backend> DecoderModel<B> {
                             scale,
                             batch: PagedBatch {
                                 block_size,
-                                token_seq: &input.token_seq[r.clone()],
-                                token_kv_len: &input.kv_lens[r.clone()],
+                                token_seq: &attend.token_seq[r.clone()],
+                                token_kv_len: &attend.kv_lens[r.clone()],
                                 block_tables: input.block_tables,
                             },
                         };
@@ -370,17 +385,37 @@ impl<B: Backend> DecoderModel<B> {
             )?;
         }
 
-        head_logits(
-            dev,
-            comms,
-            &ws.t.x,
-            (n, h),
-            input.logits_for,
-            (&w.norm, eps),
-            w.output_head(),
-            cfg.vocab_size,
-            &mut ws.head,
-        )
+        let head = (w.output_head(), cfg.vocab_size);
+        match split {
+            None => head_logits(
+                dev,
+                comms,
+                &ws.t.x,
+                (n, h),
+                input.logits_for,
+                (&w.norm, eps),
+                head.0,
+                head.1,
+                &mut ws.head,
+            ),
+            Some(s) => {
+                let rows = s.gather_rows(dev, comms, &ws.t.x, h)?;
+                let all: Vec<usize> = (0..s.logits_len()).collect();
+                let (m, out) = (all.len(), head.0);
+                let bufs = &mut ws.head;
+                head_logits(
+                    dev,
+                    comms,
+                    &rows,
+                    (m, h),
+                    &all,
+                    (&w.norm, eps),
+                    out,
+                    head.1,
+                    bufs,
+                )
+            }
+        }
     }
 }
 

@@ -100,6 +100,32 @@ impl<B: Backend> KvCache<B> {
             _ => Err(no_layer(layer, self.k.len())),
         }
     }
+
+    /// Layer `layer`'s K and V as f32 on the host, `[num_blocks, block_size, n_kv_heads,
+    /// head_dim]` each: to inspect what a rank stores (tests, debugging), not on a hot
+    /// path.
+    ///
+    /// ```
+    /// use dcpserve_kernels::{CpuBackend, KvCacheDType};
+    /// use dcpserve_model::arch::KvCache;
+    /// let dev = CpuBackend::new(1);
+    /// let cache = KvCache::new(&dev, KvCacheDType::F32, 2, 3, 16, 1, 8).unwrap();
+    /// let (k, v) = cache.download_layer(&dev, 1).unwrap();
+    /// assert_eq!((k.len(), v.len()), (3 * 16 * 8, 3 * 16 * 8));
+    /// assert!(k.iter().all(|&x| x == 0.0));
+    /// ```
+    pub fn download_layer(
+        &self,
+        dev: &B,
+        layer: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let (k, v) = self.layer(dev, layer)?;
+        let mut hk = vec![0.0; self.layer_len()];
+        let mut hv = vec![0.0; self.layer_len()];
+        dev.kv_download(k, &mut hk)?;
+        dev.kv_download(v, &mut hv)?;
+        Ok((hk, hv))
+    }
 }
 
 fn no_layer(layer: usize, layers: usize) -> ModelError {

@@ -15,6 +15,7 @@ pub mod mla;
 mod rank_io;
 mod rank_model;
 mod shell;
+mod split_step;
 mod weights;
 mod workspace;
 

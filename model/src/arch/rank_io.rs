@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use dcpserve_kernels::dcp::MergeExchange;
+use dcpserve_kernels::dcp::{MergeExchange, PrefillSplit};
 use dcpserve_kernels::{Backend, Collectives, CpuBackend, SoloCollectives};
 
 use super::cache_access::TurnPoints;
@@ -54,15 +54,17 @@ impl<B: Backend> Default for ForwardOptions<'_, B> {
 }
 
 /// The collectives one rank computes with, over its backend's buffers: its
-/// tensor-parallel group (all ranks of the model) and its decode-context-parallel group
-/// (a contiguous block of `dcp` ranks), and how the DCP group exchanges attention
-/// partials. CPU ranks reach a host communicator through
+/// tensor-parallel group (all ranks of its copy of the model) and its context-parallel
+/// group (a contiguous block of `dcp` TP ranks, in every prefill-context-parallel copy),
+/// how that group exchanges attention partials, and which tokens of a step this rank's
+/// copy computes. CPU ranks reach a host communicator through
 /// [`HostCollectives`](dcpserve_kernels::HostCollectives); a CUDA rank passes its NCCL
 /// communicator here.
 pub struct RankComms<B: Backend = CpuBackend> {
     pub world: Arc<dyn Collectives<B>>,
     pub dcp: Arc<dyn Collectives<B>>,
     pub dcp_merge: MergeExchange,
+    pub split: PrefillSplit,
 }
 
 impl<B: Backend> Clone for RankComms<B> {
@@ -71,6 +73,7 @@ impl<B: Backend> Clone for RankComms<B> {
             world: self.world.clone(),
             dcp: self.dcp.clone(),
             dcp_merge: self.dcp_merge,
+            split: self.split,
         }
     }
 }
@@ -84,6 +87,7 @@ impl<B: Backend> RankComms<B> {
             dcp: solo.clone(),
             world: solo,
             dcp_merge: MergeExchange::default(),
+            split: PrefillSplit::single(),
         }
     }
 }

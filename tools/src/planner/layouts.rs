@@ -37,6 +37,7 @@ pub fn check_layout(
         tensor_parallel_size: layout.tp,
         decode_context_parallel_size: layout.dcp,
         cp_kv_cache_interleave_size: interleave,
+        ..Default::default()
     }
     .validate(cfg.attention_kind(), block_size)
     .map_err(|e| e.to_string())

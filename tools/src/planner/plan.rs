@@ -98,6 +98,7 @@ pub fn estimate_layout(
         tensor_parallel_size: layout.tp,
         decode_context_parallel_size: layout.dcp,
         cp_kv_cache_interleave_size: o.interleave,
+        ..Default::default()
     };
     let sizing = KvSizing {
         block_size: o.block_size,

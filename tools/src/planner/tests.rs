@@ -49,6 +49,7 @@ fn kv_capacity_in(
         tensor_parallel_size: tp,
         decode_context_parallel_size: dcp,
         cp_kv_cache_interleave_size: 1,
+        ..Default::default()
     };
     let sizing = KvSizing {
         block_size,

@@ -107,6 +107,7 @@ fn both_exchanges_equal_attention_over_the_whole_cache() {
                             heads: h,
                             q_dim: d,
                             v_dim: d,
+                            token_parts: 1,
                         };
                         for _layer in 0..3 {
                             let mut out = vec![f32::NAN; n * h * d];
@@ -151,6 +152,7 @@ fn wrong_buffer_lengths_are_refused() {
         heads: 1,
         q_dim: 4,
         v_dim: 4,
+        token_parts: 1,
     };
     let mut out = vec![0.0; 8];
     let r = step.run(
@@ -162,4 +164,93 @@ fn wrong_buffer_lengths_are_refused() {
         |_, _, _, _| Ok::<(), KernelError>(()),
     );
     assert!(r.is_err());
+}
+
+/// Token blocks (prefill context parallelism): a group of `parts` blocks of `head_ranks`
+/// ranks, each rank with its own tokens' queries of its own heads, gets exactly what its
+/// queries give against the whole cache, whichever shard each key sits in.
+#[test]
+fn token_blocks_get_their_own_tokens_attention_over_the_whole_cache() {
+    let (n, h, d) = (3, 2, 4);
+    for (parts, head_ranks) in [(2, 1), (2, 2), (3, 1), (4, 1), (2, 3)] {
+        let ranks = parts * head_ranks;
+        let lens: Vec<usize> = (0..ranks).map(|r| (r * 3) % 5).collect();
+        let total: usize = lens.iter().sum();
+        let keys = values(3, total * d);
+        let vals = values(4, total * d);
+        let starts: Vec<usize> = (0..ranks).map(|r| lens[..r].iter().sum()).collect();
+        let q_of = |c: usize| values(20 + c, n * h * d);
+        let groups = host_groups(ranks);
+        let dev = CpuBackend::new(1);
+        std::thread::scope(|s| {
+            for (c, g) in groups.iter().enumerate() {
+                let (keys, vals, dev) = (&keys, &vals, &dev);
+                let (start, len) = (starts[c], lens[c]);
+                s.spawn(move || {
+                    let q = q_of(c);
+                    let mut want = vec![0.0; n * h * d];
+                    let mut want_lse = vec![0.0; n * h];
+                    attend_naive(&q, h, d, keys, vals, &mut want, &mut want_lse);
+                    let shape = DcpShape {
+                        tokens: n,
+                        heads: h,
+                        q_dim: d,
+                        v_dim: d,
+                        token_parts: parts,
+                    };
+                    let mut step = DcpAttention::new(MergeExchange::AllToAll);
+                    let mut out = vec![f32::NAN; n * h * d];
+                    step.run(dev, g, &q, shape, &mut out, |qa, heads, o, l| {
+                        assert_eq!(heads, head_ranks * h);
+                        let rows = parts * n * heads;
+                        let (k, v) = (
+                            &keys[start * d..(start + len) * d],
+                            &vals[start * d..(start + len) * d],
+                        );
+                        attend_naive(
+                            &qa[..rows * d],
+                            heads,
+                            d,
+                            k,
+                            v,
+                            &mut o[..rows * d],
+                            &mut l[..rows],
+                        );
+                        Ok::<(), KernelError>(())
+                    })
+                    .unwrap();
+                    for (a, b) in out.iter().zip(&want) {
+                        assert!(
+                            (a - b).abs() < 1e-5,
+                            "parts={parts} ranks={ranks} rank={c}: {a} vs {b}"
+                        );
+                    }
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn token_blocks_that_do_not_tile_the_group_are_refused() {
+    let groups = host_groups(1);
+    let dev = CpuBackend::new(1);
+    let mut step = DcpAttention::new(MergeExchange::default());
+    let shape = DcpShape {
+        tokens: 1,
+        heads: 1,
+        q_dim: 1,
+        v_dim: 1,
+        token_parts: 2,
+    };
+    let mut out = vec![0.0; 1];
+    let r = step.run(
+        &dev,
+        &groups[0],
+        &vec![0.0; 1],
+        shape,
+        &mut out,
+        |_, _, _, _| Ok::<(), KernelError>(()),
+    );
+    assert!(r.unwrap_err().to_string().contains("token blocks"));
 }

@@ -13,6 +13,7 @@ use super::workspace::MlaWorkspace;
 use crate::arch::cache_access::{read_in_pieces, CacheAccess};
 use crate::arch::forward::BatchInput;
 use crate::arch::rank_io::{add_reduced, RankComms};
+use crate::arch::split_step::AttendBatch;
 use crate::arch::workspace::whole;
 use crate::error::ModelError;
 
@@ -22,11 +23,11 @@ const LORA_NORM_EPS: f32 = 1e-6;
 
 impl<B: Backend> MlaModel<B> {
     /// One decoder layer `lw` on the residual stream `ws.t.x` (its first `n` rows), its
-    /// latents in cache layer `li`.
+    /// latents in cache layer `li`; attention runs over `attend`'s rows.
     pub(super) fn layer(
         &self,
         comms: &RankComms<B>,
-        input: &BatchInput,
+        (input, attend): (&BatchInput, &AttendBatch),
         cache: &mut impl CacheAccess<LatentCache<B>>,
         (li, lw): (usize, &DeviceMlaLayer<B>),
         ws: &mut MlaWorkspace<B>,
@@ -34,7 +35,7 @@ impl<B: Backend> MlaModel<B> {
         let dev = &self.shell.backend;
         let (n, h) = (input.tokens.len(), self.shell.config.hidden_size);
         let nh = n * h;
-        self.attention(comms, input, cache, (li, lw), ws)?;
+        self.attention(comms, (input, attend), cache, (li, lw), ws)?;
         add_reduced(dev, comms, nh, &mut ws.t.proj, &mut ws.t.x)?;
 
         let x = dev.view(&ws.t.x, 0..nh)?;
@@ -68,7 +69,7 @@ impl<B: Backend> MlaModel<B> {
     fn attention(
         &self,
         comms: &RankComms<B>,
-        input: &BatchInput,
+        (input, attend): (&BatchInput, &AttendBatch),
         cache: &mut impl CacheAccess<LatentCache<B>>,
         (li, layer): (usize, &DeviceMlaLayer<B>),
         ws: &mut MlaWorkspace<B>,
@@ -144,10 +145,11 @@ impl<B: Backend> MlaModel<B> {
         }
 
         let shape = DcpShape {
-            tokens: n,
+            tokens: attend.per_part,
             heads: hl,
             q_dim: d,
             v_dim: r,
+            token_parts: attend.parts,
         };
         // The cache is only touched inside `with`, never across a collective.
         ws.dcp.run(
@@ -158,7 +160,7 @@ impl<B: Backend> MlaModel<B> {
             &mut ws.t.lat_out,
             |q_all, heads, out, lse| {
                 let (row, out_row) = (heads * d, heads * r);
-                read_in_pieces(cache, n, |c, rg| {
+                read_in_pieces(cache, attend.len(), |c, rg| {
                     let p = LatentAttentionParams {
                         n_heads: heads,
                         dim: d,
@@ -166,8 +168,8 @@ impl<B: Backend> MlaModel<B> {
                         scale: self.scale,
                         batch: PagedBatch {
                             block_size,
-                            token_seq: &input.token_seq[rg.clone()],
-                            token_kv_len: &input.kv_lens[rg.clone()],
+                            token_seq: &attend.token_seq[rg.clone()],
+                            token_kv_len: &attend.kv_lens[rg.clone()],
                             block_tables: input.block_tables,
                         },
                     };

@@ -14,6 +14,7 @@ use crate::arch::forward::BatchInput;
 use crate::arch::head::{copy_out, head_logits, pick_normed, take_logits};
 use crate::arch::rank_io::{ForwardOptions, ForwardOutput, RankComms};
 use crate::arch::shell::{ModelShell, RopeSpec};
+use crate::arch::split_step::{AttendBatch, SplitStep};
 use crate::arch::weights::{TpShard, WeightPrecision};
 use crate::config::{MlaConfig, ModelConfig, MoeConfig};
 use crate::error::ModelError;
@@ -201,12 +202,30 @@ impl<B: Backend> MlaModel<B> {
     ) -> Result<ForwardOutput<B>, ModelError> {
         let dev = &self.shell.backend;
         let cfg = &self.shell.config;
-        let n = input.checked_len()?;
+        input.checked_len()?;
         cache.with(|c| self.check_cache(c))?;
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let w = &self.shell.weights;
+        // With prefill context parallelism this copy computes its share of the tokens.
+        let split = comms
+            .split
+            .is_split()
+            .then(|| SplitStep::new(input, comms.split))
+            .transpose()?;
+        if split.is_some() && !hidden_for.is_empty() {
+            return Err(ModelError::Invalid(
+                "hidden states (MTP) with prefill context parallelism are not implemented".into(),
+            ));
+        }
+        let whole = input;
+        let own = split.as_ref().map(|s| s.input(whole));
+        let input = own.as_ref().unwrap_or(whole);
+        let n = input.tokens.len();
+        let attend = split
+            .as_ref()
+            .map_or_else(|| AttendBatch::of(input), SplitStep::attend);
         self.in_workspace(|ws| {
-            ws.prepare(dev, n, comms.dcp_merge)?;
+            ws.prepare(dev, n.max(attend.per_part), comms.dcp_merge)?;
             input.check_vocab(cfg.vocab_size)?;
             dev.embedding(
                 &w.embed_tokens,
@@ -214,10 +233,33 @@ impl<B: Backend> MlaModel<B> {
                 dev.view_mut(&mut ws.t.x, 0..n * h)?,
             )?;
             for (li, lw) in w.layers.iter().enumerate() {
-                self.layer(comms, input, &mut cache, (li, lw), ws)?;
+                self.layer(comms, (input, &attend), &mut cache, (li, lw), ws)?;
             }
-            let mut out =
-                self.logits(comms, ws, n, input.logits_for, (&w.norm, w.output_head()))?;
+            let head = (&w.norm, w.output_head());
+            let mut out = match &split {
+                None => self.logits(comms, ws, n, input.logits_for, head)?,
+                Some(s) => {
+                    // The wanted rows, gathered from the copies that computed them.
+                    let rows = s.gather_rows(dev, comms, &ws.t.x, h)?;
+                    let all: Vec<usize> = (0..s.logits_len()).collect();
+                    let vocab = cfg.vocab_size;
+                    let (norm, out) = head;
+                    let bufs = &mut ws.head;
+                    let m = all.len();
+                    head_logits(
+                        dev,
+                        comms,
+                        &rows,
+                        (m, h),
+                        &all,
+                        (norm, eps),
+                        out,
+                        vocab,
+                        bufs,
+                    )?;
+                    take_logits(dev, &ws.head, m, vocab)?
+                }
+            };
             if !hidden_for.is_empty() {
                 pick_normed(dev, &ws.t.x, n, h, hidden_for, &w.norm, eps, &mut ws.head)?;
                 out.hidden = Some(copy_out(dev, &ws.head.normed, hidden_for.len() * h)?);

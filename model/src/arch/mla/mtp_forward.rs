@@ -14,6 +14,7 @@ use crate::arch::cache_access::CacheAccess;
 use crate::arch::forward::BatchInput;
 use crate::arch::head::copy_out;
 use crate::arch::rank_io::{ForwardOutput, RankComms};
+use crate::arch::split_step::AttendBatch;
 use crate::arch::weights::WeightPrecision;
 use crate::arch::workspace::whole;
 use crate::error::ModelError;
@@ -100,7 +101,8 @@ impl<B: Backend> MlaModel<B> {
             let x = dev.view_mut(&mut ws.t.x, 0..nh)?;
             dev.matmul(cat, n, &mtp.eh_proj, x, Precision::Exact)?;
             let li = cfg.num_hidden_layers;
-            self.layer(comms, input, &mut cache, (li, &mtp.layer), ws)?;
+            let attend = AttendBatch::of(input);
+            self.layer(comms, (input, &attend), &mut cache, (li, &mtp.layer), ws)?;
             let head = mtp
                 .head
                 .as_ref()
