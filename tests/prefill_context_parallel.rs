@@ -176,6 +176,28 @@ async fn pcp_with_ngram_speculation_equals_single_rank() {
     assert_same(&base, &got, "tp=2 pcp=2 with n-gram speculation");
 }
 
+/// A draft model (tiny-qwen2, same vocabulary, on its own single rank) proposing for a
+/// tp=2 pcp=2 target: most drafts fail, the output must not change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pcp_with_a_draft_model_equals_single_rank() {
+    let model = fixture("tiny-llama");
+    let prompts = long_prompts(3100);
+    let spec = dcpserve::SpeculativeConfig::from_json(&format!(
+        r#"{{"method": "draft_model", "model": "{}", "num_speculative_tokens": 3}}"#,
+        fixture("tiny-qwen2").display()
+    ))
+    .unwrap();
+    let base = run(&model, cfg(layout(1, 1, 1), 512, 64 << 20), &prompts, 12).await;
+    let mut with_spec = cfg(pcp_layout(2, 2, 1, 1), 512, 64 << 20);
+    with_spec.speculative = Some(spec);
+    let (got, stats) = run_stats(&model, with_spec, &prompts, 12).await;
+    assert!(
+        stats.speculation.num_drafts > 0,
+        "no drafts verified: {stats:?}"
+    );
+    assert_same(&base, &got, "tp=2 pcp=2 with a draft model");
+}
+
 // ---------------------------------------------------------------------------------------
 // KV placement: a pcp prefill stores each token where the DCP placement says
 // ---------------------------------------------------------------------------------------

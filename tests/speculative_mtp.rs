@@ -300,7 +300,8 @@ async fn refusal(model: &str, c: EngineConfig) -> String {
 
 /// A model without MTP weights (tiny-deepseek's config declares
 /// `num_nextn_predict_layers: 1` but its checkpoint has no layer 3; tiny-llama is not
-/// DeepSeek at all) and overlapped micro-batches are refused with clear errors.
+/// DeepSeek at all), overlapped micro-batches and prefill context parallelism are refused
+/// with clear errors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtp_is_refused_where_it_cannot_run() {
     for model in ["tiny-deepseek", "tiny-llama"] {
@@ -314,6 +315,13 @@ async fn mtp_is_refused_where_it_cannot_run() {
     c.overlap_micro_batches = true;
     let err = refusal(MODEL, c).await;
     assert!(err.contains("overlapped micro-batches"), "{err}");
+    let mut c = with_spec(f32_config(), mtp(1));
+    c.parallel.prefill_context_parallel_size = 2;
+    let err = refusal(MODEL, c).await;
+    assert!(
+        err.contains("`--prefill-context-parallel-size` above 1 is not implemented"),
+        "{err}"
+    );
 }
 
 /// A failed rank takes the group down and up again: the in-flight request ends with an

@@ -1,11 +1,11 @@
 //! Structured outputs in the engine: a JSON-schema constraint holds on tiny-llama at
-//! every layout, with n-gram speculation (drafts checked against the grammar) and under
+//! every layout (prefill context parallelism included), with n-gram speculation (drafts checked against the grammar) and under
 //! preemption (the matcher rebuilt from the sequence's tokens); greedy constrained output
 //! is the same with and without drafts.
 
 mod common;
 
-use common::equivalence::{cfg, layout, preemption_prompts};
+use common::equivalence::{cfg, layout, pcp_layout, preemption_prompts};
 use common::*;
 use dcpserve::SpeculativeConfig;
 use dcpserve::{Completion, Engine, EngineConfig, FinishReason, Prompt, SamplingParams};
@@ -121,12 +121,19 @@ async fn schema_holds_at_every_layout_with_and_without_ngram_drafts() {
     let kv = 32 << 20;
     let (base, _) = run(cfg(layout(1, 1, 1), 64, kv), 0.0, 4).await;
     assert_all_valid(&base, "greedy tp=1");
-    for (tp, dcp, spec) in [(4, 2, false), (1, 1, true), (4, 2, true)] {
-        let mut c = cfg(layout(tp, dcp, 1), 64, kv);
+    // The last: prefill context parallelism (two copies of tp=2 split each step's tokens).
+    let layouts = [
+        (4, 1, 2, false),
+        (1, 1, 1, true),
+        (4, 1, 2, true),
+        (2, 2, 1, true),
+    ];
+    for (tp, pcp, dcp, spec) in layouts {
+        let mut c = cfg(pcp_layout(tp, pcp, dcp, 1), 64, kv);
         if spec {
             c.speculative = Some(ngram());
         }
-        let what = format!("tp={tp} dcp={dcp} ngram={spec}");
+        let what = format!("tp={tp} pcp={pcp} dcp={dcp} ngram={spec}");
         let (greedy, stats) = run(c.clone(), 0.0, 4).await;
         assert_all_valid(&greedy, &format!("greedy {what}"));
         let texts = |v: &[Completion]| v.iter().map(|c| c.text.clone()).collect::<Vec<_>>();

@@ -33,7 +33,7 @@ enum Command {
     /// Generate text from a prompt and stream it to stdout.
     Generate(GenerateArgs),
     /// Serve models over an OpenAI-compatible HTTP API.
-    Serve(dcpserve_cli::serve::ServeArgs),
+    Serve(Box<dcpserve_cli::serve::ServeArgs>),
     /// Benchmark an OpenAI-compatible server (ours or a peer's), as `vllm bench serve` does.
     Bench(dcpserve_tools::bench_client::BenchServeArgs),
     /// Plan capacity: every valid (tp, dcp) layout of a model on given hardware.
@@ -109,6 +109,12 @@ struct BenchDcpArgs {
     /// Sequences submitted at once in the capacity measurement.
     #[arg(long, default_value_t = 16)]
     capacity_sequences: usize,
+    /// Prompt length of the prefill measurement (section `prefill`).
+    #[arg(long, default_value_t = 16384)]
+    prefill_context: usize,
+    /// Prefills measured per layout in the prefill measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    prefill_runs: usize,
     /// Sequences in the overlap and merge measurements.
     #[arg(long, default_value_t = 32)]
     overlap_batch: usize,
@@ -348,7 +354,7 @@ fn main() -> Result<()> {
     let result = rt.block_on(async {
         match cli.command {
             Command::Generate(a) => generate(a).await,
-            Command::Serve(a) => dcpserve_cli::serve::run(a).await,
+            Command::Serve(a) => dcpserve_cli::serve::run(*a).await,
             Command::Bench(a) => dcpserve_tools::bench_client::run(a).await,
             Command::Plan(a) => dcpserve_tools::planner::run(a),
             Command::Quantize(a) => quantize_cmd::run(a),
@@ -367,6 +373,8 @@ fn main() -> Result<()> {
                     overlap_context: a.overlap_context,
                     threads: a.threads,
                     executor: a.distributed_executor_backend.parse()?,
+                    prefill_context: a.prefill_context,
+                    prefill_runs: a.prefill_runs,
                     link: dcpserve::ModeledLinkConfig {
                         latency_us: a.link_latency_us,
                         gigabytes_per_second: a.link_gbps,

@@ -619,6 +619,8 @@ mod tests {
             "-tp",
             "2",
             "-dcp=2",
+            "-pcp",
+            "2",
             "-tpx",
             "--tensor-parallel-size=4",
         ];
@@ -631,6 +633,8 @@ mod tests {
                 "--tensor-parallel-size",
                 "2",
                 "--decode-context-parallel-size=2",
+                "--prefill-context-parallel-size",
+                "2",
                 "-tpx",
                 "--tensor-parallel-size=4"
             ]

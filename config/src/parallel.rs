@@ -251,6 +251,25 @@ mod tests {
     }
 
     #[test]
+    fn pcp_multiplies_the_world_and_must_be_at_least_one() {
+        let mut p = layout(4, 2, 1);
+        p.prefill_context_parallel_size = 2;
+        let l = p.layout_for(gqa(8, 2), 16, 1).unwrap();
+        assert_eq!((l.world(), l.cp_size(), l.virtual_block_size()), (8, 4, 64));
+        p.prefill_context_parallel_size = 0;
+        let e = p.validate(gqa(8, 2), 16).unwrap_err();
+        assert_eq!(e.0, "prefill_context_parallel_size (0) must be at least 1.");
+        // The DCP constraints are unchanged by pcp.
+        p.prefill_context_parallel_size = 2;
+        p.tensor_parallel_size = 2;
+        assert!(p
+            .validate(gqa(8, 2), 16)
+            .unwrap_err()
+            .0
+            .contains("greater than the model's total number of KV heads"));
+    }
+
+    #[test]
     fn zero_sizes_are_rejected() {
         let msg = "tensor_parallel_size, decode_context_parallel_size and cp_kv_cache_interleave_size must be at least 1.";
         for (tp, dcp, i) in [(0, 1, 1), (1, 0, 1), (1, 1, 0)] {

@@ -13,6 +13,7 @@
 //! path = "models/SmolLM2-135M-Instruct.Q4_1.gguf"   # or model = "Qwen/Qwen3-0.6B" (a hub id)
 //! tensor_parallel_size = 1
 //! decode_context_parallel_size = 1
+//! prefill_context_parallel_size = 1   # copies of the TP group splitting each prefill
 //! kv_cache_memory_bytes = 268435456
 //! max_model_len = 2048
 //! # optional, as vLLM's --speculative-config (a draft model path is relative to this file)
@@ -338,6 +339,7 @@ mod tests {
             path = "a.gguf"
             tensor_parallel_size = 2
             decode_context_parallel_size = 2
+            prefill_context_parallel_size = 2
             dtype = "float32"
             kv_cache_dtype = "fp8"
             device = "cuda"
@@ -357,6 +359,7 @@ mod tests {
         assert_eq!(cfg.models.len(), 2);
         let e = cfg.models[0].engine_config().unwrap();
         assert_eq!(e.parallel.tensor_parallel_size, 2);
+        assert_eq!(e.parallel.prefill_context_parallel_size, 2);
         assert_eq!(e.dtype, DType::Float32);
         assert_eq!(e.kv_cache_dtype(), dcpserve_kernels::KvCacheDType::Fp8E4M3);
         assert_eq!(e.gpu_memory_utilization, 0.8);

@@ -49,6 +49,10 @@ pub struct DcpBenchSpec {
     pub kv_cache_dtype: KvCacheDType,
     /// Where the ranks run (section `ranks`).
     pub executor: DistributedBackend,
+    /// Prompt length of the `prefill` section.
+    pub prefill_context: usize,
+    /// Prefills measured per layout in the `prefill` section (the median is reported).
+    pub prefill_runs: usize,
 }
 
 /// The measurements of `bench-dcp`.
@@ -68,6 +72,10 @@ pub enum DcpBenchSection {
     /// a time and in two micro-batches. Not in the default set (scripts/bench-mpi.sh runs
     /// it in process, over MPI shared memory and over MPI TCP).
     Ranks,
+    /// Prefill time of one long prompt at pcp=1, 2 and 4 (prefill context parallelism,
+    /// tp=1, one thread per rank), its parallel efficiency and where the rest goes. Not in
+    /// the default set (a 16k-token prefill takes seconds per run).
+    Prefill,
 }
 
 fn model_spec(context: usize, query_heads: usize) -> SyntheticSpec {
@@ -83,13 +91,13 @@ fn model_spec(context: usize, query_heads: usize) -> SyntheticSpec {
     }
 }
 
-fn prompt(n: usize, salt: usize) -> Vec<u32> {
+pub(super) fn prompt(n: usize, salt: usize) -> Vec<u32> {
     (0..n)
         .map(|i| ((i * 7919 + salt * 131) % (SYNTHETIC_VOCAB - 3) + 3) as u32)
         .collect()
 }
 
-fn params(max_tokens: usize) -> SamplingParams {
+pub(super) fn params(max_tokens: usize) -> SamplingParams {
     let mut p = SamplingParams {
         max_tokens,
         ignore_eos: true,
@@ -99,7 +107,7 @@ fn params(max_tokens: usize) -> SamplingParams {
     p
 }
 
-fn engine_config(
+pub(super) fn engine_config(
     tp: usize,
     dcp: usize,
     kv_bytes: u64,
@@ -193,7 +201,11 @@ async fn max_running(engine: &Engine, context: usize, count: usize) -> Result<us
 /// Runs the benchmark and returns a printable report.
 pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
     let dir = std::env::temp_dir().join(format!("dcpserve-bench-dcp-{}", std::process::id()));
-    let mspec = model_spec(spec.context.max(spec.capacity_context), spec.query_heads);
+    let longest = spec
+        .context
+        .max(spec.capacity_context)
+        .max(spec.prefill_context);
+    let mspec = model_spec(longest, spec.query_heads);
     write_synthetic_llama(&dir, &mspec)?;
     // One KV head per rank, K and V.
     let per_token = kv_bytes_per_token(mspec.layers, 2, mspec.head_dim, spec.kv_cache_dtype);
@@ -258,6 +270,9 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
     }
     if spec.sections.contains(&DcpBenchSection::Ranks) {
         report.push_str(&ranks_report(&dir, spec, per_token).await?);
+    }
+    if spec.sections.contains(&DcpBenchSection::Prefill) {
+        report.push_str(&super::prefill_bench::prefill_report(&dir, spec, per_token).await?);
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)

@@ -5,4 +5,5 @@
 pub mod dcp_bench;
 pub mod engine_bench;
 pub mod kl_divergence;
+pub mod prefill_bench;
 pub mod spec_bench;

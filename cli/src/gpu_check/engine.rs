@@ -14,6 +14,8 @@ pub struct EngineCase {
     pub fixture: &'static str,
     /// Tensor-parallel size.
     pub tp: usize,
+    /// Prefill-context-parallel size (copies of the TP group).
+    pub pcp: usize,
     /// Decode-context-parallel size.
     pub dcp: usize,
     /// `cp_kv_cache_interleave_size`.
@@ -39,9 +41,14 @@ impl EngineCase {
 
     fn name(&self) -> String {
         format!(
-            "{} tp={} dcp={} I={} {:?}{}",
+            "{} tp={}{} dcp={} I={} {:?}{}",
             self.fixture,
             self.tp,
+            if self.pcp > 1 {
+                format!(" pcp={}", self.pcp)
+            } else {
+                String::new()
+            },
             self.dcp,
             self.interleave,
             self.dtype,
@@ -51,7 +58,8 @@ impl EngineCase {
 }
 
 /// One rank, tp=2 dcp=2, tp=4 dcp=2 with an interleave of 16 (on one GPU, ranks
-/// sharing the device), and MLA at tp=4 dcp=4; each in float32 and bfloat16. Then two
+/// sharing the device), and MLA at tp=4 dcp=4; each in float32 and bfloat16. Prefill
+/// context parallelism at tp=2 pcp=2 (GQA) and pcp=2 (MLA), float32. Then two
 /// of the multi-rank layouts again with two micro-batches (float32, so tokens must
 /// match): on a GPU each micro-batch computes and communicates on its own stream.
 pub fn default_cases() -> Vec<EngineCase> {
@@ -68,6 +76,7 @@ pub fn default_cases() -> Vec<EngineCase> {
             v.push(EngineCase {
                 fixture,
                 tp,
+                pcp: 1,
                 dcp,
                 interleave,
                 dtype,
@@ -75,10 +84,23 @@ pub fn default_cases() -> Vec<EngineCase> {
             });
         }
     }
+    // Prefill context parallelism: two copies of the TP group split every step's tokens.
+    for (fixture, tp, pcp, dcp) in [("tiny-llama", 2, 2, 1), ("tiny-deepseek", 1, 2, 1)] {
+        v.push(EngineCase {
+            fixture,
+            tp,
+            pcp,
+            dcp,
+            interleave: 1,
+            dtype: DType::Float32,
+            overlap: false,
+        });
+    }
     for (fixture, tp, dcp, interleave) in [("tiny-deepseek", 2, 2, 1), ("tiny-llama", 4, 2, 16)] {
         v.push(EngineCase {
             fixture,
             tp,
+            pcp: 1,
             dcp,
             interleave,
             dtype: DType::Float32,
@@ -137,9 +159,9 @@ fn config(case: &EngineCase, dtype: DType) -> EngineConfig {
         overlap_micro_batches: case.overlap,
         parallel: ParallelConfig {
             tensor_parallel_size: case.tp,
+            prefill_context_parallel_size: case.pcp,
             decode_context_parallel_size: case.dcp,
             cp_kv_cache_interleave_size: case.interleave,
-            ..Default::default()
         },
         dtype,
         kv_cache_memory_bytes: Some(64 << 20),
@@ -181,6 +203,7 @@ pub async fn check_case(
     let model: PathBuf = fixtures.join(case.fixture);
     let cpu_case = EngineCase {
         tp: 1,
+        pcp: 1,
         dcp: 1,
         interleave: 1,
         overlap: false,
