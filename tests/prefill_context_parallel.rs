@@ -18,25 +18,12 @@ use dcpserve_kernels::{CpuBackend, HostCollectives, InProcessComm, KvCacheDType}
 use dcpserve_model::arch::{DecoderModel, KvCache, RankComms, TpShard, WeightPrecision};
 use dcpserve_model::ModelFiles;
 
-/// Prompts of 1 to `long` tokens (ids avoid the special tokens 0..3).
-fn long_prompts(long: usize) -> Vec<Vec<u32>> {
-    [1usize, 7, 40, 333, long]
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| {
-            (0..n)
-                .map(|j| ((j * 131 + i * 71) as u32 % 381) + 3)
-                .collect()
-        })
-        .collect()
-}
-
 /// Tiny GQA model (8 query heads, 2 KV heads): tp=2 pcp=2, tp=4 pcp=2 dcp=2 I=16 and
 /// pcp=4 on a 3,100-token prompt (and short ones) prefilled in chunks of 512.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gqa_pcp_layouts_equal_single_rank() {
     let model = fixture("tiny-llama");
-    let prompts = long_prompts(3100);
+    let prompts = prompts(384, 3100);
     let big = 64 << 20;
     let base = run(&model, cfg(layout(1, 1, 1), 512, big), &prompts, 12).await;
     for (tp, pcp, dcp, i) in [(2, 2, 1, 1), (4, 2, 2, 16), (1, 4, 1, 1)] {
@@ -55,7 +42,7 @@ async fn gqa_pcp_layouts_equal_single_rank() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mla_pcp_layouts_equal_single_rank() {
     let model = fixture("tiny-deepseek");
-    let prompts = long_prompts(3100);
+    let prompts = prompts(384, 3100);
     let big = 64 << 20;
     let base = run(&model, cfg(layout(1, 1, 1), 512, big), &prompts, 8).await;
     for (tp, pcp, dcp, i) in [(2, 2, 2, 1), (1, 4, 1, 1)] {
@@ -181,7 +168,7 @@ async fn pcp_with_ngram_speculation_equals_single_rank() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pcp_with_a_draft_model_equals_single_rank() {
     let model = fixture("tiny-llama");
-    let prompts = long_prompts(3100);
+    let prompts = prompts(384, 3100);
     let spec = dcpserve::SpeculativeConfig::from_json(&format!(
         r#"{{"method": "draft_model", "model": "{}", "num_speculative_tokens": 3}}"#,
         fixture("tiny-qwen2").display()

@@ -8,8 +8,8 @@
 mod common;
 
 use common::equivalence::{
-    assert_same, assert_sampled_completions, cfg, layout, preemption_prompts, prompts, run_stats,
-    Run,
+    assert_same, assert_sampled_completions, cfg, layout, pcp_layout, preemption_prompts, prompts,
+    run_stats, Run,
 };
 use common::*;
 use dcpserve::{EngineConfig, SpeculativeConfig};
@@ -76,6 +76,15 @@ async fn mtp_greedy_equals_plain_decoding_across_layouts() {
         let c = with_spec(cfg(layout(tp, dcp, i), 512, KV), mtp(k));
         let (got, stats) = run_stats(&fixture(MODEL), c, &prompts, N).await;
         let what = format!("mtp k={k} tp={tp} dcp={dcp} I={i}");
+        assert_same(&base, &got, &what);
+        assert_drafted(&stats, k, &what);
+    }
+    // Prefill context parallelism: the MTP layer drafts from hidden states gathered from
+    // the copies that computed them, its own latents placed over pcp·dcp ranks.
+    for (tp, pcp, dcp, k) in [(2, 2, 2, 2), (1, 2, 1, 1)] {
+        let c = with_spec(cfg(pcp_layout(tp, pcp, dcp, 1), 512, KV), mtp(k));
+        let (got, stats) = run_stats(&fixture(MODEL), c, &prompts, N).await;
+        let what = format!("mtp k={k} tp={tp} pcp={pcp} dcp={dcp}");
         assert_same(&base, &got, &what);
         assert_drafted(&stats, k, &what);
     }
@@ -300,8 +309,7 @@ async fn refusal(model: &str, c: EngineConfig) -> String {
 
 /// A model without MTP weights (tiny-deepseek's config declares
 /// `num_nextn_predict_layers: 1` but its checkpoint has no layer 3; tiny-llama is not
-/// DeepSeek at all), overlapped micro-batches and prefill context parallelism are refused
-/// with clear errors.
+/// DeepSeek at all) and overlapped micro-batches are refused with clear errors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtp_is_refused_where_it_cannot_run() {
     for model in ["tiny-deepseek", "tiny-llama"] {
@@ -315,13 +323,6 @@ async fn mtp_is_refused_where_it_cannot_run() {
     c.overlap_micro_batches = true;
     let err = refusal(MODEL, c).await;
     assert!(err.contains("overlapped micro-batches"), "{err}");
-    let mut c = with_spec(f32_config(), mtp(1));
-    c.parallel.prefill_context_parallel_size = 2;
-    let err = refusal(MODEL, c).await;
-    assert!(
-        err.contains("`--prefill-context-parallel-size` above 1 is not implemented"),
-        "{err}"
-    );
 }
 
 /// A failed rank takes the group down and up again: the in-flight request ends with an

@@ -187,13 +187,5 @@ pub(crate) fn check_mtp(files: &ModelFiles, e: &EngineConfig) -> Result<(), Acto
                 .into(),
         );
     }
-    if e.parallel.prefill_context_parallel_size > 1 {
-        // The MTP layer drafts from every token's final hidden state, which with pcp lives
-        // on the copy that computed the token: not implemented yet.
-        return Err(
-            "Speculative method `mtp` with `--prefill-context-parallel-size` above 1 is not implemented: use `ngram` or `draft_model`, or pcp 1."
-                .into(),
-        );
-    }
     Ok(())
 }

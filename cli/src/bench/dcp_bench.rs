@@ -21,11 +21,12 @@ use dcpserve_kernels::{
 };
 
 use dcpserve::{
-    DType, DistributedBackend, Engine, EngineConfig, GenerationEvent, ModeledLinkConfig,
-    ParallelConfig, Prompt, SamplingParams,
+    DistributedBackend, Engine, EngineConfig, GenerationEvent, ModeledLinkConfig, Prompt,
 };
 use dcpserve_config::MergeExchange;
-use dcpserve_tools::synthetic::{write_synthetic_llama, SyntheticSpec, SYNTHETIC_VOCAB};
+use dcpserve_tools::synthetic::{write_synthetic_llama, SyntheticSpec};
+
+use super::synthetic_engine::{engine_config, params, prompt};
 
 /// Settings of one `bench-dcp` run.
 pub struct DcpBenchSpec {
@@ -88,46 +89,6 @@ fn model_spec(context: usize, query_heads: usize) -> SyntheticSpec {
         intermediate: 512,
         max_position_embeddings: (context + 1024).next_power_of_two(),
         seed: 7,
-    }
-}
-
-pub(super) fn prompt(n: usize, salt: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| ((i * 7919 + salt * 131) % (SYNTHETIC_VOCAB - 3) + 3) as u32)
-        .collect()
-}
-
-pub(super) fn params(max_tokens: usize) -> SamplingParams {
-    let mut p = SamplingParams {
-        max_tokens,
-        ignore_eos: true,
-        ..Default::default()
-    };
-    p.temperature = 0.0;
-    p
-}
-
-pub(super) fn engine_config(
-    tp: usize,
-    dcp: usize,
-    kv_bytes: u64,
-    threads: usize,
-    kv: KvCacheDType,
-) -> EngineConfig {
-    EngineConfig {
-        kv_cache_dtype: Some(kv),
-        parallel: ParallelConfig {
-            tensor_parallel_size: tp,
-            decode_context_parallel_size: dcp,
-            cp_kv_cache_interleave_size: 1,
-            ..Default::default()
-        },
-        dtype: DType::Float32,
-        kv_cache_memory_bytes: Some(kv_bytes),
-        max_num_batched_tokens: 4096,
-        num_threads: Some(threads),
-        enable_prefix_caching: false,
-        ..Default::default()
     }
 }
 
@@ -272,7 +233,9 @@ pub async fn run(spec: &DcpBenchSpec) -> Result<String> {
         report.push_str(&ranks_report(&dir, spec, per_token).await?);
     }
     if spec.sections.contains(&DcpBenchSection::Prefill) {
-        report.push_str(&super::prefill_bench::prefill_report(&dir, spec, per_token).await?);
+        let (n, runs, kv) = (spec.prefill_context, spec.prefill_runs, spec.kv_cache_dtype);
+        report
+            .push_str(&super::prefill_bench::prefill_report(&dir, (n, runs), kv, per_token).await?);
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)

@@ -7,3 +7,4 @@ pub mod engine_bench;
 pub mod kl_divergence;
 pub mod prefill_bench;
 pub mod spec_bench;
+pub mod synthetic_engine;

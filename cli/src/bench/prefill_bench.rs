@@ -13,7 +13,9 @@ use futures::StreamExt;
 use dcpserve::{Engine, GenerationEvent};
 use dcpserve_kernels::dcp::PrefillSplit;
 
-use super::dcp_bench::{engine_config, params, prompt, DcpBenchSpec};
+use dcpserve_kernels::KvCacheDType;
+
+use super::synthetic_engine::{engine_config, params, prompt};
 
 /// Time to the first token (s) of one `n`-token prompt (`salt` picks its tokens): the
 /// prefill, chunk after chunk, and one sampling.
@@ -36,18 +38,19 @@ struct PrefillRun {
     collective_s: f64,
 }
 
-/// The report of the `prefill` section.
+/// The report of the `prefill` section: prompts of `n` tokens, `runs` per layout, on the
+/// synthetic model in `dir` whose tokens take `per_token` KV bytes per rank.
 pub(super) async fn prefill_report(
     dir: &std::path::Path,
-    spec: &DcpBenchSpec,
+    (n, runs): (usize, usize),
+    kv: KvCacheDType,
     per_token: usize,
 ) -> Result<String> {
-    let n = spec.prefill_context;
-    let runs = spec.prefill_runs.max(1);
+    let runs = runs.max(1);
     let mut results = Vec::new();
     for pcp in [1, 2, 4] {
         let room = ((n + 256) * per_token) as u64;
-        let mut cfg = engine_config(1, 1, room, pcp, spec.kv_cache_dtype);
+        let mut cfg = engine_config(1, 1, room, pcp, kv);
         cfg.parallel.prefill_context_parallel_size = pcp;
         // One compute thread per rank.
         cfg.num_threads = Some(pcp);
@@ -70,7 +73,7 @@ pub(super) async fn prefill_report(
     let base = results[0].seconds;
     let mut out = format!(
         "prefill of one {n}-token prompt, tp=1, one thread per rank (median of {runs}; chunks of {} tokens):\n{:<6}{:>12}{:>10}{:>12}{:>16}{:>14}\n",
-        engine_config(1, 1, 0, 1, spec.kv_cache_dtype).max_num_batched_tokens,
+        engine_config(1, 1, 0, 1, kv).max_num_batched_tokens,
         "pcp", "prefill", "speedup", "efficiency", "in collectives", "token split"
     );
     for r in &results {

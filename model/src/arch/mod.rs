@@ -6,6 +6,7 @@
 //! batching): each token carries its sequence, position, KV slot and attention length,
 //! and attention reads the paged KV cache through per-sequence block tables.
 
+mod batch_input;
 pub mod cache_access;
 mod device_weights;
 mod forward;
@@ -19,9 +20,10 @@ mod split_step;
 mod weights;
 mod workspace;
 
+pub use batch_input::BatchInput;
 pub use cache_access::{CacheAccess, TurnPoints};
 pub use device_weights::{DeviceLayer, DeviceWeights};
-pub use forward::{BatchInput, DecoderModel};
+pub use forward::DecoderModel;
 pub use kv_cache::KvCache;
 pub use mla::hf::{check_mla_config, mla_layer_tensors, mla_moe_from_json};
 pub use mla::{LatentCache, MlaModel, MlaWorkspace, MtpLayer};

@@ -9,7 +9,8 @@ use dcpserve_kernels::{Backend, CpuBackend, KvCacheDType};
 
 use super::cache_access::{lock, SharedCache};
 
-use super::forward::{no_mtp, BatchInput, DecoderModel};
+use super::batch_input::BatchInput;
+use super::forward::{no_mtp, DecoderModel};
 use super::kv_cache::KvCache;
 use super::mla::{LatentCache, MlaModel};
 use super::rank_io::{ForwardOptions, ForwardOutput, RankComms};

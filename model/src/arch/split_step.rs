@@ -5,8 +5,10 @@
 use dcpserve_kernels::dcp::PrefillSplit;
 use dcpserve_kernels::{Backend, Strided};
 
-use super::forward::BatchInput;
+use super::batch_input::BatchInput;
+use super::head::head_logits;
 use super::rank_io::RankComms;
+use super::workspace::HeadBuffers;
 use crate::error::ModelError;
 
 /// The tokens attention runs over on this rank: the step's own tokens, or with prefill
@@ -38,6 +40,47 @@ impl<'a> AttendBatch<'a> {
     }
 }
 
+/// Rows of the whole step wanted on every rank (the logits' rows, the hidden states'
+/// rows), and where each comes from.
+struct WantedRows {
+    /// For each wanted row, in the step's order: (copy, its index among that copy's
+    /// wanted rows).
+    src: Vec<(usize, usize)>,
+    /// This copy's own-row indices of its wanted rows, in the step's order.
+    own: Vec<usize>,
+    /// The most wanted rows any copy holds.
+    per_part: usize,
+}
+
+impl WantedRows {
+    /// `wanted` (step indices) mapped through `row_in_part` (step index → (copy, own row)).
+    fn new(
+        wanted: &[usize],
+        row_in_part: &[(usize, usize)],
+        parts: usize,
+        mine: usize,
+    ) -> Result<Self, ModelError> {
+        let mut per_part = vec![0usize; parts];
+        let mut src = Vec::with_capacity(wanted.len());
+        let mut own = Vec::new();
+        for &j in wanted {
+            let (p, k) = *row_in_part
+                .get(j)
+                .ok_or_else(|| ModelError::Invalid(format!("row {j} asked for beyond the step")))?;
+            src.push((p, per_part[p]));
+            per_part[p] += 1;
+            if p == mine {
+                own.push(k);
+            }
+        }
+        Ok(Self {
+            src,
+            own,
+            per_part: per_part.into_iter().max().unwrap_or(0),
+        })
+    }
+}
+
 /// A step's tokens split over the copies ([`PrefillSplit`]): this copy's share as a
 /// [`BatchInput`] of its own, and what attention and the output head need of the rest.
 pub(crate) struct SplitStep {
@@ -48,43 +91,32 @@ pub(crate) struct SplitStep {
     token_seq: Vec<u32>,
     slots: Vec<usize>,
     kv_lens: Vec<u32>,
-    /// Own-row indices of this copy's tokens whose logits are wanted, in step order.
-    own_logits: Vec<usize>,
     att_seq: Vec<u32>,
     att_kv_lens: Vec<u32>,
-    /// For each wanted row of the step: (copy, its index among that copy's wanted rows).
-    logits_src: Vec<(usize, usize)>,
-    logits_per_part: usize,
+    logits: WantedRows,
+    hidden: WantedRows,
 }
 
 impl SplitStep {
     /// Splits `input` (the whole step, with this rank's slots and local KV lengths) as
-    /// `split` says.
-    pub(crate) fn new(input: &BatchInput, split: PrefillSplit) -> Result<Self, ModelError> {
+    /// `split` says; `hidden_for` are the rows whose hidden states the step returns.
+    pub(crate) fn new(
+        input: &BatchInput,
+        hidden_for: &[usize],
+        split: PrefillSplit,
+    ) -> Result<Self, ModelError> {
         input.checked_len()?;
         let parts = split.pcp.max(1);
+        let mine = split.pcp_rank.min(parts - 1);
         let assigned = split.assign(input.positions);
         let per_part = assigned.iter().map(Vec::len).max().unwrap_or(0);
-        let own = &assigned[split.pcp_rank.min(parts - 1)];
+        let own = &assigned[mine];
         let pick = |v: &[u32]| own.iter().map(|&j| v[j]).collect::<Vec<_>>();
         // Index of each step token within its copy's rows.
         let mut row_in_part = vec![(0, 0); input.tokens.len()];
         for (p, rows) in assigned.iter().enumerate() {
             for (k, &j) in rows.iter().enumerate() {
                 row_in_part[j] = (p, k);
-            }
-        }
-        let mut wanted_per_part = vec![0usize; parts];
-        let mut logits_src = Vec::with_capacity(input.logits_for.len());
-        let mut own_logits = Vec::new();
-        for &j in input.logits_for {
-            let (p, k) = *row_in_part.get(j).ok_or_else(|| {
-                ModelError::Invalid(format!("logits asked for token {j} beyond the step"))
-            })?;
-            logits_src.push((p, wanted_per_part[p]));
-            wanted_per_part[p] += 1;
-            if p == split.pcp_rank {
-                own_logits.push(k);
             }
         }
         let mut att_seq = Vec::with_capacity(parts * per_part);
@@ -104,11 +136,10 @@ impl SplitStep {
             token_seq: pick(input.token_seq),
             slots: own.iter().map(|&j| input.slots[j]).collect(),
             kv_lens: pick(input.kv_lens),
-            own_logits,
             att_seq,
             att_kv_lens,
-            logits_src,
-            logits_per_part: wanted_per_part.into_iter().max().unwrap_or(0),
+            logits: WantedRows::new(input.logits_for, &row_in_part, parts, mine)?,
+            hidden: WantedRows::new(hidden_for, &row_in_part, parts, mine)?,
         })
     }
 
@@ -121,7 +152,7 @@ impl SplitStep {
             slots: &self.slots,
             kv_lens: &self.kv_lens,
             block_tables: whole.block_tables,
-            logits_for: &self.own_logits,
+            logits_for: &self.logits.own,
         }
     }
 
@@ -137,7 +168,19 @@ impl SplitStep {
 
     /// Rows whose logits the whole step wants.
     pub(crate) fn logits_len(&self) -> usize {
-        self.logits_src.len()
+        self.logits.src.len()
+    }
+
+    /// The rows whose hidden states the step returns, gathered like
+    /// [`SplitStep::gather_rows`] gathers the logits' rows (`[hidden_for.len(), h]`).
+    pub(crate) fn gather_hidden_rows<B: Backend>(
+        &self,
+        dev: &B,
+        comms: &RankComms<B>,
+        x: &B::Buffer,
+        h: usize,
+    ) -> Result<B::Buffer, ModelError> {
+        self.gather(dev, comms, x, h, &self.hidden)
     }
 
     /// The wanted rows of the step's residual stream (`[logits_len, h]`, in the step's
@@ -150,13 +193,54 @@ impl SplitStep {
         x: &B::Buffer,
         h: usize,
     ) -> Result<B::Buffer, ModelError> {
-        let m = self.logits_per_part;
-        let mut out = dev.zeros((self.logits_len() * h).max(1))?;
+        self.gather(dev, comms, x, h, &self.logits)
+    }
+
+    /// The output head (`norm`, then `head` of `vocab` rows split over the TP group) over
+    /// the wanted rows of the whole step, gathered from the copies that computed them
+    /// ([`SplitStep::gather_rows`]; `x` holds this copy's rows of `h` values): the logits
+    /// of the step's `logits_for`, in its order, into `bufs`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn head_logits<B: Backend>(
+        &self,
+        dev: &B,
+        comms: &RankComms<B>,
+        (x, h): (&B::Buffer, usize),
+        norm: (&B::Buffer, f32),
+        head: &B::Matrix,
+        vocab: usize,
+        bufs: &mut HeadBuffers<B>,
+    ) -> Result<(), ModelError> {
+        let rows = self.gather_rows(dev, comms, x, h)?;
+        let all: Vec<usize> = (0..self.logits_len()).collect();
+        head_logits(
+            dev,
+            comms,
+            &rows,
+            (all.len(), h),
+            &all,
+            norm,
+            head,
+            vocab,
+            bufs,
+        )
+    }
+
+    fn gather<B: Backend>(
+        &self,
+        dev: &B,
+        comms: &RankComms<B>,
+        x: &B::Buffer,
+        h: usize,
+        rows: &WantedRows,
+    ) -> Result<B::Buffer, ModelError> {
+        let m = rows.per_part;
+        let mut out = dev.zeros((rows.src.len() * h).max(1))?;
         if m == 0 {
             return Ok(out);
         }
         let mut send = dev.zeros(m * h)?;
-        for (k, &j) in self.own_logits.iter().enumerate() {
+        for (k, &j) in rows.own.iter().enumerate() {
             copy_row(dev, x, j, &mut send, k, h)?;
         }
         let group = comms.dcp.as_ref();
@@ -170,7 +254,7 @@ impl SplitStep {
         // Ranks of one copy hold the same rows (the residual stream is whole on every
         // TP rank): take each copy's first.
         let per_copy = ranks / self.parts;
-        for (i, &(p, k)) in self.logits_src.iter().enumerate() {
+        for (i, &(p, k)) in rows.src.iter().enumerate() {
             copy_row(dev, &recv, p * per_copy * m + k, &mut out, i, h)?;
         }
         Ok(out)

@@ -9,8 +9,8 @@ use super::device_weights::{DeviceFeedForward, DeviceMlaLayer, DeviceMlaWeights,
 use super::rope::{rope_scaling, softmax_scale};
 use super::weights::MlaWeights;
 use super::workspace::{MlaBuffers, MlaWidths, MlaWorkspace};
+use crate::arch::batch_input::BatchInput;
 use crate::arch::cache_access::CacheAccess;
-use crate::arch::forward::BatchInput;
 use crate::arch::head::{copy_out, head_logits, pick_normed, take_logits};
 use crate::arch::rank_io::{ForwardOptions, ForwardOutput, RankComms};
 use crate::arch::shell::{ModelShell, RopeSpec};
@@ -210,13 +210,8 @@ impl<B: Backend> MlaModel<B> {
         let split = comms
             .split
             .is_split()
-            .then(|| SplitStep::new(input, comms.split))
+            .then(|| SplitStep::new(input, hidden_for, comms.split))
             .transpose()?;
-        if split.is_some() && !hidden_for.is_empty() {
-            return Err(ModelError::Invalid(
-                "hidden states (MTP) with prefill context parallelism are not implemented".into(),
-            ));
-        }
         let whole = input;
         let own = split.as_ref().map(|s| s.input(whole));
         let input = own.as_ref().unwrap_or(whole);
@@ -239,30 +234,34 @@ impl<B: Backend> MlaModel<B> {
             let mut out = match &split {
                 None => self.logits(comms, ws, n, input.logits_for, head)?,
                 Some(s) => {
-                    // The wanted rows, gathered from the copies that computed them.
-                    let rows = s.gather_rows(dev, comms, &ws.t.x, h)?;
-                    let all: Vec<usize> = (0..s.logits_len()).collect();
-                    let vocab = cfg.vocab_size;
                     let (norm, out) = head;
                     let bufs = &mut ws.head;
-                    let m = all.len();
-                    head_logits(
+                    s.head_logits(
                         dev,
                         comms,
-                        &rows,
-                        (m, h),
-                        &all,
+                        (&ws.t.x, h),
                         (norm, eps),
                         out,
-                        vocab,
+                        cfg.vocab_size,
                         bufs,
                     )?;
-                    take_logits(dev, &ws.head, m, vocab)?
+                    take_logits(dev, &ws.head, s.logits_len(), cfg.vocab_size)?
                 }
             };
             if !hidden_for.is_empty() {
-                pick_normed(dev, &ws.t.x, n, h, hidden_for, &w.norm, eps, &mut ws.head)?;
-                out.hidden = Some(copy_out(dev, &ws.head.normed, hidden_for.len() * h)?);
+                let m = hidden_for.len();
+                match &split {
+                    None => {
+                        pick_normed(dev, &ws.t.x, n, h, hidden_for, &w.norm, eps, &mut ws.head)?
+                    }
+                    Some(s) => {
+                        // The rows, gathered from the copies that computed them.
+                        let rows = s.gather_hidden_rows(dev, comms, &ws.t.x, h)?;
+                        let all: Vec<usize> = (0..m).collect();
+                        pick_normed(dev, &rows, m, h, &all, &w.norm, eps, &mut ws.head)?
+                    }
+                }
+                out.hidden = Some(copy_out(dev, &ws.head.normed, m * h)?);
             }
             Ok(out)
         })
