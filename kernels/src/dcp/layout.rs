@@ -27,7 +27,7 @@ pub fn dcp_rank_of(tp_rank: usize, dcp: usize) -> usize {
 /// let layout = Layout::new(4, 2, 1, 16, 1).unwrap();
 /// assert_eq!(layout.virtual_block_size(), 32);
 /// assert_eq!(layout.dcp_group_of(3), 1);
-/// assert_eq!(layout.dcp_group_ranks(1), 2..4);
+/// assert_eq!(layout.cp_group_ranks(1), [2, 3]);
 /// assert_eq!(layout.placement(3).dcp_rank, 1);
 /// assert_eq!(layout.tokens_total(1000), 2000);
 /// ```
