@@ -15,6 +15,17 @@ pub fn prompt_logprobs_in(
     ids: &[u32],
     dtype: KvCacheDType,
 ) -> Vec<Vec<f32>> {
+    prompt_logprobs_stepped(model, ids, dtype, ids.len())
+}
+
+/// [`prompt_logprobs_in`] with `step` tokens per forward pass (1 to 4: the decode-size
+/// kernels, as decode steps and speculative verification run them).
+pub fn prompt_logprobs_stepped(
+    model: &DecoderModel<CpuBackend>,
+    ids: &[u32],
+    dtype: KvCacheDType,
+    step: usize,
+) -> Vec<Vec<f32>> {
     let n = ids.len();
     let block = 16;
     let mut cache = model
@@ -27,24 +38,27 @@ pub fn prompt_logprobs_in(
         .map(|&p| table[p / block] as usize * block + p % block)
         .collect();
     let kv_lens: Vec<u32> = (1..=n as u32).collect();
-    let out = model
-        .forward(
-            &RankComms::single(),
-            &BatchInput {
-                tokens: ids,
-                positions: &positions,
-                token_seq: &vec![0; n],
-                slots: &slots,
-                kv_lens: &kv_lens,
-                block_tables: &[table.as_slice()],
-                logits_for: &positions,
-            },
-            &mut cache,
-            &ForwardOptions::default(),
-        )
-        .expect("forward");
-    let v = out.vocab_size;
-    (0..n)
-        .map(|pos| log_softmax(&out.logits[pos * v..(pos + 1) * v]))
-        .collect()
+    let mut lps = Vec::with_capacity(n);
+    for s in (0..n).step_by(step.max(1)) {
+        let e = (s + step.max(1)).min(n);
+        let out = model
+            .forward(
+                &RankComms::single(),
+                &BatchInput {
+                    tokens: &ids[s..e],
+                    positions: &positions[s..e],
+                    token_seq: &vec![0; e - s],
+                    slots: &slots[s..e],
+                    kv_lens: &kv_lens[s..e],
+                    block_tables: &[table.as_slice()],
+                    logits_for: &(0..e - s).collect::<Vec<_>>(),
+                },
+                &mut cache,
+                &ForwardOptions::default(),
+            )
+            .expect("forward");
+        let v = out.vocab_size;
+        lps.extend((0..e - s).map(|i| log_softmax(&out.logits[i * v..(i + 1) * v])));
+    }
+    lps
 }

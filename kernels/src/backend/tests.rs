@@ -137,11 +137,15 @@ fn matmul_every_dtype<B: Backend>(dev: &B) {
                         .sum()
                 })
                 .collect();
+            // `auto` on an AVX2 CPU multiplies the 32-block formats at m ≤ 4 with int16
+            // activations, each rounded by up to amax/65534 (seen: 8e-5 here); their
+            // exact bound is checked in `cpu::int16_matmul::tests`.
+            let int16 = dev.name() == "cpu" && crate::cpu::int16_matmul::applies(dtype, m);
             assert_close(
                 &format!("matmul {dtype} m={m}"),
                 &host(dev, &out),
                 &want,
-                1e-5,
+                if int16 { 5e-4 } else { 1e-5 },
             );
         }
     }

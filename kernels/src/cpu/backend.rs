@@ -10,6 +10,7 @@ use crate::backend::{
     PagedAttentionParams, Precision, Rng, RopeScalingKind, RouterParams, Routing, RowDraw,
     RowDrawn, SamplingOps, StepQueues, Strided, WeightMatrix, WeightStorage,
 };
+use crate::cpu::int16_matmul;
 use crate::cpu::int8_matmul::{auto_int8, int8_supported, matmul_int8, CpuMatmul, Int8Isa};
 use crate::cpu::kv_store::{KvMut, KvRef, KvStore};
 use crate::cpu::rows::{copy_strided, gather_rows, scatter_add_rows, write_rows};
@@ -92,6 +93,12 @@ impl CpuBackend {
         let isa = self.int8?;
         let wanted = int8_supported(format) && (!self.per_product || auto_int8(format, m));
         (wanted && !crate::cpu::scalar_forced()).then_some(isa)
+    }
+
+    /// Whether `auto` runs a product of `format` weights with `m` rows on the
+    /// int16-activation kernels ([`crate::cpu::int16_matmul::applies`]).
+    fn int16_for(&self, format: DType, m: usize) -> bool {
+        self.per_product && self.int8_for(format, m).is_none() && int16_matmul::applies(format, m)
     }
 
     /// The pool the kernels run on.
@@ -236,6 +243,9 @@ impl DenseOps for CpuBackend {
         if let Some(isa) = self.int8_for(w.format(), m) {
             return matmul_int8(&self.pool, x, m, w, out, isa);
         }
+        if self.int16_for(w.format(), m) {
+            return int16_matmul::matmul(&self.pool, x, m, w, out);
+        }
         matmul_with_precision(&self.pool, x, m, w, out, precision)
     }
 
@@ -246,12 +256,15 @@ impl DenseOps for CpuBackend {
         mut products: Vec<(&WeightMatrix, &mut [f32])>,
         precision: Precision,
     ) -> Result<(), KernelError> {
-        // The int8 path quantizes x per product; the fused path is exact whatever the
-        // precision, so only it runs the products together.
-        let int8 = products
+        // x is quantized once for products all on the int16 kernels; the f32 fused path
+        // runs products together when none takes a quantized-activation path.
+        if !products.is_empty() && products.iter().all(|(w, _)| self.int16_for(w.format(), m)) {
+            return int16_matmul::matmul_each(&self.pool, x, m, &mut products);
+        }
+        let quantized_acts = products
             .iter()
-            .any(|(w, _)| self.int8_for(w.format(), m).is_some());
-        if !int8
+            .any(|(w, _)| self.int8_for(w.format(), m).is_some() || self.int16_for(w.format(), m));
+        if !quantized_acts
             && crate::cpu::matmul::matmul_each_small(
                 &self.pool,
                 x,

@@ -10,6 +10,7 @@
 pub mod attention;
 mod backend;
 mod features;
+pub mod int16_matmul;
 pub mod int8_matmul;
 pub mod kquants;
 pub mod kv_store;
