@@ -9,6 +9,8 @@
 
 pub mod attention;
 mod backend;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+mod block32;
 mod features;
 pub mod int16_matmul;
 pub mod int8_matmul;

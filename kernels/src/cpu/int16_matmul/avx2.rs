@@ -7,37 +7,10 @@
 use std::arch::x86_64::*;
 
 use super::ActsI16;
+use crate::cpu::block32::{blk_bytes, codes_at, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use crate::matmul::PREFETCH_ROWS;
 use crate::quant::{WeightFormat, QK};
 use crate::weights::WeightMatrix;
-
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q4_1: u8 = 2;
-const Q5_0: u8 = 3;
-const Q5_1: u8 = 4;
-
-/// Bytes per 32-element block of format `F`.
-const fn blk_bytes(f: u8) -> usize {
-    match f {
-        Q8_0 => 34,
-        Q4_0 => 18,
-        Q4_1 => 20,
-        Q5_0 => 22,
-        _ => 24,
-    }
-}
-
-/// Byte offset of the codes in a block of format `F` (after the scale, the Q4_1/Q5_1
-/// minimum and the Q5 high bits).
-const fn codes_at(f: u8) -> usize {
-    match f {
-        Q8_0 | Q4_0 => 2,
-        Q4_1 => 4,
-        Q5_0 => 6,
-        _ => 8,
-    }
-}
 
 /// Columns `n0..n1` of `out = x · wᵀ` for the `m` quantized rows in `acts`.
 ///
@@ -84,6 +57,10 @@ unsafe fn cols<const F: u8, const M: usize>(
     n1: usize,
 ) {
     let (n, ws, base) = (w.rows(), w.row_stride(), w.base_ptr());
+    // The first rows have no earlier row to prefetch them: ask for them all at once
+    // rather than one miss after another.
+    let first = PREFETCH_ROWS.min(n1 - n0);
+    crate::matmul::prefetch_bytes(base.add(n0 * ws), first * ws);
     let mut j = n0;
     while j < n1 {
         let row = base.add(j * ws);

@@ -14,47 +14,14 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::{padded_blocks, ActsView};
+use crate::cpu::block32::{blk_bytes, codes_at, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use crate::matmul::{prefetch_bytes, PREFETCH_ROWS};
 use crate::quant::{WeightFormat, QK};
 use crate::weights::WeightMatrix;
 
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q4_1: u8 = 2;
-const Q5_0: u8 = 3;
-const Q5_1: u8 = 4;
-
-/// Bytes per 32-element block of format `F`.
-const fn blk_bytes(f: u8) -> usize {
-    match f {
-        Q8_0 => 34,
-        Q4_0 => 18,
-        Q4_1 => 20,
-        Q5_0 => 22,
-        _ => 24,
-    }
-}
-
-/// Byte offset of the nibbles in a block of the 4/5-bit format `F`.
-const fn nibbles_at(f: u8) -> usize {
-    match f {
-        Q4_0 => 2,
-        Q4_1 => 4,
-        Q5_0 => 6,
-        _ => 8,
-    }
-}
-
 /// True for the formats this module multiplies: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1.
 pub(super) fn handles(format: WeightFormat) -> bool {
-    matches!(
-        format,
-        WeightFormat::Q8_0
-            | WeightFormat::Q4_0
-            | WeightFormat::Q4_1
-            | WeightFormat::Q5_0
-            | WeightFormat::Q5_1
-    )
+    crate::cpu::block32::code_of(format).is_some()
 }
 
 /// Byte `e` of the result is 0xFF where bit `e` of `bits` is set, else 0.
@@ -127,12 +94,12 @@ macro_rules! kernels_256 {
                 if F == Q8_0 {
                     return _mm256_loadu_si256(p.add(2) as *const __m256i);
                 }
-                let a = _mm_loadu_si128(p.add(nibbles_at(F)) as *const __m128i);
+                let a = _mm_loadu_si128(p.add(codes_at(F)) as *const __m128i);
                 let v = _mm256_set_m128i(_mm_srli_epi16::<4>(a), a);
                 let v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
                 if F == Q5_0 || F == Q5_1 {
                     // Bit e of qh is bit 4 of element e.
-                    let qh = (p.add(nibbles_at(F) - 4) as *const u32).read_unaligned();
+                    let qh = (p.add(codes_at(F) - 4) as *const u32).read_unaligned();
                     let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
                     return _mm256_or_si256(v, high);
                 }

@@ -8,38 +8,11 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::{padded_blocks, ActsView};
+use crate::cpu::block32::{blk_bytes, codes_at, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use crate::matmul::avx512::hsum4;
 use crate::matmul::{prefetch_bytes, PREFETCH_ROWS};
 use crate::quant::{WeightFormat, QK};
 use crate::weights::WeightMatrix;
-
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q4_1: u8 = 2;
-const Q5_0: u8 = 3;
-const Q5_1: u8 = 4;
-
-/// Bytes per 32-element block of format `F`.
-const fn blk_bytes(f: u8) -> usize {
-    match f {
-        Q8_0 => 34,
-        Q4_0 => 18,
-        Q4_1 => 20,
-        Q5_0 => 22,
-        _ => 24,
-    }
-}
-
-/// Byte offset of the nibbles in a block of the 4/5-bit format `F` (the 5-bit ones
-/// keep their 32 high bits in the 4 bytes before).
-const fn nibbles_at(f: u8) -> usize {
-    match f {
-        Q4_0 => 2,
-        Q4_1 => 4,
-        Q5_0 => 6,
-        _ => 8,
-    }
-}
 
 thread_local! {
     /// Per-task block scales of the current 4 weight rows (see [`task`]).
@@ -128,7 +101,7 @@ unsafe fn load_pair<const F: u8, const TAIL: bool>(row: *const u8, b: usize) -> 
         let c = _mm256_loadu_si256(p.add(34 + 2) as *const __m256i);
         return _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c);
     }
-    let off = nibbles_at(F);
+    let off = codes_at(F);
     let a = _mm_loadu_si128(p.add(off) as *const __m128i);
     let c = if TAIL {
         _mm_setzero_si128()
