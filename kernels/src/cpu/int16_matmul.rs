@@ -120,12 +120,15 @@ thread_local! {
     static ACTS: RefCell<ActsI16> = RefCell::new(ActsI16::default());
 }
 
+// Only the x86 kernels write through it; other targets only build the quantizer.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
 // SAFETY: tasks write disjoint columns of the outputs (see each use).
 unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl SendPtr {
     /// The pointer (a method, so closures capture the `Sync` wrapper, not the field).
     fn ptr(self) -> *mut f32 {

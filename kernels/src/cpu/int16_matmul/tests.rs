@@ -223,6 +223,7 @@ fn within_the_activation_rounding_of_the_exact_product() {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn the_avx2_quantizer_equals_the_portable_one() {
     if !has_kernels() {
