@@ -25,13 +25,16 @@ const SMALL_M: usize = 4;
 const NB: usize = 16;
 /// Rows of `x` per task chunk in the blocked path (keeps the chunk in L2).
 const MC: usize = 64;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(MC <= avx2_gemm::MAX_ROWS);
 
 thread_local! {
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// bf16 copies of the activation chunk and weight panel for [`Precision::Fast`].
     static BF16_BUFS: RefCell<(Vec<u16>, Vec<u16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-    /// A task's rows of x, transposed, for the AVX2 blocked kernel (`avx2_gemm`).
-    static X_T: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A task's rows of x packed for the AVX2 blocked kernel (`avx2_gemm`), and the
+    /// index where its aligned micro-panels start.
+    static X_T: RefCell<(Vec<f32>, usize)> = const { RefCell::new((Vec::new(), 0)) };
 }
 
 #[derive(Clone, Copy)]
@@ -123,14 +126,15 @@ pub(crate) fn matmul_impl(
     // (Larger chunks for the AVX2 kernel, which packs x per task, measured slower.)
     let mc = MC;
     let m_chunks = m.div_ceil(mc);
-    let n_panels = n.div_ceil(NB);
+    let nb = blocked_panel_rows(isa, fast_bf16);
+    let n_panels = n.div_ceil(nb);
     let n_chunks = (threads * 4).div_ceil(m_chunks).clamp(1, n_panels);
     let panels_per = n_panels.div_ceil(n_chunks);
     let n_chunks = n_panels.div_ceil(panels_per);
     pool.run(m_chunks * n_chunks, |t| {
         let (mc_i, nc) = (t % m_chunks, t / m_chunks);
         let (m0, m1) = (mc_i * mc, ((mc_i + 1) * mc).min(m));
-        let (n0, n1) = (nc * panels_per * NB, ((nc + 1) * panels_per * NB).min(n));
+        let (n0, n1) = (nc * panels_per * nb, ((nc + 1) * panels_per * nb).min(n));
         // SAFETY: each task writes only rows m0..m1, columns n0..n1 of `out`.
         unsafe { blocked_task(x, m0, m1, w, outp, n0, n1, isa, fast_bf16) };
     });
@@ -271,6 +275,17 @@ unsafe fn decoded_small_m_task(
     });
 }
 
+/// Weight rows per panel of the blocked path: the AVX2 outer-product kernel's own panel
+/// (four of its 6-row tiles), [`NB`] for the others.
+fn blocked_panel_rows(isa: CpuIsa, fast_bf16: bool) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if isa == CpuIsa::Avx2 && !fast_bf16 {
+        return avx2_gemm::PANEL_ROWS;
+    }
+    let _ = (isa, fast_bf16);
+    NB
+}
+
 /// # Safety
 /// As [`small_m_task`], for rows `m0..m1` and columns `n0..n1`.
 #[allow(clippy::too_many_arguments)]
@@ -286,15 +301,16 @@ unsafe fn blocked_task(
     fast_bf16: bool,
 ) {
     let (n, k) = (w.rows(), w.cols());
+    let nb = blocked_panel_rows(isa, fast_bf16);
     PANEL.with(|p| {
         let mut p = p.borrow_mut();
-        let need = NB * k;
+        let need = nb * k;
         if p.len() < need {
             p.resize(need, 0.0);
         }
         let mut pn0 = n0;
         while pn0 < n1 {
-            let pn = NB.min(n1 - pn0);
+            let pn = nb.min(n1 - pn0);
             #[cfg(target_arch = "aarch64")]
             if isa == CpuIsa::Neon {
                 neon::blocked_panel(x.as_ptr(), m0, m1, w, pn0, pn, out.0.add(pn0), n, &mut p);
@@ -343,14 +359,13 @@ unsafe fn blocked_task(
                         avx512::panel_f32(x.as_ptr(), m0, m1, k, wp, ws, pn, out.0.add(pn0), n);
                     } else {
                         X_T.with(|xt| {
-                            let mut xt = xt.borrow_mut();
+                            let (xt, off) = &mut *xt.borrow_mut();
                             // x's rows are packed once per task, for all its panels.
                             if pn0 == n0 {
-                                avx2_gemm::pack_x_t(x, m0, m1, k, &mut xt);
+                                *off = avx2_gemm::pack_x_t(x, m0, m1, k, xt);
                             }
-                            let mp = (m1 - m0).next_multiple_of(16);
                             let o = out.0.add(m0 * n + pn0);
-                            avx2_gemm::panel_t(&xt, mp, m1 - m0, k, wp, ws, pn, o, n);
+                            avx2_gemm::panel_t(&xt[*off..], m1 - m0, k, wp, ws, pn, o, n);
                         });
                     }
                 }

@@ -67,6 +67,9 @@ fn all_formats_match_reference() {
             (130, 50, 64),
             (4, 4, 32),
             (2, 23, 96),
+            // K past one block of the AVX2 outer-product kernel, n past one panel.
+            (33, 53, 320),
+            (17, 30, 288),
         ] {
             for isa in CpuIsa::available() {
                 check(f, m, n, k, isa, &pool);
