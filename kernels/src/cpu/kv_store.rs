@@ -260,8 +260,7 @@ impl<'a> KvRef<'a> {
         }
     }
 
-    /// Address of element 0, for prefetching (by the AVX-512 attention only).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// Address of element 0, for prefetching.
     pub(crate) fn byte_ptr(&self) -> *const u8 {
         match self {
             KvRef::F32(v) => v.as_ptr() as *const u8,

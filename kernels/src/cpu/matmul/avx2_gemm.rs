@@ -45,11 +45,18 @@ pub(super) unsafe fn pack_x_t(
 ) -> usize {
     let rows = m1 - m0;
     let mp = rows.next_multiple_of(TM);
-    xt.clear();
-    xt.resize(k * mp + 16, 0.0);
+    // Every value below is written, so the buffer is only grown, never cleared.
+    if xt.len() < k * mp + 16 {
+        xt.resize(k * mp + 16, 0.0);
+    }
     let off = (64 - xt.as_ptr() as usize % 64) % 64 / 4;
     let (src, dst) = (x.as_ptr().add(m0 * k), xt.as_mut_ptr().add(off));
     let at = |i: usize, kk: usize| (i / TM * k + kk) * TM + i % TM;
+    for i in rows..mp {
+        for kk in 0..k {
+            *dst.add(at(i, kk)) = 0.0;
+        }
+    }
     // 8×8 blocks transposed in registers; the ragged edges one value at a time.
     let (r8, k8) = (rows / 8 * 8, k / 8 * 8);
     for i in (0..r8).step_by(8) {
