@@ -159,9 +159,12 @@ async fn sampled_draft_model_through_bytes_gives_the_same_outputs() {
         fixture("tiny-qwen2").display()
     ))
     .unwrap();
+    // A step budget that every prompt and every draft fit in together: with a tighter
+    // one, how many drafts a request gets depends on which prefill chunks share its step,
+    // that is on when the requests arrived, and its sampled tokens with it.
     let c = EngineConfig {
         speculative: Some(spec),
-        ..cfg(layout(2, 1, 1), 64, 32 << 20)
+        ..cfg(layout(2, 1, 1), 256, 32 << 20)
     };
     let reqs = requests(&common::equivalence::prompts(384, 120));
     let (base, _) = outputs(&model, c.clone(), &reqs).await;

@@ -10,6 +10,8 @@ use dcpserve_config::{MergeExchange, RankSettings};
 use dcpserve_kernels::dcp::Layout;
 use dcpserve_kernels::spec_sampling::{target_probs, TargetProbs};
 use dcpserve_kernels::{sample, KvCacheDType, Rng, SamplingParams};
+
+use super::draft_stream;
 use dcpserve_model::arch::WeightPrecision;
 use dcpserve_model::ModelFiles;
 use futures::future::BoxFuture;
@@ -66,7 +68,8 @@ pub struct DraftModelProposer {
     next_step: u64,
     /// Sequences released since the last step: the ranks forget them with the next plan.
     forgotten: Vec<u64>,
-    rng: Rng,
+    /// Seeds the draft streams of requests without a seed of their own.
+    seed: u64,
 }
 
 /// Why a draft step produced no logits.
@@ -116,7 +119,7 @@ impl DraftModelProposer {
             seqs: HashMap::new(),
             next_step: 0,
             forgotten: Vec::new(),
-            rng: Rng::new(spec.seed ^ 0xD4AF_7E11),
+            seed: spec.seed ^ 0xD4AF_7E11,
         })
     }
 
@@ -268,7 +271,8 @@ impl DraftModelProposer {
             for (row, (i, feed, start, _)) in live.iter_mut().enumerate() {
                 let r = &batch[*i];
                 let logits = &logits[row * vocab..(row + 1) * vocab];
-                let (token, probs) = draw(logits, &r.sampling, &mut self.rng);
+                let mut rng = draft_stream(self.seed, &r.sampling, r.seq, r.tokens.len() + round);
+                let (token, probs) = draw(logits, &r.sampling, &mut rng);
                 let d = &mut drafts[*i];
                 d.tokens.push(token);
                 if let Some(p) = probs {

@@ -22,6 +22,7 @@ mod mtp;
 pub(crate) mod mtp_rank;
 mod ngram;
 
+use dcpserve_kernels::{Rng, SamplingParams};
 use futures::future::BoxFuture;
 
 pub use crate::plan::{MtpOutput, MtpPlan};
@@ -91,4 +92,19 @@ pub trait DraftProposer: Send + 'static {
     /// its next step.
     #[cfg(feature = "test-hooks")]
     fn inject_fault(&mut self, _n: usize) {}
+}
+
+/// The random stream a sampled draft token at `position` of sequence `seq` is drawn from:
+/// a function of the request's seed (else the proposer's `seed` and the sequence) and the
+/// position only, so the drafts, and through them the accepted tokens, do not depend on
+/// which requests shared the proposer's steps. A position drawn again after a rejection
+/// reuses its stream; that is sound, as the drafts past a rejection were never judged.
+pub(crate) fn draft_stream(seed: u64, params: &SamplingParams, seq: u64, position: usize) -> Rng {
+    let base = params
+        .seed
+        .unwrap_or(seed ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    Rng::new(
+        base ^ 0xD4AF_7E11_u64.rotate_left(32)
+            ^ (position as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
+    )
 }

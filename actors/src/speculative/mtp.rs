@@ -20,12 +20,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dcpserve_kernels::Rng;
 use futures::future::BoxFuture;
 use ractor::ActorRef;
 use tokio::sync::oneshot;
 
 use super::draft_model::draw;
+use super::draft_stream;
 use super::{Draft, DraftProposer, DraftRequest};
 use crate::plan::{MtpOutput, MtpPlan};
 use crate::rank::RankMsg;
@@ -38,7 +38,8 @@ pub struct MtpProposer {
     /// Tokens per virtual block of the target's cache (block size × dcp).
     virtual_block: usize,
     next_step: u64,
-    rng: Rng,
+    /// Seeds the draft streams of requests without a seed of their own.
+    seed: u64,
 }
 
 /// One sequence being drafted: batch index, next position, its token, drafts wanted.
@@ -58,7 +59,7 @@ impl MtpProposer {
             done: HashMap::new(),
             virtual_block: virtual_block.max(1),
             next_step: 0,
-            rng: Rng::new(seed ^ 0x3A7B_11E5),
+            seed: seed ^ 0x3A7B_11E5,
         }
     }
 
@@ -145,7 +146,8 @@ impl MtpProposer {
                     self.done.insert(r.seq, l.pos + 1);
                 }
                 let logits = &out.logits[row * vocab..(row + 1) * vocab];
-                let (token, probs) = draw(logits, &r.sampling, &mut self.rng);
+                let mut rng = draft_stream(self.seed, &r.sampling, r.seq, r.tokens.len() + round);
+                let (token, probs) = draw(logits, &r.sampling, &mut rng);
                 let d = &mut drafts[l.i];
                 d.tokens.push(token);
                 if let Some(p) = probs {
