@@ -6,7 +6,8 @@
 //! e.g. `... matmul_bench 2 f32,bf16,q4_1` or `... matmul_bench 2 q4_k,q6_k 1`
 //! (`ms`: the m values, default `1,32,512`); set `FAST=1` for `Precision::Fast`,
 //! `INT8=1` for the int8-activation kernels on quantized formats (ISA from
-//! `DCPSERVE_INT8_ISA`, else the best available).
+//! `DCPSERVE_INT8_ISA`, else the best available), `INT16=1` for the int16-activation
+//! kernels on the 32-element block formats (AVX2).
 
 use dcpserve_kernels::{matmul_with_precision, Precision, ThreadPool, WeightFormat, WeightMatrix};
 use std::time::{Duration, Instant};
@@ -50,9 +51,13 @@ fn main() {
     };
     let int8 = std::env::var("INT8").is_ok_and(|v| v == "1");
     let isa = dcpserve_kernels::Int8Isa::detect();
+    let int16 = std::env::var("INT16").is_ok_and(|v| v == "1");
     let matmul = |x: &[f32], m, w: &WeightMatrix, out: &mut [f32]| match isa {
         Some(isa) if int8 && dcpserve_kernels::cpu::int8_matmul::int8_supported(w.format()) => {
             dcpserve_kernels::matmul_int8(&pool, x, m, w, out, isa)
+        }
+        _ if int16 && dcpserve_kernels::cpu::int16_matmul::applies(w.format(), m) => {
+            dcpserve_kernels::cpu::int16_matmul::matmul(&pool, x, m, w, out)
         }
         _ => matmul_with_precision(&pool, x, m, w, out, precision),
     };
@@ -73,7 +78,7 @@ fn main() {
         ]);
     }
     println!(
-        "threads={threads} cpu isa={} precision={precision:?} int8={int8} ({isa:?})",
+        "threads={threads} cpu isa={} precision={precision:?} int8={int8} ({isa:?}) int16={int16}",
         dcpserve_kernels::cpu::isa()
     );
     for &(name, n, k) in &shapes {

@@ -1,5 +1,7 @@
-//! Decode-size products (`m ≤` [`SMALL_M`]) with the 32-element block formats (Q8_0,
-//! Q4_0, Q4_1, Q5_0, Q5_1) and **int16 activations**, fused on AVX2.
+//! Products with the 32-element block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) and
+//! **int16 activations**, fused on AVX2: a dot-product kernel for one to four activation
+//! rows ([`SMALL_M`]: decode, speculative verification) and an outer-product tile past
+//! that (prefill, batched decode; `avx2_gemm.rs`).
 //!
 //! Why a third path: at one to four activation rows the f32 path is bound by the
 //! instructions that decode each weight to a float (about 26 per 32 weights with AVX2's
@@ -7,7 +9,9 @@
 //! default model's greedy answer. With int16 activations the integer dot product is as
 //! cheap on AVX2 — `vpmaddwd` multiplies 16 pairs, the same two instructions per 32 weights
 //! as `vpmaddubsw` + `vpmaddwd` — and the codes widen to i16 in one `vpmovzxbw`, so a block
-//! costs about 9 instructions; the activation rounding is 258× finer than int8's.
+//! costs about 9 instructions; the activation rounding is 258× finer than int8's. From
+//! five to eight rows the f32 path runs its 16-row tile half empty; one 8-row integer
+//! tile does the same work in about half the time.
 //!
 //! Each activation row is quantized once per product, per 32-element block: `dx =
 //! amax/32767`, `qx = round_half_even(x/dx)` (so `|qx| ≤ 32767`), and the exact f32 sum
@@ -20,8 +24,9 @@
 //! 2³¹). The only error beside f32 rounding is the activation's, at most `dx/2 =
 //! amax/65534` per element: a block's product moves by at most `Σ|q·dw|·amax/65534`.
 //!
-//! `auto` takes this path on the AVX2 level (`crate::cpu::isa() == Avx2`), where it
-//! was measured faster than the f32 path (README, "CPU kernel levels"); the AVX-512
+//! `auto` takes this path on the AVX2 level (`crate::cpu::isa() == Avx2`) up to
+//! [`AUTO_MAX_M`] rows, where it was measured faster than the f32 path (README, "CPU
+//! kernel levels"); the AVX-512
 //! level keeps its own f32 kernels, `--cpu-matmul f32` the exact f32 path everywhere.
 
 use std::cell::RefCell;
@@ -33,26 +38,39 @@ use crate::weights::WeightMatrix;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_gemm;
 
-/// Largest `m` on these kernels (as the f32 path's fused small-m kernels).
+/// Largest `m` on the dot-product kernels (as the f32 path's fused small-m kernels);
+/// larger batches take the tiled kernel.
 pub(crate) const SMALL_M: usize = 4;
 
+/// Largest `m` that `auto` multiplies here. One 8-row tile of the tiled kernel beats the
+/// f32 path's 16-row tile, half of it padding, up to 8 rows (1.2–2.1× on the default
+/// model's shapes, AVX2-only Zen 3, `INT16=1` vs `INT16=0` of the `matmul_bench`
+/// example); from 12 rows on, the f32 tile is as fast or faster (0.6–1.0× at 32): on Zen
+/// 3 a `vpmaddwd` (16 products) issues about as often as an FMA (8) and needs a
+/// `vpaddd` beside it, so the integer tile gains nothing once the f32 tile is full.
+pub(crate) const AUTO_MAX_M: usize = 8;
+
 /// Whether `auto` multiplies `format` weights at batch size `m` here: the 32-element
-/// block formats, `m ≤ 4`, on the AVX2 level.
+/// block formats, `1 ≤ m ≤ 8`, on the AVX2 level.
 ///
 /// ```
 /// use dcpserve_kernels::cpu::int16_matmul::applies;
 /// use dcpserve_kernels::WeightFormat;
-/// assert!(!applies(WeightFormat::Q4_1, 512));
 /// assert!(!applies(WeightFormat::F32, 1));
+/// assert!(!applies(WeightFormat::Q4_K, 4));
+/// assert!(!applies(WeightFormat::Q4_1, 0));
+/// assert!(!applies(WeightFormat::Q4_1, 32));
 /// ```
 pub fn applies(format: WeightFormat, m: usize) -> bool {
-    supported(format, m) && crate::cpu::isa() == crate::cpu::CpuIsa::Avx2
+    m <= AUTO_MAX_M && supported(format, m) && crate::cpu::isa() == crate::cpu::CpuIsa::Avx2
 }
 
 /// Whether the kernels exist for `format` at `m` on this CPU, whatever the level cap.
 fn supported(format: WeightFormat, m: usize) -> bool {
-    (1..=SMALL_M).contains(&m)
+    m >= 1
         && crate::cpu::block32::code_of(format).is_some()
         && crate::cpu::features().has_avx2_kernels()
 }
@@ -118,6 +136,12 @@ pub(crate) fn quantize_row(x: &[f32], q: &mut [i16], dx: &mut [f32], sx: &mut [f
 thread_local! {
     /// The calling thread's quantized activations.
     static ACTS: RefCell<ActsI16> = RefCell::new(ActsI16::default());
+    /// The calling thread's activations packed for the tiled kernel.
+    #[cfg(target_arch = "x86_64")]
+    static PACKED: RefCell<avx2_gemm::PackedActs> = RefCell::new(Default::default());
+    /// A task's decoded weight panel for the tiled kernel.
+    #[cfg(target_arch = "x86_64")]
+    static PANEL: RefCell<avx2_gemm::Panel> = RefCell::new(Default::default());
 }
 
 // Only the x86 kernels write through it; other targets only build the quantizer.
@@ -181,17 +205,6 @@ pub fn matmul_each(
         return Ok(());
     }
     let threads = pool.n_threads();
-    // (product, first row, end row) of every task; the task size of the other paths.
-    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
-    for (i, (w, _)) in products.iter().enumerate() {
-        let n = w.rows();
-        let rows_per = n.div_ceil(threads * 8).max(16).next_multiple_of(4);
-        let mut n0 = 0;
-        while n0 < n {
-            tasks.push((i, n0, (n0 + rows_per).min(n)));
-            n0 += rows_per;
-        }
-    }
     let outs: Vec<SendPtr> = products
         .iter_mut()
         .map(|(_, o)| SendPtr(o.as_mut_ptr()))
@@ -205,6 +218,22 @@ pub fn matmul_each(
             Err(_) => &mut fresh,
         };
         acts.quantize(x, m, k);
+        if m > SMALL_M {
+            #[cfg(target_arch = "x86_64")]
+            tiled(pool, acts, m, &weights, &outs);
+            return;
+        }
+        // (product, first column, end column) of every task; the other paths' size.
+        let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+        for (i, w) in weights.iter().enumerate() {
+            let n = w.rows();
+            let rows_per = n.div_ceil(threads * 8).max(16).next_multiple_of(4);
+            let mut n0 = 0;
+            while n0 < n {
+                tasks.push((i, n0, (n0 + rows_per).min(n)));
+                n0 += rows_per;
+            }
+        }
         let acts = &*acts;
         pool.run(tasks.len(), |t| {
             let (i, n0, n1) = tasks[t];
@@ -219,6 +248,61 @@ pub fn matmul_each(
         });
     });
     Ok(())
+}
+
+/// The products of [`matmul_each`] past [`SMALL_M`] rows on the tiled kernel: tasks of up
+/// to 64 activation rows by whole panels of weight rows, about four per thread.
+#[cfg(target_arch = "x86_64")]
+fn tiled(pool: &ThreadPool, acts: &ActsI16, m: usize, weights: &[&WeightMatrix], outs: &[SendPtr]) {
+    use avx2_gemm::{MAX_ROWS, PANEL_ROWS};
+    let m_chunks = m.div_ceil(MAX_ROWS);
+    // (product, first row, first column, end column) of every task.
+    let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
+    for (i, w) in weights.iter().enumerate() {
+        let n = w.rows();
+        let n_panels = n.div_ceil(PANEL_ROWS);
+        let n_chunks = (pool.n_threads() * 4).div_ceil(m_chunks).clamp(1, n_panels);
+        let cols_per = n_panels.div_ceil(n_chunks) * PANEL_ROWS;
+        for mc in 0..m_chunks {
+            let mut n0 = 0;
+            while n0 < n {
+                tasks.push((i, mc * MAX_ROWS, n0, (n0 + cols_per).min(n)));
+                n0 += cols_per;
+            }
+        }
+    }
+    PACKED.with(|p| {
+        let mut fresh = avx2_gemm::PackedActs::default();
+        let mut guard = p.try_borrow_mut();
+        let packed = match guard.as_mut() {
+            Ok(g) => &mut **g,
+            Err(_) => &mut fresh,
+        };
+        packed.pack(acts, m);
+        let packed = &*packed;
+        pool.run(tasks.len(), |t| {
+            let (i, m0, n0, n1) = tasks[t];
+            let m1 = (m0 + MAX_ROWS).min(m);
+            PANEL.with(|panel| {
+                // SAFETY: `supported` checked AVX2 + FMA + F16C and the format; each task
+                // writes only rows m0..m1 (m0 a multiple of 64) of columns n0..n1 of
+                // product i's `[m, n]` output, whose length was checked; `packed` holds
+                // m rows of k values.
+                unsafe {
+                    avx2_gemm::task(
+                        packed,
+                        m0,
+                        m1,
+                        weights[i],
+                        outs[i].ptr(),
+                        n0,
+                        n1,
+                        &mut panel.borrow_mut(),
+                    )
+                };
+            });
+        });
+    });
 }
 
 /// One product through [`matmul_each`].

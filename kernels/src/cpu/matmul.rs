@@ -5,9 +5,11 @@
 //! from [`crate::cpu::isa`]):
 //! * small `m` (decode): each 4-row group of `w` is decoded on the fly inside the
 //!   dot-product micro-kernel, so weights stream from memory exactly once;
-//! * larger `m`: each thread decodes a panel of 16 weight rows into a thread-local f32
-//!   scratch buffer once per 64-row chunk of `x`, then runs a 4×4 register-tiled
-//!   dot-product micro-kernel over it (16 zmm accumulators along K).
+//! * larger `m`: each thread decodes a panel of weight rows into a thread-local f32
+//!   scratch buffer once per 64-row chunk of `x`, then multiplies the chunk by it: on
+//!   AVX-512 and NEON a 4×4 register-tiled dot-product micro-kernel over 16-row panels
+//!   (16 accumulators along K); on AVX2 a 16×6 outer-product tile over 24-row panels,
+//!   with `x` packed once per task and K walked in L1-sized blocks (`avx2_gemm.rs`).
 //!
 //! Work is split over output columns (rows of `w`) and, for large `m`, over `m` too.
 

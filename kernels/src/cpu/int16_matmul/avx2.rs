@@ -99,7 +99,11 @@ unsafe fn hsum(v: __m256) -> f32 {
 /// the Q4_1/Q5_1 minimum or two bytes of codes or high bits).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales8<const F: u8>(row: *const u8, b0: usize, cnt: usize) -> (__m256, __m256) {
+pub(super) unsafe fn scales8<const F: u8>(
+    row: *const u8,
+    b0: usize,
+    cnt: usize,
+) -> (__m256, __m256) {
     let bb = blk_bytes(F) as i32;
     let idx = _mm256_mullo_epi32(
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
@@ -144,7 +148,7 @@ unsafe fn opaque(mut v: __m256i) -> __m256i {
 /// The 32 codes of the block at `p` as i16: elements 0..16 and 16..32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn codes<const F: u8>(p: *const u8) -> (__m256i, __m256i) {
+pub(super) unsafe fn codes<const F: u8>(p: *const u8) -> (__m256i, __m256i) {
     let c = p.add(codes_at(F));
     if F == Q8_0 {
         return (

@@ -1,4 +1,4 @@
-//! The int16-activation kernels, `m ≤ 4`:
+//! The int16-activation kernels, the dot-product ones (`m ≤ 4`) and the tiled one:
 //! 1. against an integer model written here: codes and scales read from the GGUF block
 //!    bytes, the activations quantized by the portable [`quantize_row`], each block's
 //!    `Σ q·qx` exact in i64 and the float folding in f64 — within f32 rounding;
@@ -18,9 +18,11 @@ const FORMATS: [WeightFormat; 5] = [
     WeightFormat::Q5_1,
 ];
 
-/// `(m, n, k)`: one to four rows; one to 48 blocks (whole and partial groups of eight);
-/// `n` spanning one to several tasks and not a multiple of 4.
-const SHAPES: [(usize, usize, usize); 8] = [
+/// `(m, n, k)`: one to four rows (the dot-product kernels), then 5 to 130 (the tiled
+/// one: partial 8-row tiles, one and several 64-row tasks); one to 48 blocks (whole and
+/// partial groups of eight, the tiled kernel's step along K); `n` spanning one to
+/// several tasks, partial 6-row tiles and 24-row panels, not a multiple of 4.
+const SHAPES: [(usize, usize, usize); 15] = [
     (1, 1, 32),
     (1, 7, 96),
     (1, 67, 576),
@@ -29,6 +31,13 @@ const SHAPES: [(usize, usize, usize); 8] = [
     (4, 5, 1536),
     (4, 37, 288),
     (1, 129, 1536),
+    (5, 1, 32),
+    (7, 7, 96),
+    (8, 24, 256),
+    (13, 31, 608),
+    (33, 53, 320),
+    (64, 25, 1536),
+    (130, 49, 288),
 ];
 
 fn f16_at(b: &[u8], i: usize) -> f64 {
@@ -262,7 +271,7 @@ fn products_together_equal_products_one_by_one() {
         .enumerate()
         .map(|(i, &f)| weights(40 + 17 * i, k, f, i))
         .collect();
-    for m in 1..=SMALL_M {
+    for m in [1, 2, 3, 4, 5, 8, 33, 70] {
         let x = activations(m, k, m);
         let mut one: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; m * w.rows()]).collect();
         for (w, o) in ws.iter().zip(one.iter_mut()) {
@@ -288,14 +297,21 @@ fn non_finite_activations_reach_the_output() {
     let (n, k) = (3, 96);
     for format in FORMATS {
         let w = weights(n, k, format, 1);
-        for bad in [f32::NAN, f32::INFINITY] {
-            let mut x = activations(1, k, 2);
-            x[50] = bad;
-            let mut out = vec![0.0f32; n];
-            matmul(&pool, &x, 1, &w, &mut out).unwrap();
+        for (m, bad) in [
+            (1, f32::NAN),
+            (1, f32::INFINITY),
+            (9, f32::NAN),
+            (9, f32::INFINITY),
+        ] {
+            // Row m − 1 holds the bad value: its outputs, and only they, are not finite.
+            let mut x = activations(m, k, 2);
+            x[(m - 1) * k + 50] = bad;
+            let mut out = vec![0.0f32; m * n];
+            matmul(&pool, &x, m, &w, &mut out).unwrap();
+            let (good, last) = out.split_at((m - 1) * n);
             assert!(
-                out.iter().all(|v| !v.is_finite()),
-                "{format:?} {bad}: {out:?}"
+                last.iter().all(|v| !v.is_finite()) && good.iter().all(|v| v.is_finite()),
+                "{format:?} m={m} {bad}: {out:?}"
             );
         }
     }
@@ -306,9 +322,12 @@ fn refuses_what_it_has_no_kernel_for() {
     let pool = ThreadPool::new(1);
     let w = weights(2, 64, WeightFormat::Q4_1, 0);
     let f = WeightMatrix::from_f32(2, 64, vec![0.5; 128]).unwrap();
-    let mut out = vec![0.0; 10];
+    let mut out = [0.0; 10];
     let x = vec![1.0; 5 * 64];
-    assert!(matmul(&pool, &x, 5, &w, &mut out).is_err(), "m = 5");
+    assert!(
+        matmul(&pool, &x[..0], 0, &w, &mut out[..0]).is_err(),
+        "m = 0"
+    );
     assert!(
         matmul(&pool, &x[..64], 1, &f, &mut out[..2]).is_err(),
         "f32 weights"
