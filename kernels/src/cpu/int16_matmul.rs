@@ -1,7 +1,7 @@
 //! Products with the 32-element block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) and
 //! **int16 activations**, fused on AVX2: a dot-product kernel for one to four activation
 //! rows ([`SMALL_M`]: decode, speculative verification) and an outer-product tile past
-//! that (prefill, batched decode; `avx2_gemm.rs`).
+//! that (`avx2_gemm.rs`; `auto` takes it up to [`AUTO_MAX_M`] rows).
 //!
 //! Why a third path: at one to four activation rows the f32 path is bound by the
 //! instructions that decode each weight to a float (about 26 per 32 weights with AVX2's
@@ -26,8 +26,8 @@
 //!
 //! `auto` takes this path on the AVX2 level (`crate::cpu::isa() == Avx2`) up to
 //! [`AUTO_MAX_M`] rows, where it was measured faster than the f32 path (README, "CPU
-//! kernel levels"); the AVX-512
-//! level keeps its own f32 kernels, `--cpu-matmul f32` the exact f32 path everywhere.
+//! kernel levels"); the AVX-512 level keeps its own f32 kernels, `--cpu-matmul f32` the
+//! exact f32 path everywhere.
 
 use std::cell::RefCell;
 

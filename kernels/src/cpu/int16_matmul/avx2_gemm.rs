@@ -1,6 +1,6 @@
-//! The AVX2 kernel of the parent module past four activation rows (prefill, batched
-//! decode): an outer-product tile like the f32 blocked path's (`matmul/avx2_gemm.rs`),
-//! in integers.
+//! The AVX2 kernel of the parent module past four activation rows (`auto` takes it up
+//! to eight: small decode batches, speculative verification): an outer-product tile
+//! like the f32 blocked path's (`matmul/avx2_gemm.rs`), in integers.
 //!
 //! The activation rows are packed once per product in 8-row tiles of int16 pairs
 //! ([`PackedActs`]: lane `l` of pair `p` holds `(qx[r, 2p], qx[r, 2p + 1])` as one i32),
@@ -103,34 +103,21 @@ pub(super) unsafe fn task(
     n1: usize,
     panel: &mut Panel,
 ) {
-    match w.format() {
-        WeightFormat::Q8_0 => panels::<Q8_0>(acts, m0, m1, w, out, n0, n1, panel),
-        WeightFormat::Q4_0 => panels::<Q4_0>(acts, m0, m1, w, out, n0, n1, panel),
-        WeightFormat::Q4_1 => panels::<Q4_1>(acts, m0, m1, w, out, n0, n1, panel),
-        WeightFormat::Q5_0 => panels::<Q5_0>(acts, m0, m1, w, out, n0, n1, panel),
-        WeightFormat::Q5_1 => panels::<Q5_1>(acts, m0, m1, w, out, n0, n1, panel),
+    // Only the decoding depends on the format; the tiles read decoded panels.
+    let decode: unsafe fn(&WeightMatrix, usize, usize, &mut Panel) = match w.format() {
+        WeightFormat::Q8_0 => decode_panel::<Q8_0>,
+        WeightFormat::Q4_0 => decode_panel::<Q4_0>,
+        WeightFormat::Q4_1 => decode_panel::<Q4_1>,
+        WeightFormat::Q5_0 => decode_panel::<Q5_0>,
+        WeightFormat::Q5_1 => decode_panel::<Q5_1>,
         other => unreachable!("int16 matmul of {other:?}"),
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn panels<const F: u8>(
-    acts: &PackedActs,
-    m0: usize,
-    m1: usize,
-    w: &WeightMatrix,
-    out: *mut f32,
-    n0: usize,
-    n1: usize,
-    panel: &mut Panel,
-) {
+    };
     assert!(m0.is_multiple_of(TM) && m1 - m0 <= MAX_ROWS && acts.k == w.cols());
     let n = w.rows();
     let mut pn0 = n0;
     while pn0 < n1 {
         let pn = PANEL_ROWS.min(n1 - pn0);
-        decode_panel::<F>(w, pn0, pn, panel);
+        decode(w, pn0, pn, panel);
         panel_product(acts, m0, m1, panel, pn, out.add(m0 * n + pn0), n);
         pn0 += pn;
     }
