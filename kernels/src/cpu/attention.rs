@@ -8,8 +8,9 @@
 //! One work item is a *tile*: all query heads of one KV head for a few consecutive
 //! tokens of the same sequence (one token in decode), optionally restricted to one
 //! split of the KV range. Each K/V row is then streamed from memory once per tile and
-//! reused from L1 for every query row of the tile (see `avx512`). Below AVX-512 an item
-//! is one token's query heads of one KV head, run by the generic `attend_body` with
+//! reused from L1 for every query row of the tile (see `avx512`; AVX2 tiles prefill
+//! the same way for head sizes that are a multiple of 8, see `avx2_tile`). Otherwise an
+//! item is one token's query heads of one KV head, run by the generic `attend_body` with
 //! scalar, AVX2 + FMA (see `avx2`) or aarch64 NEON (see `neon`) primitives; the level
 //! comes from [`crate::cpu::isa`].
 
@@ -28,6 +29,8 @@ use std::cell::RefCell;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_tile;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
@@ -200,13 +203,15 @@ pub(crate) fn paged_attention_impl(
     let r = nq / nkv;
     // Never above the CPU's level: the SIMD paths below rely on it for safety.
     let isa = isa.min(crate::cpu::features().best_isa());
-    // The AVX-512 kernel works on tiles; the other levels on one token per item.
+    // The AVX-512 kernel works on tiles; so does AVX2's for prefill (head sizes that
+    // are a multiple of 8); the other levels on one token per item.
     let simd = isa == CpuIsa::Avx512;
+    let avx2_tiles = isa == CpuIsa::Avx2 && hd % 8 == 0;
     // Tiles: runs of consecutive tokens of one sequence (prefill). Query rows per KV
     // head per tile: enough to amortize each K/V chunk (read from L2/L3 once per tile)
     // over many rows; measured best at 32 for head_dim 64 and 64 for head_dim 128.
     let tile_rows = (hd / 2).clamp(16, 64);
-    let tile_tokens = if simd {
+    let tile_tokens = if simd || avx2_tiles {
         (tile_rows / r).clamp(1, TILE_TOKENS)
     } else {
         1
@@ -382,6 +387,32 @@ unsafe fn attend_item(
             // SAFETY: `isa` is capped by the CPU's best level, so the AVX-512 kernel
             // features are present; the tile's rows are this item's (see above).
             avx512::attend_tile(&tile, &mut s);
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa == CpuIsa::Avx2 && nt > 1 && hd % 8 == 0 {
+            let tile = avx2_tile::Tile {
+                q: b.q.as_ptr().add((t0 * nq + g * r) * hd),
+                q_tok_stride: nq * hd,
+                r,
+                kv_len: &b.params.batch.token_kv_len[t0..t0 + nt],
+                hd,
+                scale: b.params.scale,
+                kc,
+                vc,
+                head_off: g * hd,
+                slot_stride: nkv * hd,
+                bt,
+                bs: b.params.batch.block_size,
+                start,
+                end,
+                out: out.0.add(row0 * hd),
+                lse: lse.0.add(row0),
+                out_tok_stride: nq,
+            };
+            // SAFETY: `isa` is capped by the CPU's best level, so AVX2, FMA and F16C
+            // are present; the tile's rows are this item's (see above).
+            avx2_tile::attend_tile(&tile, &mut s);
             return;
         }
         let _ = (isa, groups);

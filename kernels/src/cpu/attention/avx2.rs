@@ -66,7 +66,7 @@ unsafe fn hsum4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
 /// `x <= 0`), and below `ln(f32::MIN_POSITIVE)` (and at -inf) the result is 0, whose
 /// error is under 1.2e-38. NaN stays NaN.
 #[inline(always)]
-unsafe fn exp8(x: __m256) -> __m256 {
+pub(super) unsafe fn exp8(x: __m256) -> __m256 {
     const LO: f32 = -87.336_55;
     const HI: f32 = 88.376_26;
     // `x` as second operand: min/max then return a NaN `x` unchanged.
