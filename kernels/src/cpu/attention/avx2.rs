@@ -42,7 +42,7 @@ unsafe fn first(n: usize) -> __m256i {
 
 /// Sum of the 8 lanes.
 #[inline(always)]
-unsafe fn hsum(a: __m256) -> f32 {
+pub(super) unsafe fn hsum(a: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))

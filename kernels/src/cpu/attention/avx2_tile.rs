@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::exp8;
+use super::avx2::{exp8, hsum};
 use crate::cpu::kv_store::KvRef;
 
 /// Keys per chunk (one ymm of scores per query row).
@@ -181,21 +181,13 @@ unsafe fn pv_rows<const CB: usize>(
     }
 }
 
-/// Horizontal maximum and sum of 8 lanes.
+/// Maximum of the 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn hmax(v: __m256) -> f32 {
     let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
 /// Attends the tile's query rows to keys `start..end` (each row clamped to its own kv
