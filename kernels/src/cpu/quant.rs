@@ -45,7 +45,13 @@ pub(crate) fn dequantize_unchecked(
             return;
         }
         CpuIsa::Avx2 => {
-            unsafe { avx2::dequant_row(format, bytes.as_ptr(), out.len(), out.as_mut_ptr()) };
+            let (src, n, dst) = (bytes.as_ptr(), out.len(), out.as_mut_ptr());
+            match format {
+                WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K => unsafe {
+                    crate::cpu::kquants::simd_avx2::dequant_row(format, src, n, dst)
+                },
+                _ => unsafe { avx2::dequant_row(format, src, n, dst) },
+            }
             return;
         }
         CpuIsa::Scalar | CpuIsa::Neon => {}

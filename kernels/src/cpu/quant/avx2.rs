@@ -172,31 +172,6 @@ pub(crate) unsafe fn dequant_row(format: WeightFormat, src: *const u8, n: usize,
                 }
             }
         }
-        // Bit-identical to the portable decoder (see `kquants::simd_avx2`); decoding
-        // these panels through it took ~5% of a Q4_K_M prefill.
-        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K => {
-            use crate::cpu::kquants::simd_avx2::{
-                k4_scales, q4_k_sub, q5_k_sub, q6_k_sub, q6_scales,
-            };
-            let bb = format.block_bytes();
-            for (s, o) in (0..n / 256).map(|s| (src.add(s * bb), dst.add(s * 256))) {
-                let sc = if format == WeightFormat::Q6_K {
-                    q6_scales(s)
-                } else {
-                    k4_scales(s)
-                };
-                for j in 0..8 {
-                    let v = match format {
-                        WeightFormat::Q4_K => q4_k_sub(s, j, &sc),
-                        WeightFormat::Q5_K => q5_k_sub(s, j, &sc),
-                        _ => q6_k_sub(s, j, &sc),
-                    };
-                    for (i, v) in v.iter().enumerate() {
-                        _mm256_storeu_ps(o.add(32 * j + 8 * i), *v);
-                    }
-                }
-            }
-        }
         // The other K-quant and IQ4 types: the portable decoder (DType::EXTRA_QUANTS).
         other => {
             let bytes = std::slice::from_raw_parts(src, other.bytes_for(n));
