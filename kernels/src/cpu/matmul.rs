@@ -349,11 +349,14 @@ unsafe fn blocked_task(
                                 w.base_ptr().add((pn0 + r) * w.row_stride()),
                                 p.as_mut_ptr().add(r * k),
                             );
-                            if isa == CpuIsa::Avx512 {
-                                crate::quant::simd::dequant_row(w.format(), src, k, dst);
-                            } else {
-                                crate::quant::avx2::dequant_row(w.format(), src, k, dst);
-                            }
+                            // The one dispatcher, so every format gets its SIMD decoder
+                            // at this level (the K-quants' live in `kquants`).
+                            crate::quant::dequantize_unchecked(
+                                w.format(),
+                                std::slice::from_raw_parts(src, w.format().bytes_for(k)),
+                                std::slice::from_raw_parts_mut(dst, k),
+                                isa,
+                            );
                         }
                         (p.as_ptr() as *const u8, k * 4)
                     };
