@@ -225,12 +225,7 @@ unsafe fn rows_dot<const F: u8, const M: usize, const NR: usize>(
         let cnt = 8.min(nb - b0);
         let bytes = cnt * blk_bytes(F);
         for r in 0..NR {
-            let mut off = 0;
-            while off < bytes {
-                let p = ahead.wrapping_add(r * ws + b0 * blk_bytes(F) + off);
-                _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-                off += 64;
-            }
+            crate::matmul::prefetch_bytes(ahead.wrapping_add(r * ws + b0 * blk_bytes(F)), bytes);
         }
         // dw·dx of each block, row and activation row, read back one broadcast at a
         // time; the offsets' share `mt·sx` straight into the accumulators.
