@@ -120,6 +120,21 @@ pub(crate) fn k4_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     }
 }
 
+/// The 8 scales and the 8 mins of a Q4_K/Q5_K block's 12 scale bytes, byte `j` of each
+/// word being sub-block `j`'s ([`k4_scale_min`]'s layout, four sub-blocks at a time).
+#[inline]
+pub(crate) fn k4_scales_packed(s: &[u8]) -> (u64, u64) {
+    let word = |o: usize| u32::from_le_bytes([s[o], s[o + 1], s[o + 2], s[o + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    // Sub-blocks 0..4: low 6 bits of bytes 0..4 (scales) and 4..8 (mins). Sub-blocks
+    // 4..8: nibbles of bytes 8..12, plus the top two bits of bytes 0..4 (scales) and
+    // 4..8 (mins) as bits 4 and 5. Byte lanes never mix: every shift is masked.
+    let (lo6, lo4, hi2) = (0x3F3F_3F3Fu32, 0x0F0F_0F0Fu32, 0x0303_0303u32);
+    let sc = (a & lo6) as u64 | (((c & lo4) | ((a >> 6) & hi2) << 4) as u64) << 32;
+    let m = (b & lo6) as u64 | ((((c >> 4) & lo4) | ((b >> 6) & hi2) << 4) as u64) << 32;
+    (sc, m)
+}
+
 fn q4_k(b: &[u8], o: &mut [f32]) {
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
     let (scales, qs) = (&b[4..16], &b[16..144]);

@@ -29,14 +29,7 @@ pub(crate) type SubScales = [f32; 16];
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn k4_scales(sb: *const u8) -> SubScales {
-    let word = |o: usize| (sb.add(4 + o) as *const u32).read_unaligned();
-    let (a, b, c) = (word(0), word(4), word(8));
-    // Sub-blocks 0..4: low 6 bits of bytes 0..4 (scales) and 4..8 (mins). Sub-blocks
-    // 4..8: nibbles of bytes 8..12, plus the top two bits of bytes 0..4 (scales) and
-    // 4..8 (mins) as bits 4 and 5. Byte lanes never mix: every shift is masked.
-    let (lo6, lo4, hi2) = (0x3F3F_3F3Fu32, 0x0F0F_0F0Fu32, 0x0303_0303u32);
-    let sc = (a & lo6) as u64 | (((c & lo4) | ((a >> 6) & hi2) << 4) as u64) << 32;
-    let m = (b & lo6) as u64 | ((((c >> 4) & lo4) | ((b >> 6) & hi2) << 4) as u64) << 32;
+    let (sc, m) = super::dequant::k4_scales_packed(std::slice::from_raw_parts(sb.add(4), 12));
     let to_f32 = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
     // d and dmin converted together; `d·sc` and `dmin·m` are the portable decoder's
     // f32 products, eight lanes at a time.

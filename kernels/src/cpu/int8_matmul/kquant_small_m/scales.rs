@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::cpu::kquants::dequant::k4_scale_min;
+use crate::cpu::kquants::dequant::k4_scales_packed;
 
 /// The f16 at `p` as f32.
 #[inline]
@@ -15,9 +15,6 @@ pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
 /// The 8 (scale, min) pairs of a Q4_K / Q5_K super-block (6 bits each).
 #[inline]
 pub(super) fn k4_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
-    for j in 0..8 {
-        (sc[j], mn[j]) = k4_scale_min(j, s);
-    }
-    (sc, mn)
+    let (sc, mn) = k4_scales_packed(s);
+    (sc.to_le_bytes(), mn.to_le_bytes())
 }

@@ -7,9 +7,11 @@
 
 use std::arch::x86_64::*;
 
-use super::scales::{f16_at, k4_scales};
+use super::scales::f16_at;
 use super::{ActsK, QK_K};
 use crate::cpu::int8_matmul::Int8Isa;
+use crate::cpu::kquants::dequant::k4_scales_packed;
+use crate::matmul::{prefetch_bytes, PREFETCH_ROWS};
 use crate::quant::WeightFormat;
 use crate::weights::WeightMatrix;
 
@@ -88,9 +90,11 @@ macro_rules! kquant_small_m_256 {
                 n0: usize,
                 n1: usize,
             ) {
-                let n = w.rows();
+                let (n, ws) = (w.rows(), w.row_stride());
                 for j in n0..n1 {
-                    let row = w.base_ptr().add(j * w.row_stride());
+                    let row = w.base_ptr().add(j * ws);
+                    // The weights stream from memory once: ask for a later row now.
+                    prefetch_bytes(row.wrapping_add(PREFETCH_ROWS * ws), ws);
                     let r = match F {
                         Q4K => q45_k::<false, M>(acts, row, w.cols()),
                         Q5K => q45_k::<true, M>(acts, row, w.cols()),
@@ -120,8 +124,8 @@ macro_rules! kquant_small_m_256 {
                 for sb in 0..nsb {
                     let b = row.add(sb * sb_bytes);
                     let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-                    let (sc, mn) = k4_scales(std::slice::from_raw_parts(b.add(4), 12));
-                    let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+                    let (sc, mn) = k4_scales_packed(std::slice::from_raw_parts(b.add(4), 12));
+                    let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
                     let qs = b.add(if FIVE { 48 } else { 16 });
                     // The 8 sub-blocks' codes, in element order.
                     let mut codes = [_mm256_setzero_si256(); 8];
@@ -144,10 +148,9 @@ macro_rules! kquant_small_m_256 {
                             hbit = _mm256_add_epi8(hbit, hbit);
                         }
                     }
-                    let mut scales = [_mm256_setzero_si256(); 8];
-                    for (v, &s) in scales.iter_mut().zip(&sc) {
-                        *v = $scales(s as i32, s as i32);
-                    }
+                    // Each sub-block's scale for both of its halves (all ≤ 63).
+                    let sc = _mm_cvtsi64_si128(sc as i64);
+                    let scales = $scales(_mm_unpacklo_epi8(sc, sc));
                     for i in 0..M {
                         let xq = acts.q.as_ptr().add(i * k + sb * QK_K);
                         let mut sumi = _mm256_setzero_si256();
@@ -208,11 +211,9 @@ macro_rules! kquant_small_m_256 {
                         codes[4 * n + 3] =
                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(c), low), h3);
                     }
-                    let mut scales = [_mm256_setzero_si256(); 8];
-                    for (t, v) in scales.iter_mut().enumerate() {
-                        *v = $scales(sc[2 * t] as i32, sc[2 * t + 1] as i32);
-                    }
-                    let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+                    let sc = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+                    let scales = $scales(sc);
+                    let sc16 = _mm256_cvtepi8_epi16(sc);
                     for i in 0..M {
                         let xq = acts.q.as_ptr().add(i * k + sb * QK_K);
                         let mut sumi = _mm256_setzero_si256();
@@ -244,19 +245,59 @@ macro_rules! kquant_small_m_256 {
     };
 }
 
-/// Scales `a` for the chunk's first 16 elements and `b` for the last 16, as the i16
-/// pairs `vpmaddwd` multiplies by.
+/// The scales of the 8 chunks of 32 elements as the i16 pairs `vpmaddwd` multiplies by:
+/// `pairs` holds 16 int8 scales, bytes `2t` and `2t + 1` for the first and last 16
+/// elements of chunk `t`. One in-lane shuffle per chunk (the scalar broadcasts and
+/// inserts this replaced were half of a one-row Q4_K product's instructions).
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn scales_i16(a: i32, b: i32) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi16(b as i16), _mm_set1_epi16(a as i16))
+unsafe fn scales_i16(pairs: __m128i) -> [__m256i; 8] {
+    // Both lanes hold scales 0..8 (then 8..16) as i16; chunk t's mask takes word 2t mod
+    // 8 in the low lane and word 2t + 1 mod 8 in the high one.
+    let lo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(pairs));
+    let hi = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128::<8>(pairs)));
+    // (No closures here: they would not inherit this function's target features.)
+    let m = [
+        _mm256_setr_epi8(
+            0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+            3, 2, 3,
+        ),
+        _mm256_setr_epi8(
+            4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6,
+            7, 6, 7,
+        ),
+        _mm256_setr_epi8(
+            8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11,
+            10, 11, 10, 11, 10, 11,
+        ),
+        _mm256_setr_epi8(
+            12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15,
+            14, 15, 14, 15, 14, 15, 14, 15, 14, 15,
+        ),
+    ];
+    let mut out = [_mm256_setzero_si256(); 8];
+    for t in 0..4 {
+        out[t] = _mm256_shuffle_epi8(lo, m[t]);
+        out[t + 4] = _mm256_shuffle_epi8(hi, m[t]);
+    }
+    out
 }
 
-/// Scales `a` / `b` as the i32 lanes `vpmulld` multiplies by.
+/// The same scales as the i32 lanes `vpmulld` multiplies by: one cross-lane permute per
+/// chunk.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn scales_i32(a: i32, b: i32) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi32(b), _mm_set1_epi32(a))
+unsafe fn scales_i32(pairs: __m128i) -> [__m256i; 8] {
+    let lo = _mm256_cvtepi8_epi32(pairs);
+    let hi = _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(pairs));
+    let mut out = [_mm256_setzero_si256(); 8];
+    for t in 0..4 {
+        let (a, b) = (2 * t as i32, 2 * t as i32 + 1);
+        let idx = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
+        out[t] = _mm256_permutevar8x32_epi32(lo, idx);
+        out[t + 4] = _mm256_permutevar8x32_epi32(hi, idx);
+    }
+    out
 }
 
 /// Scaled dot products of 32 codes and 32 activations, AVX2.
