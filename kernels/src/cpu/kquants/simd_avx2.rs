@@ -30,7 +30,6 @@ pub(crate) type SubScales = [f32; 16];
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn k4_scales(sb: *const u8) -> SubScales {
     let (sc, m) = super::dequant::k4_scales_packed(std::slice::from_raw_parts(sb.add(4), 12));
-    let to_f32 = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
     // d and dmin converted together; `d·sc` and `dmin·m` are the portable decoder's
     // f32 products, eight lanes at a time.
     let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((sb as *const i32).read_unaligned()));
@@ -38,9 +37,12 @@ pub(crate) unsafe fn k4_scales(sb: *const u8) -> SubScales {
         _mm256_broadcastss_ps(dm),
         _mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
     );
+    // (Written out, not a closure: a closure would not inherit the target features.)
+    let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)));
+    let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64)));
     let mut out = [0.0; 16];
-    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(d, to_f32(sc)));
-    _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_mul_ps(dmin, to_f32(m)));
+    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(d, sc));
+    _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_mul_ps(dmin, m));
     out
 }
 
