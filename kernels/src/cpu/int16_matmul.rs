@@ -1,7 +1,8 @@
 //! Products with the 32-element block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) and
 //! **int16 activations**, fused on AVX2: a dot-product kernel for one to four activation
-//! rows ([`SMALL_M`]: decode, speculative verification) and an outer-product tile past
-//! that (`avx2_gemm.rs`; `auto` takes it up to [`AUTO_MAX_M`] rows).
+//! rows ([`SMALL_M`]: decode, speculative verification; `avx2.rs`, and `avx512.rs` on the
+//! AVX-512 level) and an outer-product tile past that (`avx2_gemm.rs`; `auto` takes it up
+//! to [`AUTO_MAX_M`] rows on the AVX2 level).
 //!
 //! Why a third path: at one to four activation rows the f32 path is bound by the
 //! instructions that decode each weight to a float (about 26 per 32 weights with AVX2's
@@ -25,9 +26,10 @@
 //! amax/65534` per element: a block's product moves by at most `Σ|q·dw|·amax/65534`.
 //!
 //! `auto` takes this path on the AVX2 level (`crate::cpu::isa() == Avx2`) up to
-//! [`AUTO_MAX_M`] rows, where it was measured faster than the f32 path (README, "CPU
-//! kernel levels"); the AVX-512 level keeps its own f32 kernels, `--cpu-matmul f32` the
-//! exact f32 path everywhere.
+//! [`AUTO_MAX_M`] rows and on the AVX-512 level up to [`SMALL_M`] (its own dot-product
+//! kernels, `avx512.rs`), where each was measured faster than the f32 path (README, "GGUF
+//! types"); past those the f32 tiles, `--cpu-matmul f32` the exact f32 path
+//! everywhere.
 
 use std::cell::RefCell;
 
@@ -40,6 +42,8 @@ use crate::weights::WeightMatrix;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_gemm;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 /// Largest `m` on the dot-product kernels (as the f32 path's fused small-m kernels);
 /// larger batches take the tiled kernel.
@@ -54,7 +58,8 @@ pub(crate) const SMALL_M: usize = 4;
 pub(crate) const AUTO_MAX_M: usize = 8;
 
 /// Whether `auto` multiplies `format` weights at batch size `m` here: the 32-element
-/// block formats, `1 ≤ m ≤ 8`, on the AVX2 level.
+/// block formats, `1 ≤ m ≤ 8` on the AVX2 level, `1 ≤ m ≤ 4` on the AVX-512 level (where
+/// the f32 tile is the faster one past four rows).
 ///
 /// ```
 /// use dcpserve_kernels::cpu::int16_matmul::applies;
@@ -65,7 +70,12 @@ pub(crate) const AUTO_MAX_M: usize = 8;
 /// assert!(!applies(WeightFormat::Q4_1, 32));
 /// ```
 pub fn applies(format: WeightFormat, m: usize) -> bool {
-    m <= AUTO_MAX_M && supported(format, m) && crate::cpu::isa() == crate::cpu::CpuIsa::Avx2
+    let most = match crate::cpu::isa() {
+        crate::cpu::CpuIsa::Avx2 => AUTO_MAX_M,
+        crate::cpu::CpuIsa::Avx512 => SMALL_M,
+        _ => 0,
+    };
+    m <= most && supported(format, m)
 }
 
 /// Whether the kernels exist for `format` at `m` on this CPU, whatever the level cap.
@@ -235,15 +245,21 @@ pub fn matmul_each(
             }
         }
         let acts = &*acts;
+        let wide = crate::cpu::use_avx512();
         pool.run(tasks.len(), |t| {
             let (i, n0, n1) = tasks[t];
-            let _ = (acts, &outs, &weights, n0, n1, i);
-            // SAFETY: `supported` checked AVX2 + FMA + F16C and the format; each task
-            // writes only columns n0..n1 of product i's `[m, n]` output, whose length
-            // was checked; `acts` holds m rows of k values.
+            let _ = (acts, &outs, &weights, n0, n1, i, wide);
+            // SAFETY: `supported` checked AVX2 + FMA + F16C and the format (the AVX-512
+            // level only where its features are present); each task writes only columns
+            // n0..n1 of product i's `[m, n]` output, whose length was checked; `acts`
+            // holds m rows of k values.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                avx2::task(acts, m, weights[i], outs[i].ptr(), n0, n1)
+                if wide {
+                    avx512::task(acts, m, weights[i], outs[i].ptr(), n0, n1)
+                } else {
+                    avx2::task(acts, m, weights[i], outs[i].ptr(), n0, n1)
+                }
             };
         });
     });
