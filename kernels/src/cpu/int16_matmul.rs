@@ -39,6 +39,9 @@ use crate::quant::{WeightFormat, QK};
 use crate::weights::WeightMatrix;
 
 #[cfg(target_arch = "x86_64")]
+#[macro_use]
+mod dot_kernel;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_gemm;
