@@ -122,6 +122,8 @@ pub(crate) fn k4_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
 
 /// The 8 scales and the 8 mins of a Q4_K/Q5_K block's 12 scale bytes, byte `j` of each
 /// word being sub-block `j`'s ([`k4_scale_min`]'s layout, four sub-blocks at a time).
+/// Only the x86 kernels use it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline]
 pub(crate) fn k4_scales_packed(s: &[u8]) -> (u64, u64) {
     let word = |o: usize| u32::from_le_bytes([s[o], s[o + 1], s[o + 2], s[o + 3]]);
