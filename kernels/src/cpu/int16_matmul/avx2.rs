@@ -77,7 +77,14 @@ pub(super) unsafe fn codes<const F: u8>(p: *const u8) -> (__m256i, __m256i) {
     if F == Q5_0 || F == Q5_1 {
         return widen(codes5::<F>(p));
     }
-    // Byte j holds element j (low nibble) and element j + 16 (high nibble).
+    nibbles(c)
+}
+
+/// The 32 nibbles of the 16 bytes at `c` as i16, in element order: byte j holds element
+/// j (low nibble) and element j + 16 (high nibble).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn nibbles(c: *const u8) -> (__m256i, __m256i) {
     let v = opaque(_mm256_cvtepu8_epi16(_mm_loadu_si128(c as *const __m128i)));
     (
         _mm256_and_si256(v, _mm256_set1_epi16(0x0F)),

@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::scales8;
-use crate::cpu::block32::{codes_at, Q4_0, Q5_0, Q5_1};
+use crate::cpu::block32::{codes_at, Q5_0, Q5_1};
 
 dot_kernel!("avx512f,avx512bw,avx512vl,avx2,fma,f16c");
 
@@ -28,8 +28,7 @@ unsafe fn codes<const F: u8>(p: *const u8) -> (__m256i, __m256i) {
     if F != Q5_0 && F != Q5_1 {
         return super::avx2::codes::<F>(p);
     }
-    // The nibbles as Q4_0's, whose codes start at byte 2.
-    let (lo, hi) = super::avx2::codes::<Q4_0>(p.add(codes_at(F) - codes_at(Q4_0)));
+    let (lo, hi) = super::avx2::nibbles(p.add(codes_at(F)));
     // Bit e of qh is bit 4 of element e.
     let qh = (p.add(codes_at(F) - 4) as *const u32).read_unaligned();
     let bit4 = _mm256_set1_epi16(0x10);
